@@ -1,0 +1,199 @@
+#include "arch/chip.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include "arch/toml_reader.h"
+#include "util/error.h"
+
+#ifndef TERN_SOURCE_DATA_DIR
+#define TERN_SOURCE_DATA_DIR ""
+#endif
+
+namespace tern::arch {
+
+using detail::TomlReader;
+
+FlopRate ChipSpec::tensor_peak_per_core(std::string_view dtype) const {
+  const auto it = tensor.rate.find(dtype);
+  if (it == tensor.rate.end()) {
+    throw NotSupported(fmt::format("{} has no {} tensor-engine rate", name, dtype));
+  }
+  // rows x cols PEs, each one MAC (2 FLOP) per cycle at the BF16 rate.
+  return flop_rate(static_cast<double>(tensor.rows) * tensor.cols * 2.0 * it->second,
+                   tensor.clock);
+}
+
+namespace {
+
+constexpr std::int64_t kBig = std::int64_t{1} << 40;
+
+EngineSpec read_engine(const TomlReader& r, const std::string& t) {
+  EngineSpec e;
+  e.clock = gigahertz(r.number(t + ".clock_ghz", 0));
+  e.lanes = static_cast<int>(r.integer(t + ".lanes", 1, 4096));
+  e.fp32_flops_per_lane_cycle = r.number(t + ".fp32_flops_per_lane_cycle", 0);
+  return e;
+}
+
+}  // namespace
+
+ChipSpec load_chip_file(const std::filesystem::path& file) {
+  const TomlReader r(file);
+  const auto& root = r.root();
+  r.check_keys("", root,
+               {"schema", "chip", "hbm", "sbuf", "psum", "tensor", "vector", "scalar", "gpsimd",
+                "dma", "costs", "neuronlink", "published"});
+  r.integer("schema", 1, 1);
+  r.check_keys("chip", r.table("chip"),
+               {"name", "display_name", "core_generation", "core_version", "cores",
+                "collective_cores"});
+  r.check_keys("hbm", r.table("hbm"), {"capacity_gib", "bandwidth_gbps"});
+  r.check_keys("sbuf", r.table("sbuf"), {"partitions", "partition_kib"});
+  r.check_keys("psum", r.table("psum"), {"partitions", "partition_kib", "banks"});
+  r.check_keys("tensor", r.table("tensor"),
+               {"clock_ghz", "rows", "cols", "stationary_fmax", "moving_fmax",
+                "moving_fmax_v4_fp32", "moving_fmax_v4_bf16", "rate"});
+  r.check_keys("tensor.rate", r.table("tensor.rate"),
+               {"bf16", "fp16", "tf32", "fp32", "fp8", "mxfp8", "mxfp4", "sparse"});
+  for (const char* e : {"vector", "scalar"}) {
+    r.check_keys(e, r.table(e), {"clock_ghz", "lanes", "fp32_flops_per_lane_cycle"});
+  }
+  r.check_keys("gpsimd", r.table("gpsimd"),
+               {"clock_ghz", "lanes", "fp32_flops_per_lane_cycle", "simd_cores",
+                "simd_width_bits"});
+  r.check_keys("dma", r.table("dma"),
+               {"engines_per_core", "queues_per_engine", "engine_bandwidth_gbps",
+                "chip_bandwidth_gbps", "fixed_cost_ns", "descriptor_gen_ns",
+                "overhead_bound_bytes_per_partition", "efficient_bytes_per_partition",
+                "saturating_bytes_per_partition", "priority_classes"});
+  r.check_keys("costs", r.table("costs"),
+               {"min_ii_cycles", "access_start_cycles", "static_overhead_cycles"});
+  r.check_keys("neuronlink", r.table("neuronlink"), {"version", "bandwidth_gbps"});
+
+  ChipSpec c;
+  c.source = file;
+  c.name = r.string("chip.name");
+  c.display_name = r.string("chip.display_name");
+  c.core_generation = r.string("chip.core_generation");
+  c.core_version = static_cast<int>(r.integer("chip.core_version", 1, 100));
+  c.cores = static_cast<int>(r.integer("chip.cores", 1, 4096));
+  c.collective_cores = static_cast<int>(r.integer("chip.collective_cores", 0, 4096));
+
+  c.hbm_capacity = gibibytes(r.number("hbm.capacity_gib", 0));
+  c.hbm_bandwidth = gigabytes_per_second(r.number("hbm.bandwidth_gbps", 0));
+
+  c.sbuf_partitions = static_cast<int>(r.integer("sbuf.partitions", 1, 1024));
+  c.sbuf_partition_bytes = Bytes(r.integer("sbuf.partition_kib", 1, 1 << 20) * kKiB);
+  c.psum_partitions = static_cast<int>(r.integer("psum.partitions", 1, 1024));
+  c.psum_partition_bytes = Bytes(r.integer("psum.partition_kib", 1, 1 << 20) * kKiB);
+  c.psum_banks = static_cast<int>(r.integer("psum.banks", 1, 1024));
+  if (c.psum_partition_bytes.value() % c.psum_banks != 0) {
+    throw Error(fmt::format("{}: key 'psum.banks': {} banks do not divide a {} KiB partition",
+                            file.string(), c.psum_banks, c.psum_partition_bytes.value() / kKiB));
+  }
+  if (c.psum_partitions != c.sbuf_partitions) {
+    throw Error(fmt::format("{}: key 'psum.partitions': expected the SBUF partition count {}, "
+                            "got {}",
+                            file.string(), c.sbuf_partitions, c.psum_partitions));
+  }
+
+  c.tensor.clock = gigahertz(r.number("tensor.clock_ghz", 0));
+  c.tensor.rows = static_cast<int>(r.integer("tensor.rows", 1, c.sbuf_partitions));
+  c.tensor.cols = static_cast<int>(r.integer("tensor.cols", 1, 4096));
+  c.tensor.stationary_fmax = static_cast<int>(r.integer("tensor.stationary_fmax", 1, 4096));
+  c.tensor.moving_fmax = static_cast<int>(r.integer("tensor.moving_fmax", 1, 1 << 16));
+  for (const auto& [k, v] : r.table("tensor.rate")) {
+    c.tensor.rate[std::string(k.str())] = r.number("tensor.rate." + std::string(k.str()), 0);
+  }
+  if (!c.supports("bf16")) r.fail("tensor.rate.bf16", "a number > 0", nullptr);
+
+  c.vector = read_engine(r, "vector");
+  c.scalar = read_engine(r, "scalar");
+  c.gpsimd.clock = gigahertz(r.number("gpsimd.clock_ghz", 0));
+  c.gpsimd.lanes = static_cast<int>(r.integer("gpsimd.lanes", 1, 4096));
+  c.gpsimd_cores = static_cast<int>(r.integer("gpsimd.simd_cores", 1, 1024));
+  c.gpsimd_width_bits = static_cast<int>(r.integer("gpsimd.simd_width_bits", 8, 1 << 16));
+  // GpSimd FP32 throughput: cores x (width / 32) lanes unless stated.
+  c.gpsimd.fp32_flops_per_lane_cycle =
+      r.has("gpsimd.fp32_flops_per_lane_cycle")
+          ? r.number("gpsimd.fp32_flops_per_lane_cycle", 0)
+          : static_cast<double>(c.gpsimd_cores) * (c.gpsimd_width_bits / 32) / c.gpsimd.lanes;
+
+  c.dma.engines_per_core = static_cast<int>(r.integer("dma.engines_per_core", 1, 1024));
+  c.dma.queues_per_engine = static_cast<int>(r.integer("dma.queues_per_engine", 1, 1024));
+  c.dma.engine_bandwidth = gigabytes_per_second(r.number("dma.engine_bandwidth_gbps", 0));
+  c.dma.chip_bandwidth = gigabytes_per_second(r.number("dma.chip_bandwidth_gbps", 0));
+  c.dma.fixed_cost = Nanoseconds(r.number("dma.fixed_cost_ns", 0, false));
+  c.dma.descriptor_gen = Nanoseconds(r.number("dma.descriptor_gen_ns", 0, false));
+  c.dma.overhead_bound_per_partition =
+      Bytes(r.integer("dma.overhead_bound_bytes_per_partition", 1, kBig));
+  c.dma.efficient_per_partition = Bytes(r.integer("dma.efficient_bytes_per_partition", 1, kBig));
+  c.dma.saturating_per_partition =
+      Bytes(r.integer("dma.saturating_bytes_per_partition", 1, kBig));
+  c.dma.priority_classes = static_cast<int>(r.integer("dma.priority_classes", 1, 16));
+
+  c.costs.min_ii = Cycles(r.integer("costs.min_ii_cycles", 0, 1 << 20));
+  c.costs.access_start = Cycles(r.integer("costs.access_start_cycles", 0, 1 << 20));
+  c.costs.static_overhead = Cycles(r.integer("costs.static_overhead_cycles", 0, 1 << 20));
+
+  c.neuronlink_version = r.string("neuronlink.version");
+  c.neuronlink_bandwidth = gigabytes_per_second(r.number("neuronlink.bandwidth_gbps", 0));
+
+  if (r.has("published")) {
+    for (const auto& [k, v] : r.table("published")) {
+      c.published[std::string(k.str())] = r.number("published." + std::string(k.str()), 0);
+    }
+  }
+  return c;
+}
+
+std::filesystem::path data_dir() {
+  namespace fs = std::filesystem;
+  if (const char* env = std::getenv("TERN_DATA_DIR"); env && *env) return fs::path(env);
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    for (const fs::path& cand : {exe.parent_path().parent_path() / "data",
+                                 exe.parent_path().parent_path() / "share" / "tern" / "data"}) {
+      if (fs::is_directory(cand / "arch", ec)) return cand;
+    }
+  }
+  return fs::path(TERN_SOURCE_DATA_DIR);
+}
+
+namespace {
+std::vector<std::string> list_toml(const std::filesystem::path& dir) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    if (e.is_regular_file() && e.path().extension() == ".toml") {
+      names.push_back(e.path().stem().string());
+    }
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+}  // namespace
+
+std::vector<std::string> list_chips() { return list_toml(data_dir() / "arch"); }
+std::vector<std::string> list_systems() { return list_toml(data_dir() / "arch" / "systems"); }
+
+ChipSpec load_chip(std::string_view name_or_path) {
+  const std::string s(name_or_path);
+  if (s.find('/') != std::string::npos || s.ends_with(".toml")) return load_chip_file(s);
+  const auto file = data_dir() / "arch" / (s + ".toml");
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(file, ec)) {
+    std::string known;
+    for (const auto& n : list_chips()) known += (known.empty() ? "" : ", ") + n;
+    throw Error(fmt::format("unknown chip '{}' (known: {}; looked in {})", s,
+                            known.empty() ? "none" : known, (data_dir() / "arch").string()));
+  }
+  return load_chip_file(file);
+}
+
+}  // namespace tern::arch

@@ -1,0 +1,112 @@
+// A Trainium-class chip described as data (data/arch/<name>.toml).
+//
+// Only architectural facts are stored; every peak and total is derived here
+// from clocks, widths and counts (docs/arch.md gives the formulas), so an
+// architect who changes one number in a file sees its effect everywhere.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "util/units.h"
+
+namespace tern::arch {
+
+// A Vector, Scalar or GpSimd engine: one lane per partition.
+struct EngineSpec {
+  Frequency clock;
+  int lanes = 0;
+  double fp32_flops_per_lane_cycle = 0;  // FP32 operations per lane per cycle
+  FlopRate fp32_peak() const { return flop_rate(lanes * fp32_flops_per_lane_cycle, clock); }
+};
+
+struct TensorSpec {
+  Frequency clock;
+  int rows = 0, cols = 0;  // systolic array (contraction rows x output columns)
+  int stationary_fmax = 0;
+  int moving_fmax = 0;
+  // MACs per PE per cycle relative to BF16, by input type (bf16, fp16, tf32,
+  // fp32, fp8, mxfp8, mxfp4, sparse). A missing entry: not supported.
+  std::map<std::string, double, std::less<>> rate;
+};
+
+struct DmaSpec {
+  int engines_per_core = 0;
+  int queues_per_engine = 0;
+  Bandwidth engine_bandwidth;
+  Bandwidth chip_bandwidth;
+  Nanoseconds fixed_cost;
+  Nanoseconds descriptor_gen;
+  Bytes overhead_bound_per_partition;
+  Bytes efficient_per_partition;
+  Bytes saturating_per_partition;
+  int priority_classes = 1;
+};
+
+struct CostSpec {
+  Cycles min_ii;           // minimum initiation interval
+  Cycles access_start;     // cycles to start a tensor access
+  Cycles static_overhead;  // dependent back-to-back Vector/Scalar instruction overhead
+};
+
+struct ChipSpec {
+  std::filesystem::path source;  // the file it was loaded from
+  std::string name, display_name, core_generation;
+  int core_version = 0;
+  int cores = 0;
+  int collective_cores = 0;
+
+  Bytes hbm_capacity;
+  Bandwidth hbm_bandwidth;
+
+  int sbuf_partitions = 0;
+  Bytes sbuf_partition_bytes;
+  int psum_partitions = 0;
+  Bytes psum_partition_bytes;
+  int psum_banks = 0;
+
+  TensorSpec tensor;
+  EngineSpec vector, scalar, gpsimd;
+  int gpsimd_cores = 0;
+  int gpsimd_width_bits = 0;
+  DmaSpec dma;
+  CostSpec costs;
+  std::string neuronlink_version;
+  Bandwidth neuronlink_bandwidth;
+  // Published chip-level figures (validation only, never used to compute).
+  std::map<std::string, double, std::less<>> published;
+
+  // ---- derived
+  Bytes sbuf_bytes() const { return sbuf_partition_bytes * sbuf_partitions; }
+  Bytes psum_bytes() const { return psum_partition_bytes * psum_partitions; }
+  Bytes psum_bank_bytes() const { return psum_partition_bytes / psum_banks; }
+  Bytes hbm_per_core() const { return hbm_capacity / cores; }
+  Bandwidth dma_bandwidth_per_core() const {
+    return dma.engine_bandwidth * static_cast<double>(dma.engines_per_core);
+  }
+  bool supports(std::string_view dtype) const { return tensor.rate.count(dtype) > 0; }
+  // Tensor-engine peak of one core: rows x cols PEs x 2 FLOP per MAC x
+  // clock x rate(dtype). Throws NotSupported when the chip lacks the type.
+  FlopRate tensor_peak_per_core(std::string_view dtype) const;
+  FlopRate tensor_peak_per_chip(std::string_view dtype) const {
+    return tensor_peak_per_core(dtype) * static_cast<double>(cores);
+  }
+};
+
+// Loads and validates one chip file. Errors (tern::Error) name the file,
+// the key and what was expected.
+ChipSpec load_chip_file(const std::filesystem::path& file);
+// A name from data/arch ("trn3") or a path to a .toml file.
+ChipSpec load_chip(std::string_view name_or_path);
+
+// The data directory: $TERN_DATA_DIR, else ../data beside the executable's
+// folder, else the source tree's data/ (compiled in).
+std::filesystem::path data_dir();
+// Names of the chip descriptions and system descriptions found in data/arch.
+std::vector<std::string> list_chips();
+std::vector<std::string> list_systems();
+
+}  // namespace tern::arch

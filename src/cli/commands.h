@@ -1,0 +1,12 @@
+// The `tern` subcommands. Each registers itself on the root app; its
+// callback throws tern::Error on bad input (main prints it on one line).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace tern::cli {
+
+void add_info_command(CLI::App& app);
+void add_num_command(CLI::App& app);
+
+}  // namespace tern::cli

@@ -1,0 +1,31 @@
+// tern: a software Trainium-class training system. Entry point of the CLI.
+#include <cstdio>
+#include <exception>
+
+#include <CLI/CLI.hpp>
+
+#include "cli/commands.h"
+#include "util/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "tern: a Trainium3-class AI training system in software (simulated chip, SDK, trainer, "
+      "planner)",
+      "tern"};
+  app.set_version_flag("--version", "tern 0.1.0");
+  app.require_subcommand(1);
+  tern::cli::add_info_command(app);
+  tern::cli::add_num_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const tern::Error& e) {
+    std::fprintf(stderr, "tern: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tern: internal error: %s\n", e.what());
+    return 3;
+  }
+  return 0;
+}

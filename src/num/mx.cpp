@@ -1,0 +1,169 @@
+#include "num/mx.h"
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "num/encode_params.h"
+#include "util/error.h"
+
+namespace tern::num {
+
+namespace {
+
+const std::array<MxFormat, 6>& mx_table() {
+  // emax_elem per the OCP MX v1.0 element table (numerics.md section 3).
+  static const std::array<MxFormat, 6> t = {
+      MxFormat{"mxfp8-e4m3", FormatId::e4m3, 8},  MxFormat{"mxfp8-e5m2", FormatId::e5m2, 15},
+      MxFormat{"mxfp6-e3m2", FormatId::e3m2, 4},  MxFormat{"mxfp6-e2m3", FormatId::e2m3, 2},
+      MxFormat{"mxfp4", FormatId::e2m1, 2},       MxFormat{"mxint8", FormatId::mxint8, 0},
+  };
+  return t;
+}
+
+// Unbiased exponent and 23-bit fraction of a positive finite FP32 value,
+// with FP32 subnormals normalized.
+void exponent_and_fraction(std::uint32_t a, int& e, std::uint32_t& frac) {
+  int efe = static_cast<int>(a >> 23);
+  std::uint32_t sig = a & 0x7FFFFFu;
+  if (efe == 0) {
+    const int lz = std::countl_zero(sig) - 8;
+    sig <<= lz;
+    efe = 1 - lz;
+  }
+  e = efe - 127;
+  frac = sig & 0x7FFFFFu;
+}
+
+}  // namespace
+
+const MxFormat& mx_format(MxId id) { return mx_table()[static_cast<std::size_t>(id)]; }
+std::span<const MxFormat> mx_formats() { return mx_table(); }
+
+const MxFormat& parse_mx_format(std::string_view name) {
+  std::string n(name);
+  std::replace(n.begin(), n.end(), '_', '-');
+  for (const MxFormat& f : mx_table()) {
+    if (f.name == n) return f;
+  }
+  if (n == "mxfp8") return mx_format(MxId::mxfp8_e4m3);
+  if (n == "mxfp6") return mx_format(MxId::mxfp6_e3m2);
+  std::string names;
+  for (const MxFormat& f : mx_table()) names += (names.empty() ? "" : ", ") + f.name;
+  throw Error(fmt::format("unknown MX format '{}'; known: {}", name, names));
+}
+
+ScalePolicy parse_scale_policy(std::string_view name) {
+  if (name == "ocp-floor" || name == "ocp_floor" || name == "floor") return ScalePolicy::ocp_floor;
+  if (name == "rceil") return ScalePolicy::rceil;
+  if (name == "trn3") return ScalePolicy::trn3;
+  throw Error(fmt::format("unknown MX scale policy '{}'; known: ocp-floor, rceil, trn3", name));
+}
+
+std::string_view policy_name(ScalePolicy p) {
+  switch (p) {
+    case ScalePolicy::ocp_floor: return "ocp-floor";
+    case ScalePolicy::rceil: return "rceil";
+    case ScalePolicy::trn3: return "trn3";
+  }
+  return "?";
+}
+
+int mx_scale_exponent(const MxFormat& f, ScalePolicy policy, std::span<const float> block) {
+  std::uint32_t amax = 0;
+  for (float x : block) amax = std::max(amax, std::bit_cast<std::uint32_t>(x) & 0x7FFFFFFFu);
+  if (amax >= 0x7F800000u) return kMxNanScale;  // NaN or Inf anywhere: the block is NaN
+  if (amax == 0) return -127;                    // all zero: the smallest scale, 0x00
+  int e;
+  std::uint32_t frac;
+  exponent_and_fraction(amax, e, frac);
+  int k = 0;
+  switch (policy) {
+    case ScalePolicy::ocp_floor:
+      k = e - f.emax_elem;
+      break;
+    case ScalePolicy::rceil: {
+      // Smallest k with amax <= max_elem * 2^k, compared exactly on the bits.
+      int me;
+      std::uint32_t mfrac;
+      exponent_and_fraction(
+          std::bit_cast<std::uint32_t>(static_cast<float>(format(f.element).max_finite())), me,
+          mfrac);
+      k = e - me + (frac > mfrac ? 1 : 0);
+      break;
+    }
+    case ScalePolicy::trn3:
+      if (f.element == FormatId::e4m3 || f.element == FormatId::e5m2) {
+        k = e - (f.emax_elem - 1);
+      } else if (f.element == FormatId::e2m1) {
+        k = e - f.emax_elem;
+      } else {
+        throw NotSupported(fmt::format(
+            "the trn3 scale policy for {} (Trainium3 quantizes only to MXFP8 and MXFP4)", f.name));
+      }
+      break;
+  }
+  if (k > 127) return kMxNanScale;
+  return std::max(k, -127);
+}
+
+std::uint8_t mx_scale_code(int k) {
+  if (k == kMxNanScale) return 0xFF;
+  return static_cast<std::uint8_t>(std::clamp(k, -127, 127) + 127);
+}
+
+void mx_quantize(const MxFormat& f, ScalePolicy policy, std::span<const float> in,
+                 std::span<std::uint8_t> elements, std::span<std::uint8_t> scales,
+                 const CastOptions& opt, std::uint64_t index_base) {
+  if (in.size() % kMxBlock != 0) {
+    throw Error(fmt::format("{}: {} values is not a whole number of {}-element blocks", f.name,
+                            in.size(), kMxBlock));
+  }
+  const std::size_t nblocks = in.size() / kMxBlock;
+  if (elements.size() != in.size() || scales.size() != nblocks) {
+    throw Error(fmt::format("{}: {} values need {} element codes and {} scales, got {} and {}",
+                            f.name, in.size(), in.size(), nblocks, elements.size(),
+                            scales.size()));
+  }
+  std::vector<std::int32_t> ks(nblocks);
+  for (std::size_t b = 0; b < nblocks; ++b) {
+    const int k = mx_scale_exponent(f, policy, in.subspan(b * kMxBlock, kMxBlock));
+    scales[b] = mx_scale_code(k);
+    ks[b] = k == kMxNanScale ? 0 : k;
+  }
+  const auto params = detail::make_params(format(f.element), Overflow::saturate);
+  detail::encode_simd<std::uint8_t>(params, in.data(), elements.data(), in.size(), ks.data(),
+                                    kMxBlock, opt.rounding == Rounding::stochastic, opt.seed,
+                                    index_base, nullptr);
+  for (std::size_t b = 0; b < nblocks; ++b) {
+    if (scales[b] == 0xFF) std::fill_n(elements.begin() + b * kMxBlock, kMxBlock, 0);
+  }
+}
+
+void mx_dequantize(const MxFormat& f, std::span<const std::uint8_t> elements,
+                   std::span<const std::uint8_t> scales, std::span<float> out) {
+  if (elements.size() % kMxBlock != 0 || scales.size() != elements.size() / kMxBlock ||
+      out.size() != elements.size()) {
+    throw Error(fmt::format("{}: dequantize needs 32 element codes per scale and one output per "
+                            "element, got {} codes, {} scales, {} outputs",
+                            f.name, elements.size(), scales.size(), out.size()));
+  }
+  const Format& ef = format(f.element);
+  std::array<float, 256> lut;
+  for (std::uint32_t c = 0; c < 256; ++c) lut[c] = decode(ef, c);
+  for (std::size_t b = 0; b < scales.size(); ++b) {
+    const std::uint8_t s = scales[b];
+    for (std::size_t j = 0; j < kMxBlock; ++j) {
+      const std::size_t i = b * kMxBlock + j;
+      out[i] = s == 0xFF ? std::numeric_limits<float>::quiet_NaN()
+                         : std::ldexp(lut[elements[i] & ef.code_mask()], int(s) - 127);
+    }
+  }
+}
+
+}  // namespace tern::num
