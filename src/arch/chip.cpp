@@ -1,8 +1,8 @@
 #include "arch/chip.h"
 
+#include <unistd.h>
 #include <algorithm>
 #include <cstdlib>
-#include <unistd.h>
 
 #include <fmt/format.h>
 
@@ -23,8 +23,7 @@ FlopRate ChipSpec::tensor_peak_per_core(std::string_view dtype) const {
     throw NotSupported(fmt::format("{} has no {} tensor-engine rate", name, dtype));
   }
   // rows x cols PEs, each one MAC (2 FLOP) per cycle at the BF16 rate.
-  return flop_rate(static_cast<double>(tensor.rows) * tensor.cols * 2.0 * it->second,
-                   tensor.clock);
+  return flop_rate(static_cast<double>(tensor.rows) * tensor.cols * 2.0 * it->second, tensor.clock);
 }
 
 namespace {
@@ -48,9 +47,9 @@ ChipSpec load_chip_file(const std::filesystem::path& file) {
                {"schema", "chip", "hbm", "sbuf", "psum", "tensor", "vector", "scalar", "gpsimd",
                 "dma", "costs", "neuronlink", "published"});
   r.integer("schema", 1, 1);
-  r.check_keys("chip", r.table("chip"),
-               {"name", "display_name", "core_generation", "core_version", "cores",
-                "collective_cores"});
+  r.check_keys(
+      "chip", r.table("chip"),
+      {"name", "display_name", "core_generation", "core_version", "cores", "collective_cores"});
   r.check_keys("hbm", r.table("hbm"), {"capacity_gib", "bandwidth_gbps"});
   r.check_keys("sbuf", r.table("sbuf"), {"partitions", "partition_kib"});
   r.check_keys("psum", r.table("psum"), {"partitions", "partition_kib", "banks"});
@@ -62,14 +61,14 @@ ChipSpec load_chip_file(const std::filesystem::path& file) {
   for (const char* e : {"vector", "scalar"}) {
     r.check_keys(e, r.table(e), {"clock_ghz", "lanes", "fp32_flops_per_lane_cycle"});
   }
-  r.check_keys("gpsimd", r.table("gpsimd"),
-               {"clock_ghz", "lanes", "fp32_flops_per_lane_cycle", "simd_cores",
-                "simd_width_bits"});
-  r.check_keys("dma", r.table("dma"),
-               {"engines_per_core", "queues_per_engine", "engine_bandwidth_gbps",
-                "chip_bandwidth_gbps", "fixed_cost_ns", "descriptor_gen_ns",
-                "overhead_bound_bytes_per_partition", "efficient_bytes_per_partition",
-                "saturating_bytes_per_partition", "priority_classes"});
+  r.check_keys(
+      "gpsimd", r.table("gpsimd"),
+      {"clock_ghz", "lanes", "fp32_flops_per_lane_cycle", "simd_cores", "simd_width_bits"});
+  r.check_keys(
+      "dma", r.table("dma"),
+      {"engines_per_core", "queues_per_engine", "engine_bandwidth_gbps", "chip_bandwidth_gbps",
+       "fixed_cost_ns", "descriptor_gen_ns", "overhead_bound_bytes_per_partition",
+       "efficient_bytes_per_partition", "saturating_bytes_per_partition", "priority_classes"});
   r.check_keys("costs", r.table("costs"),
                {"min_ii_cycles", "access_start_cycles", "static_overhead_cycles"});
   r.check_keys("neuronlink", r.table("neuronlink"), {"version", "bandwidth_gbps"});
@@ -96,9 +95,10 @@ ChipSpec load_chip_file(const std::filesystem::path& file) {
                             file.string(), c.psum_banks, c.psum_partition_bytes.value() / kKiB));
   }
   if (c.psum_partitions != c.sbuf_partitions) {
-    throw Error(fmt::format("{}: key 'psum.partitions': expected the SBUF partition count {}, "
-                            "got {}",
-                            file.string(), c.sbuf_partitions, c.psum_partitions));
+    throw Error(
+        fmt::format("{}: key 'psum.partitions': expected the SBUF partition count {}, "
+                    "got {}",
+                    file.string(), c.sbuf_partitions, c.psum_partitions));
   }
 
   c.tensor.clock = gigahertz(r.number("tensor.clock_ghz", 0));
@@ -132,8 +132,7 @@ ChipSpec load_chip_file(const std::filesystem::path& file) {
   c.dma.overhead_bound_per_partition =
       Bytes(r.integer("dma.overhead_bound_bytes_per_partition", 1, kBig));
   c.dma.efficient_per_partition = Bytes(r.integer("dma.efficient_bytes_per_partition", 1, kBig));
-  c.dma.saturating_per_partition =
-      Bytes(r.integer("dma.saturating_bytes_per_partition", 1, kBig));
+  c.dma.saturating_per_partition = Bytes(r.integer("dma.saturating_bytes_per_partition", 1, kBig));
   c.dma.priority_classes = static_cast<int>(r.integer("dma.priority_classes", 1, 16));
 
   c.costs.min_ii = Cycles(r.integer("costs.min_ii_cycles", 0, 1 << 20));
@@ -179,8 +178,12 @@ std::vector<std::string> list_toml(const std::filesystem::path& dir) {
 }
 }  // namespace
 
-std::vector<std::string> list_chips() { return list_toml(data_dir() / "arch"); }
-std::vector<std::string> list_systems() { return list_toml(data_dir() / "arch" / "systems"); }
+std::vector<std::string> list_chips() {
+  return list_toml(data_dir() / "arch");
+}
+std::vector<std::string> list_systems() {
+  return list_toml(data_dir() / "arch" / "systems");
+}
 
 ChipSpec load_chip(std::string_view name_or_path) {
   const std::string s(name_or_path);

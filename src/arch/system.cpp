@@ -17,9 +17,12 @@ int FabricLevel::size() const {
 
 std::string_view topology_name(Topology t) {
   switch (t) {
-    case Topology::torus2d: return "torus2d";
-    case Topology::ring: return "ring";
-    case Topology::switched: return "switched";
+    case Topology::torus2d:
+      return "torus2d";
+    case Topology::ring:
+      return "ring";
+    case Topology::switched:
+      return "switched";
   }
   return "?";
 }
@@ -71,14 +74,16 @@ SystemSpec load_system_file(const std::filesystem::path& file) {
   int product = 1;
   for (const auto& l : s.fabric) product *= l.size();
   if (product != s.chips) {
-    throw Error(fmt::format("{}: key 'fabric': the fabric levels hold {} chips but "
-                            "system.chips is {}",
-                            file.string(), product, s.chips));
+    throw Error(
+        fmt::format("{}: key 'fabric': the fabric levels hold {} chips but "
+                    "system.chips is {}",
+                    file.string(), product, s.chips));
   }
   if (r.has("scale_out")) {
     r.check_keys("scale_out", r.table("scale_out"), {"name", "bandwidth_gbps_per_instance"});
-    s.scale_out = ScaleOut{r.string("scale_out.name"),
-                           gigabytes_per_second(r.number("scale_out.bandwidth_gbps_per_instance", 0))};
+    s.scale_out =
+        ScaleOut{r.string("scale_out.name"),
+                 gigabytes_per_second(r.number("scale_out.bandwidth_gbps_per_instance", 0))};
   }
   if (r.has("published")) {
     for (const auto& [k, v] : r.table("published")) {
@@ -88,7 +93,8 @@ SystemSpec load_system_file(const std::filesystem::path& file) {
   // The chip file sits beside the system folder (data/arch/<chip>.toml).
   const auto sibling = file.parent_path().parent_path() / (chip + ".toml");
   std::error_code ec;
-  s.chip = std::filesystem::is_regular_file(sibling, ec) ? load_chip_file(sibling) : load_chip(chip);
+  s.chip =
+      std::filesystem::is_regular_file(sibling, ec) ? load_chip_file(sibling) : load_chip(chip);
   return s;
 }
 

@@ -44,15 +44,17 @@ void TomlReader::fail(std::string_view key, std::string_view expected,
                       const toml::node* got) const {
   std::string where = file_.string();
   if (got && got->source().begin.line > 0) where += fmt::format(":{}", got->source().begin.line);
-  throw Error(fmt::format("{}: key '{}': expected {}, got {}", where, key, expected,
-                          describe(got)));
+  throw Error(
+      fmt::format("{}: key '{}': expected {}, got {}", where, key, expected, describe(got)));
 }
 
 const toml::node* TomlReader::find(std::string_view key) const {
   return root_.at_path(key).node();
 }
 
-bool TomlReader::has(std::string_view key) const { return find(key) != nullptr; }
+bool TomlReader::has(std::string_view key) const {
+  return find(key) != nullptr;
+}
 
 std::string TomlReader::string(std::string_view key) const {
   const toml::node* n = find(key);
@@ -71,11 +73,10 @@ std::int64_t TomlReader::integer(std::string_view key, std::int64_t min, std::in
 
 double TomlReader::number(std::string_view key, double min, bool min_exclusive) const {
   const toml::node* n = find(key);
-  const std::string expected =
-      fmt::format("a number {} {}", min_exclusive ? ">" : ">=", min);
+  const std::string expected = fmt::format("a number {} {}", min_exclusive ? ">" : ">=", min);
   if (!n || !(n->is_integer() || n->is_floating_point())) fail(key, expected, n);
-  const double v = n->is_integer() ? static_cast<double>(n->as_integer()->get())
-                                   : n->as_floating_point()->get();
+  const double v =
+      n->is_integer() ? static_cast<double>(n->as_integer()->get()) : n->as_floating_point()->get();
   if (!(min_exclusive ? v > min : v >= min) || v != v) fail(key, expected, n);
   return v;
 }

@@ -16,16 +16,21 @@ namespace {
 
 using nlohmann::json;
 
-std::string tflops(FlopRate r) { return fmt::format("{:.1f} TFLOPS", r.value() / 1e12); }
+std::string tflops(FlopRate r) {
+  return fmt::format("{:.1f} TFLOPS", r.value() / 1e12);
+}
 std::string gib(Bytes b) {
   const double g = static_cast<double>(b.value()) / kGiB;
   return g >= 1 ? fmt::format("{:g} GiB", g)
                 : fmt::format("{:g} MiB", static_cast<double>(b.value()) / kMiB);
 }
-std::string gbps(Bandwidth b) { return fmt::format("{:g} GB/s", b.value()); }
+std::string gbps(Bandwidth b) {
+  return fmt::format("{:g} GB/s", b.value());
+}
 
 // Display order of tensor input types.
-constexpr const char* kDtypes[] = {"fp32", "tf32", "bf16", "fp16", "fp8", "mxfp8", "mxfp4", "sparse"};
+constexpr const char* kDtypes[] = {"fp32", "tf32",  "bf16",  "fp16",
+                                   "fp8",  "mxfp8", "mxfp4", "sparse"};
 
 json chip_json(const arch::ChipSpec& c) {
   json peaks = json::object();
@@ -181,16 +186,20 @@ std::string system_text(const arch::SystemSpec& s) {
   for (const auto& l : s.fabric) {
     std::string topo(arch::topology_name(l.topology));
     if (l.topology == arch::Topology::torus2d) topo += fmt::format(" {}x{}", l.dims[0], l.dims[1]);
-    fab.add({l.name, topo, std::to_string(l.size()), fmt::format("{:g}", l.bandwidth_per_chip.value())});
+    fab.add({l.name, topo, std::to_string(l.size()),
+             fmt::format("{:g}", l.bandwidth_per_chip.value())});
   }
   out += fab.render() + "\n";
   Table tot({"system total", "value"});
   for (const char* d : {"bf16", "fp8", "mxfp8"}) {
     if (s.chip.supports(d)) {
-      tot.add({fmt::format("{} peak", d), fmt::format("{:.1f} PFLOPS", s.tensor_peak(d).value() / 1e15)});
+      tot.add({fmt::format("{} peak", d),
+               fmt::format("{:.1f} PFLOPS", s.tensor_peak(d).value() / 1e15)});
     }
   }
-  tot.add({"HBM", fmt::format("{:.1f} TB ({})", static_cast<double>(s.hbm_capacity().value()) / 1e12, gib(s.hbm_capacity()))});
+  tot.add(
+      {"HBM", fmt::format("{:.1f} TB ({})", static_cast<double>(s.hbm_capacity().value()) / 1e12,
+                          gib(s.hbm_capacity()))});
   tot.add({"HBM bandwidth", fmt::format("{:.1f} TB/s", s.hbm_bandwidth().value() / 1e3)});
   if (s.scale_out) {
     tot.add({"scale-out", fmt::format("{} {} per instance", s.scale_out->name,
@@ -219,7 +228,8 @@ void add_info_command(CLI::App& app) {
   cmd->add_flag("--list", opts->list, "List the chip and system descriptions");
   cmd->callback([opts] {
     if (opts->list) {
-      json j = {{"data_dir", arch::data_dir().string()}, {"chips", json::array()},
+      json j = {{"data_dir", arch::data_dir().string()},
+                {"chips", json::array()},
                 {"systems", json::array()}};
       Table t({"kind", "name", "description"});
       t.set_align_right({false, false, false});

@@ -42,9 +42,10 @@ float parse_value(const std::string& s) {
   char* end = nullptr;
   const float v = std::strtof(s.c_str(), &end);
   if (end == s.c_str() || *end != '\0') {
-    throw Error(fmt::format("malformed number '{}': expected a decimal or hex float such as "
-                            "300.5, -1e-3, 0x1.8p3, inf or nan",
-                            s));
+    throw Error(
+        fmt::format("malformed number '{}': expected a decimal or hex float such as "
+                    "300.5, -1e-3, 0x1.8p3, inf or nan",
+                    s));
   }
   return v;
 }
@@ -65,9 +66,10 @@ std::uint32_t parse_code(const std::string& s, const num::Format& f) {
                                    ? 0
                                    : std::strtoull(digits.c_str(), &end, base);
   if (digits.empty() || !end || *end != '\0' || errno == ERANGE) {
-    throw Error(fmt::format("malformed code '{}': expected an unsigned integer such as 0x7e, "
-                            "126 or 0b01111110",
-                            s));
+    throw Error(
+        fmt::format("malformed code '{}': expected an unsigned integer such as 0x7e, "
+                    "126 or 0b01111110",
+                    s));
   }
   if (v > f.code_mask()) {
     throw Error(fmt::format("code {} does not fit {} ({} bits, max 0x{:x})", s, f.name, f.bits,
@@ -122,7 +124,8 @@ struct CastArgs {
 void add_cast_options(CLI::App* cmd, CastArgs& a) {
   cmd->add_option("--round", a.round, "Rounding: rne (nearest, ties to even) or sr (stochastic)")
       ->capture_default_str();
-  cmd->add_option("--seed", a.seed, "Seed of the stochastic rounding stream")->capture_default_str();
+  cmd->add_option("--seed", a.seed, "Seed of the stochastic rounding stream")
+      ->capture_default_str();
   cmd->add_flag("--json", a.json, "Print JSON");
 }
 
@@ -140,8 +143,9 @@ void decode_cmd(CLI::App& num) {
     const num::Format f = num::parse_format(a->fmt);
     const std::uint32_t code = parse_code(a->code, f);
     const float v = num::decode(f, code);
-    const json j = {{"format", f.name}, {"code", code}, {"code_hex", hex(code, f)},
-                    {"bits", fields(f, code)}, {"class", classify(f, code)}, {"value", jnum(v)}};
+    const json j = {{"format", f.name},           {"code", code},
+                    {"code_hex", hex(code, f)},   {"bits", fields(f, code)},
+                    {"class", classify(f, code)}, {"value", jnum(v)}};
     print(j, a->json,
           fmt::format("{} {} = {}   [{}] {}\n", f.name, hex(code, f), show(v), fields(f, code),
                       classify(f, code)));
@@ -168,23 +172,26 @@ void encode_cmd(CLI::App& num) {
     const std::uint32_t code = num::encode(f, x, r, ovf, rnd, 0, &st);
     const float v = num::decode(f, code);
     std::string status = "exact";
-    if (st.nan) status = f.has_nan() ? "nan" : "nan (no NaN in format: +0)";
-    else if (st.inf) status = a->sat ? "inf saturated" : "inf";
-    else if (st.overflow) status = a->sat ? "overflow, saturated" : "overflow";
-    else if (st.underflow) status = "underflow to zero";
-    else if (v != x) status = "rounded";
-    const std::string rname = r == num::Rounding::stochastic
-                                  ? fmt::format("sr (seed {})", a->seed) : "rne";
-    json j = {{"format", f.name},       {"input", a->value},
-              {"input_fp32", jnum(x)},  {"code", code},
-              {"code_hex", hex(code, f)}, {"bits", fields(f, code)},
-              {"value", jnum(v)},       {"rounding", a->round},
-              {"seed", a->seed},        {"saturate", a->sat},
-              {"status", status}};
-    std::string text = fmt::format("{} {} -> {} = {}   [{}]  {}, {}{}\n", f.name, show(x),
-                                   hex(code, f), show(v), fields(f, code), rname,
-                                   a->sat ? "saturating" : "non-saturating",
-                                   status == "exact" ? "" : ", " + status);
+    if (st.nan)
+      status = f.has_nan() ? "nan" : "nan (no NaN in format: +0)";
+    else if (st.inf)
+      status = a->sat ? "inf saturated" : "inf";
+    else if (st.overflow)
+      status = a->sat ? "overflow, saturated" : "overflow";
+    else if (st.underflow)
+      status = "underflow to zero";
+    else if (v != x)
+      status = "rounded";
+    const std::string rname =
+        r == num::Rounding::stochastic ? fmt::format("sr (seed {})", a->seed) : "rne";
+    json j = {{"format", f.name},   {"input", a->value},        {"input_fp32", jnum(x)},
+              {"code", code},       {"code_hex", hex(code, f)}, {"bits", fields(f, code)},
+              {"value", jnum(v)},   {"rounding", a->round},     {"seed", a->seed},
+              {"saturate", a->sat}, {"status", status}};
+    std::string text =
+        fmt::format("{} {} -> {} = {}   [{}]  {}, {}{}\n", f.name, show(x), hex(code, f), show(v),
+                    fields(f, code), rname, a->sat ? "saturating" : "non-saturating",
+                    status == "exact" ? "" : ", " + status);
     if (std::isfinite(x) && std::isfinite(v) && x != 0 && v != x) {
       j["error"] = static_cast<double>(v) - static_cast<double>(x);
       text += fmt::format("  error {} ({:+.3g} %)\n", show(double(v) - double(x)),
@@ -203,10 +210,12 @@ void mx_cmd(CLI::App& num) {
     std::vector<std::string> values;
   };
   auto a = std::make_shared<A>();
-  auto* cmd = num.add_subcommand(
-      "mx", "Quantize one or more 32-value MX blocks: tern num mx --format mxfp8-e4m3 "
-            "--policy rceil v1 ... v32");
-  cmd->add_option("--format", a->fmt, "mxfp8-e4m3, mxfp8-e5m2, mxfp6-e3m2, mxfp6-e2m3, mxfp4, mxint8")
+  auto* cmd =
+      num.add_subcommand("mx",
+                         "Quantize one or more 32-value MX blocks: tern num mx --format mxfp8-e4m3 "
+                         "--policy rceil v1 ... v32");
+  cmd->add_option("--format", a->fmt,
+                  "mxfp8-e4m3, mxfp8-e5m2, mxfp6-e3m2, mxfp6-e2m3, mxfp4, mxint8")
       ->capture_default_str();
   cmd->add_option("--policy", a->policy, "Scale policy: ocp-floor, rceil or trn3")
       ->capture_default_str();
@@ -231,16 +240,14 @@ void mx_cmd(CLI::App& num) {
     num::mx_dequantize(mf, el, sc, deq);
 
     json blocks = json::array();
-    std::string text = fmt::format("{} ({} elements), policy {}, {} value(s){}\n", mf.name,
-                                   ef.name, num::policy_name(pol), given,
-                                   in.size() > given
-                                       ? fmt::format(", padded with {} zero(s)", in.size() - given)
-                                       : "");
+    std::string text = fmt::format(
+        "{} ({} elements), policy {}, {} value(s){}\n", mf.name, ef.name, num::policy_name(pol),
+        given, in.size() > given ? fmt::format(", padded with {} zero(s)", in.size() - given) : "");
     for (std::size_t b = 0; b < sc.size(); ++b) {
       const float scale = num::decode(num::format(num::FormatId::e8m0), sc[b]);
-      const std::string sdesc =
-          sc[b] == 0xFF ? "NaN (block holds NaN/Inf or the scale overflows)"
-                        : fmt::format("2^{} = {}", int(sc[b]) - 127, show(scale));
+      const std::string sdesc = sc[b] == 0xFF
+                                    ? "NaN (block holds NaN/Inf or the scale overflows)"
+                                    : fmt::format("2^{} = {}", int(sc[b]) - 127, show(scale));
       text += fmt::format("\nblock {}: scale 0x{:02x} = {}\n", b, sc[b], sdesc);
       Table t({"i", "input", "code", "element", "dequantized", "error"});
       json elems = json::array();
@@ -251,7 +258,9 @@ void mx_cmd(CLI::App& num) {
         const double err = double(deq[i]) - double(in[i]);
         t.add({std::to_string(i), show(in[i]), hex(el[i], ef), show(p), show(deq[i]),
                std::isfinite(err) ? show(err) : "-"});
-        elems.push_back({{"input", jnum(in[i])}, {"code", el[i]}, {"element", jnum(p)},
+        elems.push_back({{"input", jnum(in[i])},
+                         {"code", el[i]},
+                         {"element", jnum(p)},
                          {"dequantized", jnum(deq[i])}});
       }
       text += t.render();
@@ -260,9 +269,9 @@ void mx_cmd(CLI::App& num) {
                         {"scale", jnum(scale)},
                         {"elements", elems}});
     }
-    const json j = {{"format", mf.name}, {"element_format", ef.name},
-                    {"policy", num::policy_name(pol)}, {"rounding", a->round},
-                    {"values", given}, {"blocks", blocks}};
+    const json j = {
+        {"format", mf.name},    {"element_format", ef.name}, {"policy", num::policy_name(pol)},
+        {"rounding", a->round}, {"values", given},           {"blocks", blocks}};
     print(j, a->json, text);
   });
 }
@@ -272,27 +281,38 @@ void formats_cmd(CLI::App& num) {
   auto* cmd = num.add_subcommand("formats", "The properties of every number format");
   cmd->add_flag("--json", *json_out, "Print JSON");
   cmd->callback([json_out] {
-    Table t({"format", "bits", "E", "M", "bias", "max finite", "min normal", "min subnormal",
-             "Inf", "NaN", "description"});
+    Table t({"format", "bits", "E", "M", "bias", "max finite", "min normal", "min subnormal", "Inf",
+             "NaN", "description"});
     t.set_align_right({false, true, true, true, true, true, true, true, false, false, false});
     json j = json::array();
     for (const num::Format& f : num::builtin_formats()) {
       const bool fp = f.encoding != num::Encoding::int_fixed && f.encoding != num::Encoding::e8m0;
-      const std::string nan = f.has_nan() ? hex(static_cast<std::uint32_t>(f.nan_code()), f) : "none";
-      const std::string inf = f.has_inf() ? hex(static_cast<std::uint32_t>(f.inf_code()), f) : "none";
-      t.add({f.name, std::to_string(f.bits), fp || f.encoding == num::Encoding::e8m0 ? std::to_string(f.exp_bits) : "-",
-             std::to_string(f.man_bits), fp || f.encoding == num::Encoding::e8m0 ? std::to_string(f.bias) : "-",
+      const std::string nan =
+          f.has_nan() ? hex(static_cast<std::uint32_t>(f.nan_code()), f) : "none";
+      const std::string inf =
+          f.has_inf() ? hex(static_cast<std::uint32_t>(f.inf_code()), f) : "none";
+      t.add({f.name, std::to_string(f.bits),
+             fp || f.encoding == num::Encoding::e8m0 ? std::to_string(f.exp_bits) : "-",
+             std::to_string(f.man_bits),
+             fp || f.encoding == num::Encoding::e8m0 ? std::to_string(f.bias) : "-",
              show(f.max_finite()), show(f.min_normal()), show(f.min_subnormal()), inf, nan,
              f.description});
-      j.push_back({{"name", f.name}, {"bits", f.bits}, {"exp_bits", f.exp_bits},
-                   {"man_bits", f.man_bits}, {"bias", f.bias}, {"max_finite", f.max_finite()},
-                   {"min_normal", f.min_normal()}, {"min_subnormal", f.min_subnormal()},
-                   {"has_inf", f.has_inf()}, {"has_nan", f.has_nan()},
+      j.push_back({{"name", f.name},
+                   {"bits", f.bits},
+                   {"exp_bits", f.exp_bits},
+                   {"man_bits", f.man_bits},
+                   {"bias", f.bias},
+                   {"max_finite", f.max_finite()},
+                   {"min_normal", f.min_normal()},
+                   {"min_subnormal", f.min_subnormal()},
+                   {"has_inf", f.has_inf()},
+                   {"has_nan", f.has_nan()},
                    {"description", f.description}});
     }
     print(j, *json_out,
-          t.render() + "\nAlso: cfp8-e<E>m<M>-b<bias> (configurable-bias FP8, IEEE-like), "
-                       "e.g. cfp8-e4m3-b10. MX block formats: see `tern num mx --help`.\n");
+          t.render() +
+              "\nAlso: cfp8-e<E>m<M>-b<bias> (configurable-bias FP8, IEEE-like), "
+              "e.g. cfp8-e4m3-b10. MX block formats: see `tern num mx --help`.\n");
   });
 }
 

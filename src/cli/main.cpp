@@ -19,7 +19,10 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    // One line: what was wrong, and where to look.
+    std::fprintf(stderr, "tern: error: %s (see --help)\n", e.what());
+    return e.get_exit_code();
   } catch (const tern::Error& e) {
     std::fprintf(stderr, "tern: error: %s\n", e.what());
     return 2;

@@ -63,7 +63,7 @@ std::uint32_t encode_e8m0(float x, Rounding r, Overflow ovf, std::uint32_t rando
     if (stats) ++stats->nan;
     return 0xFF;
   }
-  if (a == 0) return 0x00;  // no zero in E8M0: the smallest scale, 2^-127
+  if (a == 0) return 0x00;      // no zero in E8M0: the smallest scale, 2^-127
   if (bits >> 31) return 0xFF;  // negative: not representable, NaN
   if (a == 0x7F800000u) {
     if (stats) ++stats->inf;
@@ -122,8 +122,7 @@ std::uint32_t encode_with(const EncodeParams& p, float x, Rounding r, std::uint3
     const std::int64_t v = (sign && signed_result) ? -mag : mag;
     return static_cast<std::uint32_t>(v) & p.code_mask;
   }
-  return static_cast<std::uint32_t>(mag) |
-         ((sign && signed_result) ? (1u << p.sign_shift) : 0u);
+  return static_cast<std::uint32_t>(mag) | ((sign && signed_result) ? (1u << p.sign_shift) : 0u);
 }
 
 }  // namespace
@@ -167,8 +166,7 @@ float decode(const Format& f, std::uint32_t code) {
   const std::uint32_t man = mag & ((1u << f.man_bits) - 1u);
   float v;
   if (f.encoding == Encoding::ieee && e == exp_all) {
-    v = man == 0 ? std::numeric_limits<float>::infinity()
-                 : std::numeric_limits<float>::quiet_NaN();
+    v = man == 0 ? std::numeric_limits<float>::infinity() : std::numeric_limits<float>::quiet_NaN();
   } else if (f.encoding == Encoding::nan_only && mag == (f.code_mask() >> 1)) {
     v = std::numeric_limits<float>::quiet_NaN();
   } else if (e == 0) {
@@ -191,8 +189,8 @@ CastStats encode_array_impl(const Format& f, std::span<const float> in, std::spa
     throw Error(fmt::format("encode_array: {} inputs but {} outputs", in.size(), out.size()));
   }
   if (f.bits > static_cast<int>(8 * sizeof(OutT))) {
-    throw Error(fmt::format("encode_array: {} codes are {} bits, the output holds only {}",
-                            f.name, f.bits, 8 * sizeof(OutT)));
+    throw Error(fmt::format("encode_array: {} codes are {} bits, the output holds only {}", f.name,
+                            f.bits, 8 * sizeof(OutT)));
   }
   CastStats st;
   const bool sr = opt.rounding == Rounding::stochastic;
@@ -204,8 +202,8 @@ CastStats encode_array_impl(const Format& f, std::span<const float> in, std::spa
     }
     return st;
   }
-  detail::encode_simd<OutT>(detail::make_params(f, opt.overflow), in.data(), out.data(),
-                            in.size(), nullptr, in.size(), sr, opt.seed, index_base, &st);
+  detail::encode_simd<OutT>(detail::make_params(f, opt.overflow), in.data(), out.data(), in.size(),
+                            nullptr, in.size(), sr, opt.seed, index_base, &st);
   return st;
 }
 

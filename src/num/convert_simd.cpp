@@ -73,8 +73,8 @@ HWY_INLINE VI EncodeVec(const EncodeParams& p, VI bits, VI k, hn::Vec<DU> random
     // threshold = rem * 2^(32 - s), or rem / 2^(s - 32) once s > 32.
     const VI lo_shift = hn::Max(hn::Sub(hn::Set(di, 31), s), hn::Zero(di));
     const auto thr_lo = hn::ShiftLeft<1>(hn::BitCast(du, rem << lo_shift));
-    const VI hi_shift = hn::Min(hn::Max(hn::Sub(s, hn::Set(di, 32)), hn::Zero(di)),
-                                hn::Set(di, 31));
+    const VI hi_shift =
+        hn::Min(hn::Max(hn::Sub(s, hn::Set(di, 32)), hn::Zero(di)), hn::Set(di, 31));
     const auto thr_hi = hn::BitCast(du, sig >> hi_shift);
     const auto thr = hn::IfThenElse(hn::RebindMask(du, hn::Lt(s, hn::Set(di, 32))), thr_lo, thr_hi);
     up = LtU(random, thr);
@@ -158,7 +158,8 @@ void EncodeLoop(const EncodeParams& p, const float* in, OutT* out, std::size_t n
       std::memset(tail_in, 0, sizeof(tail_in));
       std::memcpy(tail_in, in + i, rest * sizeof(float));
       Counts tc;
-      const VI code = EncodeVec<kStochastic, kStats>(p, hn::Load(di, tail_in), k, random_for(i), tc);
+      const VI code =
+          EncodeVec<kStochastic, kStats>(p, hn::Load(di, tail_in), k, random_for(i), tc);
       StoreCodes(code, tail_out);
       std::memcpy(out + i, tail_out, rest * sizeof(OutT));
       // Padding lanes are zeros: they add nothing to the counts.
@@ -171,18 +172,74 @@ void EncodeLoop(const EncodeParams& p, const float* in, OutT* out, std::size_t n
   }
 }
 
+// FP32 -> BF16 with RNE, the most common cast: BF16 shares FP32's exponent
+// range, so rounding the dropped 16 bits (ties to even) is the whole job,
+// FP32 subnormals included. Same results as EncodeVec (tested).
+template <typename OutT, bool kStats>
+void Bf16RneLoop(const EncodeParams& p, const float* in, OutT* out, std::size_t n, Counts& c) {
+  const DI di;
+  const DU du;
+  const std::size_t N = hn::Lanes(di);
+  const auto inf_bits = hn::Set(di, 0x7F800000);
+  const auto rounder = hn::Set(du, 0x7FFFu);
+  const auto one = hn::Set(du, 1u);
+  const auto ovf_code = hn::Set(di, p.ovf_code);
+  const auto nan_code = hn::Set(di, p.nan_code);
+  auto one_vec = [&](VI bits, Counts& cc) {
+    const auto ub = hn::BitCast(du, bits);
+    const VI a = hn::And(bits, hn::Set(di, 0x7FFFFFFF));
+    const auto is_nan = hn::Gt(a, inf_bits);
+    const VI sign = hn::BitCast(di, hn::ShiftRight<16>(hn::And(ub, hn::Set(du, 0x80000000u))));
+    const auto lsb = hn::And(hn::ShiftRight<16>(ub), one);
+    const VI r = hn::BitCast(di, hn::ShiftRight<16>(hn::Add(hn::Add(ub, rounder), lsb)));
+    const VI mag = hn::And(r, hn::Set(di, 0x7FFF));
+    const auto ovf = hn::Eq(mag, hn::Set(di, 0x7F80));  // rounded up to Inf, or Inf input
+    if constexpr (kStats) {
+      const auto is_inf = hn::Eq(a, inf_bits);
+      cc.overflow += hn::CountTrue(di, hn::AndNot(is_inf, hn::AndNot(is_nan, ovf)));
+      cc.underflow += hn::CountTrue(
+          di, hn::AndNot(hn::Or(is_nan, hn::Eq(a, hn::Zero(di))), hn::Eq(mag, hn::Zero(di))));
+      cc.nan += hn::CountTrue(di, is_nan);
+      cc.inf += hn::CountTrue(di, is_inf);
+    }
+    VI code = hn::IfThenElse(ovf, hn::Or(sign, ovf_code), r);
+    return hn::IfThenElse(is_nan, hn::Or(sign, nan_code), code);
+  };
+  std::size_t i = 0;
+  for (; i + N <= n; i += N) {
+    StoreCodes(one_vec(hn::BitCast(di, hn::LoadU(hn::RebindToFloat<DI>(), in + i)), c), out + i);
+  }
+  if (i < n) {
+    HWY_ALIGN std::int32_t tail_in[hn::MaxLanes(di)] = {};
+    HWY_ALIGN OutT tail_out[hn::MaxLanes(di)];
+    std::memcpy(tail_in, in + i, (n - i) * sizeof(float));
+    StoreCodes(one_vec(hn::Load(di, tail_in), c), tail_out);  // zero padding counts nothing
+    std::memcpy(out + i, tail_out, (n - i) * sizeof(OutT));
+  }
+}
+
 template <typename OutT>
 void EncodeImpl(const EncodeParams& p, const float* in, OutT* out, std::size_t n,
-                const std::int32_t* block_k, std::size_t block, bool stochastic,
-                std::uint64_t seed, std::uint64_t index_base, CastStats* stats) {
+                const std::int32_t* block_k, std::size_t block, bool stochastic, std::uint64_t seed,
+                std::uint64_t index_base, CastStats* stats) {
   Counts c;
   if (block == 0) block = n == 0 ? 1 : n;
-  if (stochastic) {
-    if (stats) EncodeLoop<OutT, true, true>(p, in, out, n, block_k, block, seed, index_base, c);
-    else EncodeLoop<OutT, true, false>(p, in, out, n, block_k, block, seed, index_base, c);
+  const bool bf16 = p.m == 7 && p.T == 1 && !p.twos_complement && sizeof(OutT) >= 2;
+  if (bf16 && !stochastic && block_k == nullptr) {
+    if (stats)
+      Bf16RneLoop<OutT, true>(p, in, out, n, c);
+    else
+      Bf16RneLoop<OutT, false>(p, in, out, n, c);
+  } else if (stochastic) {
+    if (stats)
+      EncodeLoop<OutT, true, true>(p, in, out, n, block_k, block, seed, index_base, c);
+    else
+      EncodeLoop<OutT, true, false>(p, in, out, n, block_k, block, seed, index_base, c);
   } else {
-    if (stats) EncodeLoop<OutT, false, true>(p, in, out, n, block_k, block, seed, index_base, c);
-    else EncodeLoop<OutT, false, false>(p, in, out, n, block_k, block, seed, index_base, c);
+    if (stats)
+      EncodeLoop<OutT, false, true>(p, in, out, n, block_k, block, seed, index_base, c);
+    else
+      EncodeLoop<OutT, false, false>(p, in, out, n, block_k, block, seed, index_base, c);
   }
   if (stats) {
     stats->overflow += c.overflow;

@@ -11,15 +11,15 @@
 namespace tern::num::detail {
 
 struct EncodeParams {
-  std::int32_t m = 0;          // target mantissa (fraction) bits
-  std::int32_t T = 0;          // biased FP32 exponent of the target's smallest normal: emin + 127
-  std::int32_t exp_limit = 0;  // exponents above this surely overflow; clamp keeps shifts in range
-  std::int32_t max_code = 0;   // largest finite magnitude code
-  std::int32_t ovf_code = 0;   // magnitude code for overflow / Inf under the chosen mode
-  std::int32_t nan_code = 0;   // magnitude code for NaN (0 when the format has no NaN)
-  std::int32_t sign_shift = 0; // position of the sign bit
+  std::int32_t m = 0;           // target mantissa (fraction) bits
+  std::int32_t T = 0;           // biased FP32 exponent of the target's smallest normal: emin + 127
+  std::int32_t exp_limit = 0;   // exponents above this surely overflow; clamp keeps shifts in range
+  std::int32_t max_code = 0;    // largest finite magnitude code
+  std::int32_t ovf_code = 0;    // magnitude code for overflow / Inf under the chosen mode
+  std::int32_t nan_code = 0;    // magnitude code for NaN (0 when the format has no NaN)
+  std::int32_t sign_shift = 0;  // position of the sign bit
   std::uint32_t code_mask = 0;
-  bool nan_has_sign = false;   // NaN keeps the input's sign (formats that have NaN)
+  bool nan_has_sign = false;     // NaN keeps the input's sign (formats that have NaN)
   bool twos_complement = false;  // MXINT8: sign-magnitude result converted to two's complement
 };
 

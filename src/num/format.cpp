@@ -1,9 +1,9 @@
 #include "num/format.h"
 
+#include <fmt/format.h>
 #include <array>
 #include <cmath>
 #include <cstdio>
-#include <fmt/format.h>
 
 #include "util/error.h"
 
@@ -95,8 +95,8 @@ const std::array<Format, 13>& table() {
       make("e3m2", "OCP FP6 E3M2: no Inf/NaN", 6, 3, 2, 3, Encoding::finite),
       make("e2m3", "OCP FP6 E2M3: no Inf/NaN", 6, 2, 3, 1, Encoding::finite),
       make("e2m1", "OCP FP4 E2M1: no Inf/NaN", 4, 2, 1, 1, Encoding::finite),
-      make("e8m0", "OCP MX scale E8M0 (float8_e8m0fnu): 2^(code-127), 0xFF NaN, no zero", 8, 8,
-           0, 127, Encoding::e8m0),
+      make("e8m0", "OCP MX scale E8M0 (float8_e8m0fnu): 2^(code-127), 0xFF NaN, no zero", 8, 8, 0,
+           127, Encoding::e8m0),
       make("mxint8", "OCP MXINT8 element: two's complement k/64, |k| <= 127", 8, 0, 6, 0,
            Encoding::int_fixed),
   };
@@ -108,24 +108,39 @@ struct Alias {
   FormatId id;
 };
 constexpr Alias kAliases[] = {
-    {"float32", FormatId::fp32},         {"f32", FormatId::fp32},
-    {"tfloat32", FormatId::tf32},        {"bfloat16", FormatId::bf16},
-    {"float16", FormatId::fp16},         {"half", FormatId::fp16},
-    {"float8_e4m3fn", FormatId::e4m3},   {"fp8_e4m3fn", FormatId::e4m3},
-    {"e4m3fn", FormatId::e4m3},          {"float8_e5m2", FormatId::e5m2},
-    {"fp8_e5m2", FormatId::e5m2},        {"float8_e4m3", FormatId::e4m3_legacy},
-    {"fp8_e4m3", FormatId::e4m3_legacy}, {"float8_e3m4", FormatId::e3m4},
-    {"fp6_e3m2", FormatId::e3m2},        {"float6_e3m2fn", FormatId::e3m2},
-    {"fp6_e2m3", FormatId::e2m3},        {"float6_e2m3fn", FormatId::e2m3},
-    {"fp4", FormatId::e2m1},             {"fp4_e2m1", FormatId::e2m1},
-    {"float4_e2m1fn", FormatId::e2m1},   {"float8_e8m0fnu", FormatId::e8m0},
+    {"float32", FormatId::fp32},
+    {"f32", FormatId::fp32},
+    {"tfloat32", FormatId::tf32},
+    {"bfloat16", FormatId::bf16},
+    {"float16", FormatId::fp16},
+    {"half", FormatId::fp16},
+    {"float8_e4m3fn", FormatId::e4m3},
+    {"fp8_e4m3fn", FormatId::e4m3},
+    {"e4m3fn", FormatId::e4m3},
+    {"float8_e5m2", FormatId::e5m2},
+    {"fp8_e5m2", FormatId::e5m2},
+    {"float8_e4m3", FormatId::e4m3_legacy},
+    {"fp8_e4m3", FormatId::e4m3_legacy},
+    {"float8_e3m4", FormatId::e3m4},
+    {"fp6_e3m2", FormatId::e3m2},
+    {"float6_e3m2fn", FormatId::e3m2},
+    {"fp6_e2m3", FormatId::e2m3},
+    {"float6_e2m3fn", FormatId::e2m3},
+    {"fp4", FormatId::e2m1},
+    {"fp4_e2m1", FormatId::e2m1},
+    {"float4_e2m1fn", FormatId::e2m1},
+    {"float8_e8m0fnu", FormatId::e8m0},
 };
 
 }  // namespace
 
-const Format& format(FormatId id) { return table()[static_cast<std::size_t>(id)]; }
+const Format& format(FormatId id) {
+  return table()[static_cast<std::size_t>(id)];
+}
 
-std::span<const Format> builtin_formats() { return table(); }
+std::span<const Format> builtin_formats() {
+  return table();
+}
 
 Format cfp8(int exp_bits, int man_bits, int bias) {
   if (exp_bits < 2 || man_bits < 1 || exp_bits + man_bits != 7) {
@@ -137,13 +152,13 @@ Format cfp8(int exp_bits, int man_bits, int bias) {
   const int max_exp = (1 << exp_bits) - 2 - bias;
   const int min_exp = 1 - bias - man_bits;
   if (max_exp > 127 || min_exp < -126) {
-    throw Error(fmt::format("cfp8: bias {} puts e{}m{} outside the FP32 range", bias, exp_bits,
-                            man_bits));
+    throw Error(
+        fmt::format("cfp8: bias {} puts e{}m{} outside the FP32 range", bias, exp_bits, man_bits));
   }
-  return make(fmt::format("cfp8-e{}m{}-b{}", exp_bits, man_bits, bias),
-              fmt::format("configurable-bias FP8 E{}M{}, bias {}, IEEE-like", exp_bits, man_bits,
-                          bias),
-              8, exp_bits, man_bits, bias, Encoding::ieee);
+  return make(
+      fmt::format("cfp8-e{}m{}-b{}", exp_bits, man_bits, bias),
+      fmt::format("configurable-bias FP8 E{}M{}, bias {}, IEEE-like", exp_bits, man_bits, bias), 8,
+      exp_bits, man_bits, bias, Encoding::ieee);
 }
 
 std::string format_names() {
@@ -169,9 +184,10 @@ Format parse_format(std::string_view name) {
     if (std::sscanf(s.c_str(), "cfp8-e%dm%d-b%d%c", &e, &m, &b, &tail) == 3) {
       return cfp8(e, m, b);
     }
-    throw Error(fmt::format("malformed cfp8 format '{}': expected cfp8-e<E>m<M>-b<bias>, "
-                            "e.g. cfp8-e4m3-b10",
-                            name));
+    throw Error(
+        fmt::format("malformed cfp8 format '{}': expected cfp8-e<E>m<M>-b<bias>, "
+                    "e.g. cfp8-e4m3-b10",
+                    name));
   }
   throw Error(fmt::format("unknown number format '{}'; known: {}", name, format_names()));
 }

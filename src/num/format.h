@@ -15,7 +15,8 @@ namespace tern::num {
 
 // How the all-ones exponent field (and the rest) is interpreted.
 enum class Encoding : std::uint8_t {
-  ieee,       // exponent all ones: mantissa 0 is Inf, otherwise NaN (FP32..FP16, E5M2, legacy E4M3, E3M4)
+  ieee,       // exponent all ones: mantissa 0 is Inf, otherwise NaN (FP32..FP16, E5M2, legacy E4M3,
+              // E3M4)
   nan_only,   // no Inf; only S.1..1.1..1 is NaN (OCP E4M3 "e4m3fn")
   finite,     // every code is a finite number (FP6 E3M2/E2M3, FP4 E2M1)
   e8m0,       // unsigned 2^(code - 127); 0xFF is NaN; no zero (MX scale)
@@ -40,9 +41,7 @@ struct Format {
   bool has_subnormals() const {
     return encoding != Encoding::e8m0 && encoding != Encoding::int_fixed;
   }
-  std::uint32_t code_mask() const {
-    return bits >= 32 ? 0xFFFFFFFFu : ((1u << bits) - 1u);
-  }
+  std::uint32_t code_mask() const { return bits >= 32 ? 0xFFFFFFFFu : ((1u << bits) - 1u); }
   std::uint32_t sign_bit() const { return has_sign() ? (1u << (bits - 1)) : 0u; }
   // Unbiased exponent of the smallest normal number (1 - bias).
   int emin() const { return 1 - bias; }

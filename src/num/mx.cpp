@@ -4,6 +4,7 @@
 #include <array>
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -19,9 +20,9 @@ namespace {
 const std::array<MxFormat, 6>& mx_table() {
   // emax_elem per the OCP MX v1.0 element table (numerics.md section 3).
   static const std::array<MxFormat, 6> t = {
-      MxFormat{"mxfp8-e4m3", FormatId::e4m3, 8},  MxFormat{"mxfp8-e5m2", FormatId::e5m2, 15},
-      MxFormat{"mxfp6-e3m2", FormatId::e3m2, 4},  MxFormat{"mxfp6-e2m3", FormatId::e2m3, 2},
-      MxFormat{"mxfp4", FormatId::e2m1, 2},       MxFormat{"mxint8", FormatId::mxint8, 0},
+      MxFormat{"mxfp8-e4m3", FormatId::e4m3, 8}, MxFormat{"mxfp8-e5m2", FormatId::e5m2, 15},
+      MxFormat{"mxfp6-e3m2", FormatId::e3m2, 4}, MxFormat{"mxfp6-e2m3", FormatId::e2m3, 2},
+      MxFormat{"mxfp4", FormatId::e2m1, 2},      MxFormat{"mxint8", FormatId::mxint8, 0},
   };
   return t;
 }
@@ -42,8 +43,12 @@ void exponent_and_fraction(std::uint32_t a, int& e, std::uint32_t& frac) {
 
 }  // namespace
 
-const MxFormat& mx_format(MxId id) { return mx_table()[static_cast<std::size_t>(id)]; }
-std::span<const MxFormat> mx_formats() { return mx_table(); }
+const MxFormat& mx_format(MxId id) {
+  return mx_table()[static_cast<std::size_t>(id)];
+}
+std::span<const MxFormat> mx_formats() {
+  return mx_table();
+}
 
 const MxFormat& parse_mx_format(std::string_view name) {
   std::string n(name);
@@ -67,49 +72,85 @@ ScalePolicy parse_scale_policy(std::string_view name) {
 
 std::string_view policy_name(ScalePolicy p) {
   switch (p) {
-    case ScalePolicy::ocp_floor: return "ocp-floor";
-    case ScalePolicy::rceil: return "rceil";
-    case ScalePolicy::trn3: return "trn3";
+    case ScalePolicy::ocp_floor:
+      return "ocp-floor";
+    case ScalePolicy::rceil:
+      return "rceil";
+    case ScalePolicy::trn3:
+      return "trn3";
   }
   return "?";
 }
 
-int mx_scale_exponent(const MxFormat& f, ScalePolicy policy, std::span<const float> block) {
-  std::uint32_t amax = 0;
-  for (float x : block) amax = std::max(amax, std::bit_cast<std::uint32_t>(x) & 0x7FFFFFFFu);
-  if (amax >= 0x7F800000u) return kMxNanScale;  // NaN or Inf anywhere: the block is NaN
-  if (amax == 0) return -127;                    // all zero: the smallest scale, 0x00
-  int e;
-  std::uint32_t frac;
-  exponent_and_fraction(amax, e, frac);
-  int k = 0;
+namespace {
+
+// A policy reduced to integers once per call: k = e - offset (+1 for rceil
+// when amax's fraction exceeds max_elem's), with e = floor(log2 amax).
+struct ScaleRule {
+  int offset = 0;
+  bool rceil = false;
+  std::uint32_t max_frac = 0;  // fraction bits of max_elem (rceil)
+};
+
+ScaleRule scale_rule(const MxFormat& f, ScalePolicy policy) {
+  ScaleRule r;
   switch (policy) {
     case ScalePolicy::ocp_floor:
-      k = e - f.emax_elem;
+      r.offset = f.emax_elem;
       break;
     case ScalePolicy::rceil: {
       // Smallest k with amax <= max_elem * 2^k, compared exactly on the bits.
       int me;
-      std::uint32_t mfrac;
       exponent_and_fraction(
           std::bit_cast<std::uint32_t>(static_cast<float>(format(f.element).max_finite())), me,
-          mfrac);
-      k = e - me + (frac > mfrac ? 1 : 0);
+          r.max_frac);
+      r.offset = me;
+      r.rceil = true;
       break;
     }
     case ScalePolicy::trn3:
       if (f.element == FormatId::e4m3 || f.element == FormatId::e5m2) {
-        k = e - (f.emax_elem - 1);
+        r.offset = f.emax_elem - 1;
       } else if (f.element == FormatId::e2m1) {
-        k = e - f.emax_elem;
+        r.offset = f.emax_elem;
       } else {
         throw NotSupported(fmt::format(
             "the trn3 scale policy for {} (Trainium3 quantizes only to MXFP8 and MXFP4)", f.name));
       }
       break;
   }
+  return r;
+}
+
+// k for a block whose largest magnitude has FP32 bits `amax`.
+int block_exponent(const ScaleRule& r, std::uint32_t amax) {
+  if (amax >= 0x7F800000u) return kMxNanScale;  // NaN or Inf anywhere: the block is NaN
+  if (amax == 0) return -127;                   // all zero: the smallest scale, 0x00
+  int e;
+  std::uint32_t frac;
+  exponent_and_fraction(amax, e, frac);
+  const int k = e - r.offset + ((r.rceil && frac > r.max_frac) ? 1 : 0);
   if (k > 127) return kMxNanScale;
   return std::max(k, -127);
+}
+
+std::uint32_t block_amax(const float* x) {
+  std::uint32_t amax = 0;
+  for (std::size_t i = 0; i < kMxBlock; ++i) {
+    std::uint32_t b;
+    std::memcpy(&b, x + i, sizeof b);
+    amax = std::max(amax, b & 0x7FFFFFFFu);
+  }
+  return amax;
+}
+
+}  // namespace
+
+int mx_scale_exponent(const MxFormat& f, ScalePolicy policy, std::span<const float> block) {
+  if (block.size() != kMxBlock) {
+    throw Error(fmt::format("{}: a block has {} values, got {}", f.name, kMxBlock, block.size()));
+  }
+  return block_exponent(scale_rule(f, policy), block_amax(block.data()));
 }
 
 std::uint8_t mx_scale_code(int k) {
@@ -127,12 +168,12 @@ void mx_quantize(const MxFormat& f, ScalePolicy policy, std::span<const float> i
   const std::size_t nblocks = in.size() / kMxBlock;
   if (elements.size() != in.size() || scales.size() != nblocks) {
     throw Error(fmt::format("{}: {} values need {} element codes and {} scales, got {} and {}",
-                            f.name, in.size(), in.size(), nblocks, elements.size(),
-                            scales.size()));
+                            f.name, in.size(), in.size(), nblocks, elements.size(), scales.size()));
   }
+  const ScaleRule rule = scale_rule(f, policy);
   std::vector<std::int32_t> ks(nblocks);
   for (std::size_t b = 0; b < nblocks; ++b) {
-    const int k = mx_scale_exponent(f, policy, in.subspan(b * kMxBlock, kMxBlock));
+    const int k = block_exponent(rule, block_amax(in.data() + b * kMxBlock));
     scales[b] = mx_scale_code(k);
     ks[b] = k == kMxNanScale ? 0 : k;
   }
@@ -149,9 +190,10 @@ void mx_dequantize(const MxFormat& f, std::span<const std::uint8_t> elements,
                    std::span<const std::uint8_t> scales, std::span<float> out) {
   if (elements.size() % kMxBlock != 0 || scales.size() != elements.size() / kMxBlock ||
       out.size() != elements.size()) {
-    throw Error(fmt::format("{}: dequantize needs 32 element codes per scale and one output per "
-                            "element, got {} codes, {} scales, {} outputs",
-                            f.name, elements.size(), scales.size(), out.size()));
+    throw Error(
+        fmt::format("{}: dequantize needs 32 element codes per scale and one output per "
+                    "element, got {} codes, {} scales, {} outputs",
+                    f.name, elements.size(), scales.size(), out.size()));
   }
   const Format& ef = format(f.element);
   std::array<float, 256> lut;

@@ -27,9 +27,9 @@ constexpr std::size_t kMxBlock = 32;
 enum class ScalePolicy : std::uint8_t { ocp_floor, rceil, trn3 };
 
 struct MxFormat {
-  std::string name;   // "mxfp8-e4m3", ...
-  FormatId element;   // element format
-  int emax_elem;      // exponent of the element's largest power of two (OCP table)
+  std::string name;  // "mxfp8-e4m3", ...
+  FormatId element;  // element format
+  int emax_elem;     // exponent of the element's largest power of two (OCP table)
 };
 
 enum class MxId : std::uint8_t { mxfp8_e4m3, mxfp8_e5m2, mxfp6_e3m2, mxfp6_e2m3, mxfp4, mxint8 };

@@ -34,7 +34,8 @@ void pack_x4_fp4(std::span<const std::uint8_t> codes, std::span<std::uint16_t> p
   check_x4(codes.size(), packed.size(), "pack_x4_fp4");
   for (std::size_t w = 0; w < packed.size(); ++w) {
     std::uint16_t v = 0;
-    for (int j = 0; j < 4; ++j) v |= static_cast<std::uint16_t>((codes[4 * w + j] & 0xFu) << (4 * j));
+    for (int j = 0; j < 4; ++j)
+      v |= static_cast<std::uint16_t>((codes[4 * w + j] & 0xFu) << (4 * j));
     packed[w] = v;
   }
 }
@@ -51,7 +52,8 @@ std::size_t packed_bytes(std::size_t n, int bits) {
 }
 
 static void check_bits(int bits) {
-  if (bits < 1 || bits > 8) throw Error(fmt::format("bit packing: {} bits per code, need 1..8", bits));
+  if (bits < 1 || bits > 8)
+    throw Error(fmt::format("bit packing: {} bits per code, need 1..8", bits));
 }
 
 void pack_bits(std::span<const std::uint8_t> codes, int bits, std::span<std::uint8_t> out) {
@@ -74,8 +76,8 @@ void pack_bits(std::span<const std::uint8_t> codes, int bits, std::span<std::uin
 void unpack_bits(std::span<const std::uint8_t> in, int bits, std::span<std::uint8_t> codes) {
   check_bits(bits);
   if (in.size() != packed_bytes(codes.size(), bits)) {
-    throw Error(fmt::format("unpack_bits: {} codes of {} bits need {} bytes, got {}",
-                            codes.size(), bits, packed_bytes(codes.size(), bits), in.size()));
+    throw Error(fmt::format("unpack_bits: {} codes of {} bits need {} bytes, got {}", codes.size(),
+                            bits, packed_bytes(codes.size(), bits), in.size()));
   }
   const std::uint32_t mask = (1u << bits) - 1u;
   std::size_t bit = 0;

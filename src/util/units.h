@@ -43,22 +43,32 @@ struct BandwidthTag {};
 struct FrequencyTag {};
 struct FlopRateTag {};
 
-using Bytes = Quantity<BytesTag, std::int64_t>;          // bytes
-using Nanoseconds = Quantity<NanosecondsTag, double>;    // ns
-using Cycles = Quantity<CyclesTag, std::int64_t>;        // clock cycles of one engine
-using Bandwidth = Quantity<BandwidthTag, double>;        // GB/s (10^9 B/s) == bytes per ns
-using Frequency = Quantity<FrequencyTag, double>;        // GHz (10^9 cycles/s)
-using FlopRate = Quantity<FlopRateTag, double>;          // FLOP/s
+using Bytes = Quantity<BytesTag, std::int64_t>;        // bytes
+using Nanoseconds = Quantity<NanosecondsTag, double>;  // ns
+using Cycles = Quantity<CyclesTag, std::int64_t>;      // clock cycles of one engine
+using Bandwidth = Quantity<BandwidthTag, double>;      // GB/s (10^9 B/s) == bytes per ns
+using Frequency = Quantity<FrequencyTag, double>;      // GHz (10^9 cycles/s)
+using FlopRate = Quantity<FlopRateTag, double>;        // FLOP/s
 
 constexpr std::int64_t kKiB = 1024;
 constexpr std::int64_t kMiB = 1024 * kKiB;
 constexpr std::int64_t kGiB = 1024 * kMiB;
 
-constexpr Bytes kibibytes(double n) { return Bytes(static_cast<std::int64_t>(n * kKiB)); }
-constexpr Bytes mebibytes(double n) { return Bytes(static_cast<std::int64_t>(n * kMiB)); }
-constexpr Bytes gibibytes(double n) { return Bytes(static_cast<std::int64_t>(n * kGiB)); }
-constexpr Bandwidth gigabytes_per_second(double n) { return Bandwidth(n); }
-constexpr Frequency gigahertz(double n) { return Frequency(n); }
+constexpr Bytes kibibytes(double n) {
+  return Bytes(static_cast<std::int64_t>(n * kKiB));
+}
+constexpr Bytes mebibytes(double n) {
+  return Bytes(static_cast<std::int64_t>(n * kMiB));
+}
+constexpr Bytes gibibytes(double n) {
+  return Bytes(static_cast<std::int64_t>(n * kGiB));
+}
+constexpr Bandwidth gigabytes_per_second(double n) {
+  return Bandwidth(n);
+}
+constexpr Frequency gigahertz(double n) {
+  return Frequency(n);
+}
 
 // Time to move `b` at bandwidth `bw`: bytes / (bytes per ns).
 constexpr Nanoseconds transfer_time(Bytes b, Bandwidth bw) {

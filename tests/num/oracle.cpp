@@ -7,9 +7,12 @@ namespace tern::num::oracle {
 namespace {
 mpfr_rnd_t mode(Dir d) {
   switch (d) {
-    case Dir::down: return MPFR_RNDD;
-    case Dir::up: return MPFR_RNDU;
-    default: return MPFR_RNDN;
+    case Dir::down:
+      return MPFR_RNDD;
+    case Dir::up:
+      return MPFR_RNDU;
+    default:
+      return MPFR_RNDN;
   }
 }
 

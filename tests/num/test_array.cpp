@@ -77,7 +77,8 @@ TEST(ArrayCast, OddLengthsAndStreamPositions) {
   for (std::size_t n : {0u, 1u, 3u, 15u, 16u, 17u, 31u, 33u, 77u}) {
     const std::vector<float> part(xs.begin(), xs.begin() + static_cast<long>(n));
     // Crossing 2^32 in the element index changes the high key word.
-    for (std::uint64_t base : {std::uint64_t{0}, (std::uint64_t{1} << 32) - 5, std::uint64_t{1} << 40}) {
+    for (std::uint64_t base :
+         {std::uint64_t{0}, (std::uint64_t{1} << 32) - 5, std::uint64_t{1} << 40}) {
       check<std::uint8_t>(f, part, opt, base);
     }
   }
@@ -87,7 +88,8 @@ TEST(ArrayCast, SplittingAStreamGivesTheSameBits) {
   const Format& f = format(FormatId::bf16);
   std::vector<float> xs(1000);
   std::mt19937 rng(1);
-  for (float& x : xs) x = std::bit_cast<float>(static_cast<std::uint32_t>((rng() & 0x3FFFFFFFu) | 0x3F000000u));
+  for (float& x : xs)
+    x = std::bit_cast<float>(static_cast<std::uint32_t>((rng() & 0x3FFFFFFFu) | 0x3F000000u));
   const CastOptions opt{Rounding::stochastic, Overflow::non_saturating, 5};
   std::vector<std::uint16_t> whole(xs.size()), parts(xs.size());
   encode_array(f, xs, std::span<std::uint16_t>(whole), opt, 0);
@@ -101,13 +103,16 @@ TEST(ArrayCast, SplittingAStreamGivesTheSameBits) {
 
 TEST(ArrayCast, RoundArrayIsEncodeThenDecode) {
   const Format& f = format(FormatId::e5m2);
-  std::vector<float> xs = {1.0f, 1.1f, -3.7f, 70000.0f, 1e-9f, std::numeric_limits<float>::quiet_NaN()};
+  std::vector<float> xs = {1.0f,     1.1f,  -3.7f,
+                           70000.0f, 1e-9f, std::numeric_limits<float>::quiet_NaN()};
   std::vector<float> r = xs;
   const CastStats st = round_array(f, r);
   for (std::size_t i = 0; i < xs.size(); ++i) {
     const float want = decode(f, encode(f, xs[i]));
-    if (std::isnan(want)) EXPECT_TRUE(std::isnan(r[i]));
-    else EXPECT_EQ(r[i], want);
+    if (std::isnan(want))
+      EXPECT_TRUE(std::isnan(r[i]));
+    else
+      EXPECT_EQ(r[i], want);
   }
   EXPECT_EQ(st.overflow, 1u);
   EXPECT_EQ(st.underflow, 1u);

@@ -53,10 +53,14 @@ void expect_same(double want, float got, std::uint32_t code) {
 
 TEST(Decode, EveryCodeOfSmallFloatFormats) {
   const Spec specs[] = {
-      {"e4m3", 4, 3, 7, Kind::fn},         {"e5m2", 5, 2, 15, Kind::ieee},
-      {"e4m3-legacy", 4, 3, 7, Kind::ieee}, {"e3m4", 3, 4, 3, Kind::ieee},
-      {"cfp8-e4m3-b11", 4, 3, 11, Kind::ieee}, {"cfp8-e3m4-b1", 3, 4, 1, Kind::ieee},
-      {"e3m2", 3, 2, 3, Kind::finite},     {"e2m3", 2, 3, 1, Kind::finite},
+      {"e4m3", 4, 3, 7, Kind::fn},
+      {"e5m2", 5, 2, 15, Kind::ieee},
+      {"e4m3-legacy", 4, 3, 7, Kind::ieee},
+      {"e3m4", 3, 4, 3, Kind::ieee},
+      {"cfp8-e4m3-b11", 4, 3, 11, Kind::ieee},
+      {"cfp8-e3m4-b1", 3, 4, 1, Kind::ieee},
+      {"e3m2", 3, 2, 3, Kind::finite},
+      {"e2m3", 2, 3, 1, Kind::finite},
       {"e2m1", 2, 1, 1, Kind::finite},
   };
   for (const Spec& s : specs) {
@@ -87,7 +91,7 @@ TEST(Decode, GoldenCodes) {
   EXPECT_EQ(decode(format(FormatId::e4m3), 0x7E), 448.0f);
   EXPECT_EQ(decode(format(FormatId::e4m3), 0x01), 0x1p-9f);
   EXPECT_TRUE(std::isnan(decode(format(FormatId::e4m3), 0xFF)));
-  EXPECT_EQ(decode(format(FormatId::e4m3), 0x78), 256.0f);  // a number in OCP E4M3 ...
+  EXPECT_EQ(decode(format(FormatId::e4m3), 0x78), 256.0f);               // a number in OCP E4M3 ...
   EXPECT_TRUE(std::isinf(decode(format(FormatId::e4m3_legacy), 0x78)));  // ... Inf in legacy
   EXPECT_EQ(decode(format(FormatId::e4m3_legacy), 0x77), 240.0f);
   EXPECT_EQ(decode(format(FormatId::e5m2), 0x7B), 57344.0f);
@@ -149,8 +153,10 @@ TEST(Decode, ArrayMatchesScalarFor16BitFormats) {
     decode_array(f, codes, out);
     for (std::uint32_t c = 0; c < 65536; ++c) {
       const float s = decode(f, c);
-      if (std::isnan(s)) ASSERT_TRUE(std::isnan(out[c]));
-      else ASSERT_EQ(std::bit_cast<std::uint32_t>(out[c]), std::bit_cast<std::uint32_t>(s));
+      if (std::isnan(s))
+        ASSERT_TRUE(std::isnan(out[c]));
+      else
+        ASSERT_EQ(std::bit_cast<std::uint32_t>(out[c]), std::bit_cast<std::uint32_t>(s));
     }
   }
 }

@@ -46,9 +46,9 @@ class Expect {
     const bool neg = bits >> 31;
     const std::uint32_t sign = neg ? f_.sign_bit() : 0u;
     const std::int64_t ovf_mag = ovf == Overflow::saturate ? f_.max_finite_code()
-                                 : f_.inf_code() >= 0     ? f_.inf_code()
-                                 : f_.nan_code() >= 0     ? f_.nan_code()
-                                                          : f_.max_finite_code();
+                                 : f_.inf_code() >= 0      ? f_.inf_code()
+                                 : f_.nan_code() >= 0      ? f_.nan_code()
+                                                           : f_.max_finite_code();
     if (f_.encoding == Encoding::e8m0) return e8m0(x, ovf, dir);
     if (std::isnan(x)) {
       return f_.has_nan() ? static_cast<std::uint32_t>(f_.nan_code()) | sign : 0u;
@@ -141,9 +141,9 @@ std::vector<float> boundary_values(const Format& f) {
       out.push_back(hi);
     }
   }
-  for (float s : {0.0f, std::numeric_limits<float>::denorm_min(),
-                  std::numeric_limits<float>::min(), std::numeric_limits<float>::max(), inf,
-                  std::numeric_limits<float>::quiet_NaN(), 3.0e-39f, 1e-30f, 1e30f}) {
+  for (float s : {0.0f, std::numeric_limits<float>::denorm_min(), std::numeric_limits<float>::min(),
+                  std::numeric_limits<float>::max(), inf, std::numeric_limits<float>::quiet_NaN(),
+                  3.0e-39f, 1e-30f, 1e30f}) {
     out.push_back(s);
   }
   const std::size_t n = out.size();
@@ -199,8 +199,8 @@ class EncodeOracle : public ::testing::TestWithParam<std::string> {
         const std::uint32_t dn = expect.code(x, Overflow::saturate, Dir::down);
         const std::uint32_t up = expect.code(x, Overflow::saturate, Dir::up);
         if (got != dn && got != up && bad++ < 10) {
-          ADD_FAILURE() << f.name << " SR x=" << x << " got 0x" << std::hex << got
-                        << " not in {0x" << dn << ", 0x" << up << "}" << std::dec;
+          ADD_FAILURE() << f.name << " SR x=" << x << " got 0x" << std::hex << got << " not in {0x"
+                        << dn << ", 0x" << up << "}" << std::dec;
         }
       }
     }
@@ -233,11 +233,12 @@ TEST_P(EncodeOracle, RandomValues) {
 
 INSTANTIATE_TEST_SUITE_P(Formats, EncodeOracle,
                          ::testing::Values("tf32", "bf16", "fp16", "e4m3", "e5m2", "e4m3-legacy",
-                                           "e3m4", "cfp8-e4m3-b10", "cfp8-e5m2-b13", "e3m2",
-                                           "e2m3", "e2m1", "e8m0", "mxint8"),
+                                           "e3m4", "cfp8-e4m3-b10", "cfp8-e5m2-b13", "e3m2", "e2m3",
+                                           "e2m1", "e8m0", "mxint8"),
                          [](const auto& param_info) {
                            std::string s = param_info.param;
-                           for (char& c : s) if (c == '-') c = '_';
+                           for (char& c : s)
+                             if (c == '-') c = '_';
                            return s;
                          });
 

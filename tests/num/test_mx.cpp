@@ -122,7 +122,8 @@ TEST(Mx, ScaleOverflowGivesNanScale) {
 }
 
 TEST(Mx, NanOrInfMakesTheWholeBlockNan) {
-  for (float bad : {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
+  for (float bad :
+       {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
     for (ScalePolicy p : {ScalePolicy::ocp_floor, ScalePolicy::rceil, ScalePolicy::trn3}) {
       auto b = quantize(MxId::mxfp8_e5m2, p, {1.0f, bad, 2.0f});
       EXPECT_EQ(b.scale, 0xFF);
@@ -149,12 +150,15 @@ TEST(Mx, ElementsMatchMpfrAndDequantizeExactly) {
       mx_dequantize(mf, el, sc, deq);
       for (std::size_t i = 0; i < xs.size(); ++i) {
         const int k = static_cast<int>(sc[i / kMxBlock]) - 127;
-        ASSERT_EQ(k, mx_scale_exponent(mf, p, std::span<const float>(xs).subspan(i / kMxBlock * kMxBlock, kMxBlock)));
+        ASSERT_EQ(
+            k, mx_scale_exponent(
+                   mf, p, std::span<const float>(xs).subspan(i / kMxBlock * kMxBlock, kMxBlock)));
         // The scaled value x * 2^-k is exact in FP32 here (normal range).
         const float scaled = std::ldexp(xs[i], -k);
         double want;
         if (ef.encoding == Encoding::int_fixed) {
-          want = std::clamp(oracle::round_fixed(scaled, ef.man_bits), -ef.max_finite(), ef.max_finite());
+          want = std::clamp(oracle::round_fixed(scaled, ef.man_bits), -ef.max_finite(),
+                            ef.max_finite());
         } else {
           want = oracle::round_float(scaled, ef.man_bits, ef.emin(), oracle::Dir::nearest_even);
           want = std::clamp(want, -ef.max_finite(), ef.max_finite());

@@ -37,14 +37,14 @@ TEST(StochasticRounding, UnbiasedAcrossFormatsAndRanges) {
     double lo, hi;
   };
   const Case cases[] = {
-      {FormatId::bf16, 1.0f + 0x1p-9f, 1.0, 1.0 + 0x1p-7},            // p = 1/4
-      {FormatId::bf16, -3.0f - 0x1p-7f, -3.0, -3.0 - 0x1p-6},          // p = 1/2 (a tie)
-      {FormatId::e4m3, 300.5f, 288.0, 320.0},                          // p = 12.5/32
-      {FormatId::e4m3, 0x1.4p-10f, 0.0, 0x1p-9},                       // subnormal, p = 0.625
-      {FormatId::e5m2, 60000.0f, 57344.0, 57344.0},                    // saturating overflow side
-      {FormatId::e2m1, 2.4f, 2.0, 3.0},                                // p = 0.4
-      {FormatId::fp16, 0x1.0008p-20f, 0x1p-20, 0x1p-20 + 0x1p-24},     // fp16 subnormal
-      {FormatId::mxint8, 0.3f, 19.0 / 64, 20.0 / 64},                  // fixed point
+      {FormatId::bf16, 1.0f + 0x1p-9f, 1.0, 1.0 + 0x1p-7},          // p = 1/4
+      {FormatId::bf16, -3.0f - 0x1p-7f, -3.0, -3.0 - 0x1p-6},       // p = 1/2 (a tie)
+      {FormatId::e4m3, 300.5f, 288.0, 320.0},                       // p = 12.5/32
+      {FormatId::e4m3, 0x1.4p-10f, 0.0, 0x1p-9},                    // subnormal, p = 0.625
+      {FormatId::e5m2, 60000.0f, 57344.0, 57344.0},                 // saturating overflow side
+      {FormatId::e2m1, 2.4f, 2.0, 3.0},                             // p = 0.4
+      {FormatId::fp16, 0x1.0008p-20f, 0x1p-20, 0x1p-20 + 0x1p-24},  // fp16 subnormal
+      {FormatId::mxint8, 0.3f, 19.0 / 64, 20.0 / 64},               // fixed point
   };
   constexpr std::size_t kN = 1 << 18;
   for (const Case& c : cases) {

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Installs everything tern needs to build and test (Debian packages only,
+# via apt-get), then configures and builds. Idempotent: safe to run again;
+# packages already present are not reinstalled and the build is incremental.
+#
+# Usage: bash scripts/setup.sh            # release build in build/
+#        TERN_PRESET=asan bash scripts/setup.sh   # Debug + ASan/UBSan in build-asan/
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(
+  build-essential cmake ninja-build ccache pkg-config git
+  libfmt-dev libcli11-dev nlohmann-json3-dev libtomlplusplus-dev libhwy-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libmpfr-dev        # test oracle for the number formats
+  python3            # /usr/bin/python3: JSON checks in the CLI tests
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "setup: all packages present"
+fi
+
+preset=${TERN_PRESET:-default}
+cmake --preset "$preset" >/dev/null
+# Two jobs: the machines tern is developed and tested on have two cores.
+cmake --build --preset "$preset" -j "${TERN_JOBS:-2}"
+echo "setup: built preset '$preset'"
