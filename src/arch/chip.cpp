@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "arch/toml_reader.h"
 #include "util/error.h"
@@ -191,8 +192,8 @@ ChipSpec load_chip(std::string_view name_or_path) {
   const auto file = data_dir() / "arch" / (s + ".toml");
   std::error_code ec;
   if (!std::filesystem::is_regular_file(file, ec)) {
-    std::string known;
-    for (const auto& n : list_chips()) known += (known.empty() ? "" : ", ") + n;
+    const auto names = list_chips();
+    const std::string known = fmt::format("{}", fmt::join(names, ", "));
     throw Error(fmt::format("unknown chip '{}' (known: {}; looked in {})", s,
                             known.empty() ? "none" : known, (data_dir() / "arch").string()));
   }

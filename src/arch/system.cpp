@@ -1,6 +1,7 @@
 #include "arch/system.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "arch/toml_reader.h"
 #include "util/error.h"
@@ -104,8 +105,8 @@ SystemSpec load_system(std::string_view name_or_path) {
   const auto file = data_dir() / "arch" / "systems" / (s + ".toml");
   std::error_code ec;
   if (!std::filesystem::is_regular_file(file, ec)) {
-    std::string known;
-    for (const auto& n : list_systems()) known += (known.empty() ? "" : ", ") + n;
+    const auto names = list_systems();
+    const std::string known = fmt::format("{}", fmt::join(names, ", "));
     throw Error(fmt::format("unknown system '{}' (known: {})", s, known.empty() ? "none" : known));
   }
   return load_system_file(file);

@@ -1,6 +1,7 @@
 #include "arch/toml_reader.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "util/error.h"
 
@@ -93,8 +94,7 @@ void TomlReader::check_keys(std::string_view table_key, const toml::table& t,
     bool ok = false;
     for (std::string_view a : allowed) ok = ok || a == k.str();
     if (!ok) {
-      std::string known;
-      for (std::string_view a : allowed) known += (known.empty() ? "" : ", ") + std::string(a);
+      const std::string known = fmt::format("{}", fmt::join(allowed, ", "));
       const std::string full =
           table_key.empty() ? std::string(k.str()) : fmt::format("{}.{}", table_key, k.str());
       throw Error(fmt::format("{}:{}: unknown key '{}' (known here: {})", file_.string(),

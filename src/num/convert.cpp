@@ -26,20 +26,6 @@ std::uint32_t sr_random(std::uint64_t seed, std::uint64_t index) {
 
 namespace {
 
-// FP32 magnitude bits -> (biased exponent, 24-bit significand with the
-// leading one), normalizing FP32 subnormals (exponent may go below 1).
-void split(std::uint32_t a, std::int64_t& efe, std::uint32_t& sig) {
-  efe = a >> 23;
-  sig = a & 0x7FFFFFu;
-  if (efe == 0) {
-    const int lz = std::countl_zero(sig) - 8;
-    sig <<= lz;
-    efe = 1 - lz;
-  } else {
-    sig |= 0x800000u;
-  }
-}
-
 // Whether to round the kept part up, given `s` dropped low bits of `sig`.
 bool round_up(std::uint32_t sig, std::int64_t s, std::uint64_t q, Rounding r,
               std::uint32_t random) {
@@ -69,10 +55,10 @@ std::uint32_t encode_e8m0(float x, Rounding r, Overflow ovf, std::uint32_t rando
     if (stats) ++stats->inf;
     return ovf == Overflow::saturate ? 0xFE : 0xFF;
   }
-  std::int64_t efe;
+  int e;
   std::uint32_t sig;
-  split(a, efe, sig);
-  efe -= scale_exp;
+  detail::split_fp32(a, e, sig);
+  const std::int64_t efe = std::int64_t{e} - scale_exp;
   // m = 0: keep only the leading one; 23 bits are dropped.
   const bool up = round_up(sig, 23, 1, r, random);
   const std::int64_t code = std::max<std::int64_t>(0, efe + (up ? 1 : 0));
@@ -100,10 +86,10 @@ std::uint32_t encode_with(const EncodeParams& p, float x, Rounding r, std::uint3
   } else if (a == 0) {
     mag = 0;
   } else {
-    std::int64_t efe;
+    int e;
     std::uint32_t sig;
-    split(a, efe, sig);
-    efe = std::min<std::int64_t>(efe - scale_exp, p.exp_limit);
+    detail::split_fp32(a, e, sig);
+    const std::int64_t efe = std::min<std::int64_t>(std::int64_t{e} - scale_exp, p.exp_limit);
     // Dropped bits: the target quantum is 2^(max(E, emin) - m).
     const std::int64_t s = 23 - p.m + std::max<std::int64_t>(0, p.T - efe);
     std::uint64_t q = s >= 32 ? 0 : (sig >> s);

@@ -3,6 +3,7 @@
 // (convert_simd.cpp) run on, so the two cannot drift apart.
 #pragma once
 
+#include <bit>
 #include <cstdint>
 
 #include "num/convert.h"
@@ -45,6 +46,21 @@ inline EncodeParams make_params(const Format& f, Overflow ovf) {
   p.code_mask = f.code_mask();
   p.twos_complement = f.encoding == Encoding::int_fixed;
   return p;
+}
+
+// Nonzero finite FP32 magnitude bits -> biased exponent and 24-bit
+// significand with its leading one, normalizing FP32 subnormals (whose
+// exponent then goes below 1).
+inline void split_fp32(std::uint32_t a, int& efe, std::uint32_t& sig) {
+  efe = static_cast<int>(a >> 23);
+  sig = a & 0x7FFFFFu;
+  if (efe == 0) {
+    const int lz = std::countl_zero(sig) - 8;
+    sig <<= lz;
+    efe = 1 - lz;
+  } else {
+    sig |= 0x800000u;
+  }
 }
 
 // MurmurHash3's 32-bit finalizer (a bijection with good avalanche).

@@ -1,9 +1,11 @@
 #include "num/format.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <vector>
 
 #include "util/error.h"
 
@@ -162,12 +164,9 @@ Format cfp8(int exp_bits, int man_bits, int bias) {
 }
 
 std::string format_names() {
-  std::string s;
-  for (const Format& f : table()) {
-    if (!s.empty()) s += ", ";
-    s += f.name;
-  }
-  return s + ", cfp8-e<E>m<M>-b<bias>";
+  std::vector<std::string_view> names;
+  for (const Format& f : table()) names.push_back(f.name);
+  return fmt::format("{}, cfp8-e<E>m<M>-b<bias>", fmt::join(names, ", "));
 }
 
 Format parse_format(std::string_view name) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "num/encode_params.h"
 #include "util/error.h"
@@ -27,17 +28,11 @@ const std::array<MxFormat, 6>& mx_table() {
   return t;
 }
 
-// Unbiased exponent and 23-bit fraction of a positive finite FP32 value,
-// with FP32 subnormals normalized.
+// Unbiased exponent and 23-bit fraction of a positive finite FP32 value.
 void exponent_and_fraction(std::uint32_t a, int& e, std::uint32_t& frac) {
-  int efe = static_cast<int>(a >> 23);
-  std::uint32_t sig = a & 0x7FFFFFu;
-  if (efe == 0) {
-    const int lz = std::countl_zero(sig) - 8;
-    sig <<= lz;
-    efe = 1 - lz;
-  }
-  e = efe - 127;
+  std::uint32_t sig;
+  detail::split_fp32(a, e, sig);
+  e -= 127;
   frac = sig & 0x7FFFFFu;
 }
 
@@ -58,9 +53,9 @@ const MxFormat& parse_mx_format(std::string_view name) {
   }
   if (n == "mxfp8") return mx_format(MxId::mxfp8_e4m3);
   if (n == "mxfp6") return mx_format(MxId::mxfp6_e3m2);
-  std::string names;
-  for (const MxFormat& f : mx_table()) names += (names.empty() ? "" : ", ") + f.name;
-  throw Error(fmt::format("unknown MX format '{}'; known: {}", name, names));
+  std::vector<std::string_view> names;
+  for (const MxFormat& f : mx_table()) names.push_back(f.name);
+  throw Error(fmt::format("unknown MX format '{}'; known: {}", name, fmt::join(names, ", ")));
 }
 
 ScalePolicy parse_scale_policy(std::string_view name) {
