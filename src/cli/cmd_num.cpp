@@ -197,7 +197,9 @@ void encode_cmd(CLI::App& num) {
       text += fmt::format("  error {} ({:+.3g} %)\n", show(double(v) - double(x)),
                           100.0 * (double(v) - double(x)) / double(x));
     }
-    if (show(x) != a->value && std::isfinite(x)) {
+    if (std::isinf(x) && a->value.find("inf") == std::string::npos) {
+      text += fmt::format("  note: {} is beyond FP32's range: taken as {}\n", a->value, show(x));
+    } else if (std::isfinite(x) && show(x) != a->value) {
       text += fmt::format("  note: the input is first rounded to FP32: {}\n", show(x));
     }
     print(j, a->json, text);

@@ -31,7 +31,7 @@ struct Range {
 }  // namespace
 
 double round_float(float x, int man_bits, int emin, Dir dir) {
-  // MPFR values are 0.1xxx * 2^e. The smallest subnormal 2^(emin - m) is
+  // MPFR values are 0.1bbb... x 2^e. The smallest subnormal 2^(emin - m) is
   // 0.1 * 2^(emin - m + 1): that is MPFR's emin for IEEE-style subnormals.
   const Range range(emin - man_bits + 1, 1 << 20);
   mpfr_t v;
