@@ -1,0 +1,141 @@
+#include "isa/access.h"
+
+#include <fmt/format.h>
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "util/error.h"
+
+namespace tern::isa {
+
+std::string_view mem_name(Mem m) {
+  switch (m) {
+    case Mem::hbm:
+      return "hbm";
+    case Mem::sbuf:
+      return "sbuf";
+    case Mem::psum:
+      return "psum";
+  }
+  return "?";
+}
+
+int AccessPattern::rows() const {
+  if (mem == Mem::hbm) return dims.empty() ? 1 : static_cast<int>(dims[0].count);
+  return partitions;
+}
+
+std::int64_t AccessPattern::free_size() const {
+  std::int64_t n = 1;
+  for (std::size_t i = mem == Mem::hbm ? 1 : 0; i < dims.size(); ++i) n *= dims[i].count;
+  return n;
+}
+
+std::int64_t AccessPattern::element_offset(std::int64_t i) const {
+  std::int64_t off = 0;
+  const std::size_t first = mem == Mem::hbm ? 1 : 0;
+  for (std::size_t d = dims.size(); d-- > first;) {
+    off += (i % dims[d].count) * dims[d].stride;
+    i /= dims[d].count;
+  }
+  return (mem == Mem::hbm ? 0 : offset) + off * size_bytes(dtype);
+}
+
+std::int64_t AccessPattern::row_address(int r) const {
+  const std::int64_t stride = dims.empty() ? 0 : dims[0].stride;
+  return offset + r * stride * size_bytes(dtype);
+}
+
+std::int64_t AccessPattern::min_byte() const {
+  std::int64_t lo = offset;
+  for (const Dim& d : dims)
+    lo += std::min<std::int64_t>(0, d.stride * (d.count - 1)) * size_bytes(dtype);
+  return lo;
+}
+
+std::int64_t AccessPattern::max_byte() const {
+  std::int64_t hi = offset;
+  for (const Dim& d : dims)
+    hi += std::max<std::int64_t>(0, d.stride * (d.count - 1)) * size_bytes(dtype);
+  return hi + size_bytes(dtype);
+}
+
+bool AccessPattern::contiguous_inner() const {
+  const std::size_t first = mem == Mem::hbm ? 1 : 0;
+  return dims.size() <= first || dims.back().stride == 1;
+}
+
+std::string to_string(const AccessPattern& ap) {
+  std::string s(mem_name(ap.mem));
+  if (ap.mem != Mem::hbm)
+    s += fmt::format("[{}:{}]", ap.start_partition, ap.start_partition + ap.partitions);
+  s += fmt::format("+{} [", ap.offset);
+  for (std::size_t i = 0; i < ap.dims.size(); ++i) {
+    s += fmt::format("{}[{},{}]", i ? "," : "", ap.dims[i].stride, ap.dims[i].count);
+  }
+  return s + fmt::format("] {}", name(ap.dtype));
+}
+
+AccessPattern parse_access(const std::string& text) {
+  AccessPattern ap;
+  const char* p = text.c_str();
+  auto fail = [&](const char* what) -> AccessPattern {
+    throw Error(fmt::format("malformed operand '{}': {}", text, what));
+  };
+  auto skip = [&] {
+    while (*p == ' ') ++p;
+  };
+  auto integer = [&](std::int64_t& v) {
+    char* end = nullptr;
+    v = std::strtoll(p, &end, 10);
+    if (end == p) fail("expected a number");
+    p = end;
+  };
+  skip();
+  if (!std::strncmp(p, "hbm", 3)) {
+    ap.mem = Mem::hbm;
+    p += 3;
+  } else if (!std::strncmp(p, "sbuf", 4)) {
+    ap.mem = Mem::sbuf;
+    p += 4;
+  } else if (!std::strncmp(p, "psum", 4)) {
+    ap.mem = Mem::psum;
+    p += 4;
+  } else
+    return fail("expected hbm, sbuf or psum");
+  std::int64_t v;
+  if (ap.mem != Mem::hbm) {
+    if (*p++ != '[') return fail("expected [start:end]");
+    integer(v);
+    ap.start_partition = static_cast<int>(v);
+    if (*p++ != ':') return fail("expected ':'");
+    integer(v);
+    ap.partitions = static_cast<int>(v) - ap.start_partition;
+    if (*p++ != ']') return fail("expected ']'");
+  }
+  if (*p++ != '+') return fail("expected +offset");
+  integer(ap.offset);
+  skip();
+  if (*p++ != '[') return fail("expected a [[stride,count],...] pattern");
+  while (*p == '[' || *p == ',') {
+    if (*p == ',') ++p;
+    if (*p++ != '[') return fail("expected '['");
+    Dim d;
+    integer(d.stride);
+    if (*p++ != ',') return fail("expected ','");
+    integer(d.count);
+    if (*p++ != ']') return fail("expected ']'");
+    ap.dims.push_back(d);
+  }
+  if (*p++ != ']') return fail("expected ']' closing the pattern");
+  skip();
+  std::string dt(p);
+  while (!dt.empty() && dt.back() == ' ') dt.pop_back();
+  ap.dtype = parse_dtype(dt);
+  if (ap.mem == Mem::hbm && !ap.dims.empty()) ap.partitions = static_cast<int>(ap.dims[0].count);
+  return ap;
+}
+
+}  // namespace tern::isa

@@ -1,0 +1,41 @@
+// Tensor element types of the NeuronCore ISA (names follow nki.language).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "num/format.h"
+
+namespace tern::isa {
+
+enum class DType : std::uint8_t {
+  fp32,
+  tf32,
+  bf16,
+  fp16,
+  fp8_e4m3,         // OCP float8_e4m3fn (Trn3)
+  fp8_e5m2,         // float8_e5m2
+  fp8_e4m3_legacy,  // IEEE-like float8_e4m3 of Trn1/Trn2 (max 240)
+  e8m0,             // float8_e8m0fnu (MX scales)
+  int8,
+  uint8,
+  int16,
+  uint16,
+  int32,
+  uint32,
+  count_,
+};
+
+int size_bytes(DType d);
+// NKI name: "float32", "bfloat16", "float8_e4m3fn", ...
+std::string_view name(DType d);
+// Accepts NKI names and tern's short ones ("fp32", "bf16", "fp8_e4m3", "e4m3").
+// Throws tern::Error listing the known names.
+DType parse_dtype(std::string_view s);
+bool is_float(DType d);
+bool is_fp8(DType d);
+// The number format of a float type (nullptr for integers).
+const num::Format* format_of(DType d);
+
+}  // namespace tern::isa

@@ -1,0 +1,231 @@
+#include "isa/instruction.h"
+
+#include <array>
+#include <cmath>
+#include <cstdlib>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "util/error.h"
+
+namespace tern::isa {
+
+namespace {
+
+template <typename E, std::size_t N>
+E parse_named(std::string_view s, const std::array<std::string_view, N>& names, const char* what) {
+  for (std::size_t i = 0; i < N; ++i) {
+    if (names[i] == s) return static_cast<E>(i);
+  }
+  std::string known;
+  for (auto n : names) known += (known.empty() ? "" : ", ") + std::string(n);
+  throw Error(fmt::format("unknown {} '{}'; known: {}", what, s, known));
+}
+
+constexpr std::array<std::string_view, kEngines> kEngineNames = {"tensor", "vector", "scalar",
+                                                                 "gpsimd", "sync"};
+constexpr std::array<std::string_view, static_cast<std::size_t>(Opcode::count_)> kOpNames = {
+    "dma_copy",      "load_stationary", "multiply_moving", "transpose", "tensor_tensor",
+    "tensor_scalar", "tensor_copy",     "tensor_reduce",   "memset",    "activation",
+    "iota"};
+constexpr std::array<std::string_view, static_cast<std::size_t>(AluOp::count_)> kAluNames = {
+    "bypass", "add",      "subtract",  "multiply", "divide", "max",   "min",  "abs_max",
+    "pow",    "is_equal", "not_equal", "is_gt",    "is_ge",  "is_lt", "is_le"};
+constexpr std::array<std::string_view, static_cast<std::size_t>(ActFunc::count_)> kActNames = {
+    "identity", "exp",  "log",   "tanh", "sigmoid", "gelu",      "gelu_tanh",
+    "silu",     "relu", "rsqrt", "sqrt", "square",  "reciprocal"};
+
+}  // namespace
+
+std::string_view engine_name(Engine e) {
+  return kEngineNames[static_cast<std::size_t>(e)];
+}
+Engine parse_engine(std::string_view s) {
+  return parse_named<Engine>(s, kEngineNames, "engine");
+}
+std::string_view opcode_name(Opcode op) {
+  return kOpNames[static_cast<std::size_t>(op)];
+}
+Opcode parse_opcode(std::string_view s) {
+  return parse_named<Opcode>(s, kOpNames, "opcode");
+}
+std::string_view alu_name(AluOp op) {
+  return kAluNames[static_cast<std::size_t>(op)];
+}
+AluOp parse_alu(std::string_view s) {
+  return parse_named<AluOp>(s, kAluNames, "ALU op");
+}
+std::string_view act_name(ActFunc f) {
+  return kActNames[static_cast<std::size_t>(f)];
+}
+ActFunc parse_act(std::string_view s) {
+  return parse_named<ActFunc>(s, kActNames, "activation function");
+}
+
+float apply_alu(AluOp op, float a, float b) {
+  switch (op) {
+    case AluOp::bypass:
+      return a;
+    case AluOp::add:
+      return a + b;
+    case AluOp::subtract:
+      return a - b;
+    case AluOp::multiply:
+      return a * b;
+    case AluOp::divide:
+      return a / b;
+    case AluOp::max:
+      return std::fmax(a, b);
+    case AluOp::min:
+      return std::fmin(a, b);
+    case AluOp::abs_max:
+      return std::fmax(std::fabs(a), std::fabs(b));
+    case AluOp::pow:
+      return std::pow(a, b);
+    case AluOp::is_equal:
+      return a == b ? 1.0f : 0.0f;
+    case AluOp::not_equal:
+      return a != b ? 1.0f : 0.0f;
+    case AluOp::is_gt:
+      return a > b ? 1.0f : 0.0f;
+    case AluOp::is_ge:
+      return a >= b ? 1.0f : 0.0f;
+    case AluOp::is_lt:
+      return a < b ? 1.0f : 0.0f;
+    case AluOp::is_le:
+      return a <= b ? 1.0f : 0.0f;
+    case AluOp::count_:
+      break;
+  }
+  return a;
+}
+
+float apply_act(ActFunc f, float x) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  switch (f) {
+    case ActFunc::identity:
+      return x;
+    case ActFunc::exp:
+      return std::exp(x);
+    case ActFunc::log:
+      return std::log(x);
+    case ActFunc::tanh:
+      return std::tanh(x);
+    case ActFunc::sigmoid:
+      return 1.0f / (1.0f + std::exp(-x));
+    case ActFunc::gelu:
+      return 0.5f * x * (1.0f + std::erf(x * 0.7071067811865476f));
+    case ActFunc::gelu_tanh:
+      return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
+    case ActFunc::silu:
+      return x / (1.0f + std::exp(-x));
+    case ActFunc::relu:
+      return x > 0.0f ? x : 0.0f;
+    case ActFunc::rsqrt:
+      return 1.0f / std::sqrt(x);
+    case ActFunc::sqrt:
+      return std::sqrt(x);
+    case ActFunc::square:
+      return x * x;
+    case ActFunc::reciprocal:
+      return 1.0f / x;
+    case ActFunc::count_:
+      break;
+  }
+  return x;
+}
+
+std::string to_string(const Instruction& in) {
+  std::string s = fmt::format("{} {}", engine_name(in.engine), opcode_name(in.op));
+  for (const auto& ap : in.operands) s += " (" + to_string(ap) + ")";
+  const Instruction def;
+  if (in.alu0 != def.alu0) s += fmt::format(" op0={}", alu_name(in.alu0));
+  if (in.alu1 != def.alu1) s += fmt::format(" op1={}", alu_name(in.alu1));
+  if (in.imm0 != def.imm0 || std::signbit(in.imm0)) s += fmt::format(" imm0={}", in.imm0);
+  if (in.imm1 != def.imm1 || std::signbit(in.imm1)) s += fmt::format(" imm1={}", in.imm1);
+  if (in.func != def.func) s += fmt::format(" func={}", act_name(in.func));
+  if (in.scale != def.scale) s += fmt::format(" scale={}", in.scale);
+  if (in.accumulate) s += " acc=1";
+  if (in.negate) s += " negate=1";
+  if (in.queue != def.queue) s += fmt::format(" queue={}", in.queue);
+  if (in.priority != def.priority) s += fmt::format(" priority={}", in.priority);
+  for (const auto& w : in.waits) s += fmt::format(" wait={}>={}", w.sem, w.value);
+  for (int sig : in.signals) s += fmt::format(" signal={}", sig);
+  if (!in.loc.empty()) s += " @" + in.loc;
+  return s;
+}
+
+Instruction parse_instruction(const std::string& line) {
+  Instruction in;
+  std::string body = line;
+  if (const auto at = body.find(" @"); at != std::string::npos) {
+    in.loc = body.substr(at + 2);
+    body = body.substr(0, at);
+  }
+  std::size_t pos = 0;
+  auto next_word = [&]() {
+    while (pos < body.size() && body[pos] == ' ') ++pos;
+    const std::size_t start = pos;
+    while (pos < body.size() && body[pos] != ' ') ++pos;
+    return body.substr(start, pos - start);
+  };
+  in.engine = parse_engine(next_word());
+  in.op = parse_opcode(next_word());
+  while (true) {
+    while (pos < body.size() && body[pos] == ' ') ++pos;
+    if (pos >= body.size() || body[pos] != '(') break;
+    const std::size_t close = body.find(')', pos);
+    if (close == std::string::npos) throw Error(fmt::format("unclosed operand in '{}'", line));
+    in.operands.push_back(parse_access(body.substr(pos + 1, close - pos - 1)));
+    pos = close + 1;
+  }
+  for (std::string kv = next_word(); !kv.empty(); kv = next_word()) {
+    const auto eq = kv.find('=');
+    if (eq == std::string::npos)
+      throw Error(fmt::format("expected key=value, got '{}' in '{}'", kv, line));
+    const std::string key = kv.substr(0, eq), val = kv.substr(eq + 1);
+    auto number = [&]() {
+      char* end = nullptr;
+      const float v = std::strtof(val.c_str(), &end);
+      if (end == val.c_str() || *end)
+        throw Error(fmt::format("bad number '{}' for {} in '{}'", val, key, line));
+      return v;
+    };
+    auto integer = [&]() { return static_cast<int>(number()); };
+    if (key == "op0")
+      in.alu0 = parse_alu(val);
+    else if (key == "op1")
+      in.alu1 = parse_alu(val);
+    else if (key == "imm0")
+      in.imm0 = number();
+    else if (key == "imm1")
+      in.imm1 = number();
+    else if (key == "func")
+      in.func = parse_act(val);
+    else if (key == "scale")
+      in.scale = number();
+    else if (key == "acc")
+      in.accumulate = integer() != 0;
+    else if (key == "negate")
+      in.negate = integer() != 0;
+    else if (key == "queue")
+      in.queue = integer();
+    else if (key == "priority")
+      in.priority = integer();
+    else if (key == "signal")
+      in.signals.push_back(integer());
+    else if (key == "wait") {
+      const auto ge = val.find(">=");
+      if (ge == std::string::npos)
+        throw Error(fmt::format("expected wait=SEM>=VALUE in '{}'", line));
+      in.waits.push_back(
+          {std::atoi(val.substr(0, ge).c_str()), std::atoll(val.substr(ge + 2).c_str())});
+    } else {
+      throw Error(fmt::format("unknown instruction field '{}' in '{}'", key, line));
+    }
+  }
+  return in;
+}
+
+}  // namespace tern::isa

@@ -1,0 +1,113 @@
+// NeuronCore instructions: one per nki.isa call, each bound to an engine.
+//
+// Semantics follow nki.isa (destination operand first); every instruction
+// may wait on semaphores before it starts and increments semaphores when it
+// completes, which is how engines order themselves (hardware.md section 1).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "isa/access.h"
+
+namespace tern::isa {
+
+enum class Engine : std::uint8_t { tensor, vector, scalar, gpsimd, sync, count_ };
+constexpr int kEngines = static_cast<int>(Engine::count_);
+std::string_view engine_name(Engine e);
+Engine parse_engine(std::string_view s);
+
+enum class Opcode : std::uint8_t {
+  dma_copy,         // sync: dst <- src with cast (HBM<->SBUF, SBUF<->SBUF); accumulate: dst += src
+  load_stationary,  // tensor: weights [K partitions, M] into the PE array
+  multiply_moving,  // tensor: dst_psum[M, N] (+)= stationary^T @ moving[K, N]
+  transpose,        // tensor: dst_psum[F, P] = src[P, F]^T (exact)
+  tensor_tensor,    // vector/gpsimd: dst = a op0 b
+  tensor_scalar,    // vector/scalar/gpsimd: dst = (src op0 imm0) op1 imm1
+  tensor_copy,      // vector/scalar/gpsimd: dst = src (cast)
+  tensor_reduce,    // vector: dst[P, 1] = reduce_op0 over the free dims of src (negate optional)
+  memset,           // vector/gpsimd: dst = imm0
+  activation,       // scalar: dst = func(src * scale + bias); operands dst, src, [bias [P,1]],
+                    // and with accumulate=true a last [P,1] operand receiving the row sums
+  iota,             // gpsimd: dst[p, i] = imm0 + imm1 * p + i
+  count_,
+};
+std::string_view opcode_name(Opcode op);
+Opcode parse_opcode(std::string_view s);
+
+enum class AluOp : std::uint8_t {
+  bypass,
+  add,
+  subtract,
+  multiply,
+  divide,
+  max,
+  min,
+  abs_max,
+  pow,
+  is_equal,
+  not_equal,
+  is_gt,
+  is_ge,
+  is_lt,
+  is_le,
+  count_,
+};
+std::string_view alu_name(AluOp op);
+AluOp parse_alu(std::string_view s);
+// a op b in FP32 (comparisons give 1.0 / 0.0).
+float apply_alu(AluOp op, float a, float b);
+
+enum class ActFunc : std::uint8_t {
+  identity,
+  exp,
+  log,
+  tanh,
+  sigmoid,
+  gelu,
+  gelu_tanh,
+  silu,
+  relu,
+  rsqrt,
+  sqrt,
+  square,
+  reciprocal,
+  count_,
+};
+std::string_view act_name(ActFunc f);
+ActFunc parse_act(std::string_view s);
+// f(x) in FP32 (host libm; see docs/sim.md).
+float apply_act(ActFunc f, float x);
+
+struct SemWait {
+  int sem = 0;
+  std::int64_t value = 0;  // start only once semaphore `sem` >= value
+  bool operator==(const SemWait&) const = default;
+};
+
+struct Instruction {
+  Opcode op = Opcode::tensor_copy;
+  Engine engine = Engine::vector;
+  std::vector<AccessPattern> operands;  // destination(s) first
+  AluOp alu0 = AluOp::bypass, alu1 = AluOp::bypass;
+  float imm0 = 0.0f, imm1 = 0.0f;
+  ActFunc func = ActFunc::identity;
+  float scale = 1.0f;
+  bool accumulate = false;  // multiply_moving: add onto PSUM; dma_copy: add-reduce into dst
+  bool negate = false;      // tensor_reduce
+  int queue = 0;            // dma_copy: DMA queue id
+  int priority = 0;         // dma_copy: priority class (v4)
+  std::vector<SemWait> waits;
+  std::vector<int> signals;  // semaphores incremented by one at completion
+  std::string loc;           // kernel source location, when the builder recorded one
+
+  bool operator==(const Instruction&) const = default;
+};
+
+// One line: "<engine> <opcode> <operand>, <operand> key=value ... wait=s>=v signal=s @loc".
+std::string to_string(const Instruction& in);
+Instruction parse_instruction(const std::string& line);
+
+}  // namespace tern::isa

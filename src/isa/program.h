@@ -1,0 +1,59 @@
+// A Program: what runs on one chip. Per core, one instruction stream per
+// engine; plus the HBM tensors it reads and writes (named, with their
+// addresses). Programs are artifacts: a versioned binary file (.tern) and a
+// readable text form that parses back to the same program.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "isa/instruction.h"
+
+namespace tern::isa {
+
+enum class TensorKind : std::uint8_t { input, output, scratch };
+
+struct HbmTensor {
+  std::string name;
+  std::int64_t address = 0;  // bytes
+  std::vector<std::int64_t> shape;
+  DType dtype = DType::fp32;
+  TensorKind kind = TensorKind::input;
+  std::int64_t elements() const;
+  std::int64_t bytes() const { return elements() * size_bytes(dtype); }
+  bool operator==(const HbmTensor&) const = default;
+};
+
+struct CoreProgram {
+  std::array<std::vector<Instruction>, kEngines> streams;
+  bool operator==(const CoreProgram&) const = default;
+};
+
+struct Program {
+  std::string arch = "trn3";  // chip the program was built for
+  int semaphores = 0;         // per core
+  std::vector<HbmTensor> tensors;
+  std::vector<CoreProgram> cores;
+
+  std::size_t instruction_count() const;
+  const HbmTensor& tensor(const std::string& name) const;  // throws tern::Error
+  bool operator==(const Program&) const = default;
+};
+
+constexpr std::uint32_t kProgramVersion = 1;
+
+std::string to_text(const Program& p);
+Program parse_program_text(const std::string& text);  // errors name the line
+
+std::vector<std::uint8_t> to_binary(const Program& p);
+Program parse_program_binary(const std::vector<std::uint8_t>& bytes);
+
+// Writes atomically (temporary file + rename). Binary unless the path ends
+// in ".txt" / ".ternt". load_program reads either form.
+void save_program(const Program& p, const std::filesystem::path& path);
+Program load_program(const std::filesystem::path& path);
+
+}  // namespace tern::isa

@@ -1,0 +1,404 @@
+#include "kernel/builder.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "util/error.h"
+
+namespace tern::kernel {
+
+using isa::AccessPattern;
+using isa::Engine;
+using isa::Instruction;
+using isa::Mem;
+using isa::Opcode;
+
+Tensor Tensor::tile(int r0, int nr, std::int64_t c0, std::int64_t nc) const {
+  const std::size_t fd = ap.mem == Mem::hbm ? 1 : 0;  // index of the first free dim
+  if (ap.dims.size() != fd + 1) {
+    throw Error("Tensor::tile needs a 2-D view with one free dim; use with_dims for others");
+  }
+  if (r0 < 0 || nr < 1 || r0 + nr > rows() || c0 < 0 || nc < 1 || c0 + nc > cols()) {
+    throw Error(fmt::format("tile [{}:{}, {}:{}] is outside the [{}, {}] view", r0, r0 + nr, c0,
+                            c0 + nc, rows(), cols()));
+  }
+  Tensor t = *this;
+  const int sz = isa::size_bytes(ap.dtype);
+  t.ap.offset += c0 * ap.dims[fd].stride * sz;
+  t.ap.dims[fd].count = nc;
+  if (ap.mem == Mem::hbm) {
+    t.ap.offset += r0 * ap.dims[0].stride * sz;
+    t.ap.dims[0].count = nr;
+    t.ap.partitions = nr;
+  } else {
+    t.ap.start_partition += r0;
+    t.ap.partitions = nr;
+  }
+  return t;
+}
+
+Tensor Tensor::with_dims(std::vector<isa::Dim> free_dims, std::int64_t extra_offset_elems) const {
+  Tensor t = *this;
+  t.ap.offset += extra_offset_elems * isa::size_bytes(ap.dtype);
+  if (ap.mem == Mem::hbm) {
+    free_dims.insert(free_dims.begin(), ap.dims[0]);
+  }
+  t.ap.dims = std::move(free_dims);
+  return t;
+}
+
+namespace {
+std::string loc_string(const std::source_location& l) {
+  return fmt::format("{}:{}", std::filesystem::path(l.file_name()).filename().string(), l.line());
+}
+int engine_sem(Engine e) {
+  return static_cast<int>(e);
+}  // tensor, vector, scalar, gpsimd: 0..3
+constexpr int kQueueSem0 = 4;  // DMA queue q: 4 + q
+}  // namespace
+
+Builder::Builder(const arch::ChipSpec& chip, int cores) : chip_(chip) {
+  if (cores < 1 || cores > chip.cores) {
+    throw Error(fmt::format("a kernel for {} cores, but {} has {}", cores, chip.name, chip.cores));
+  }
+  prog_.arch = chip.name;
+  prog_.semaphores = kQueueSem0 + chip.dma.queues_per_engine;
+  prog_.cores.resize(cores);
+  sbuf_allocs_.resize(cores);
+  psum_allocs_.resize(cores);
+  accesses_.resize(cores);
+  signals_.assign(cores, std::vector<std::int64_t>(prog_.semaphores, 0));
+  known_.assign(cores, std::vector<std::vector<std::int64_t>>(
+                           isa::kEngines, std::vector<std::int64_t>(prog_.semaphores, 0)));
+}
+
+void Builder::set_core(int core) {
+  if (core < 0 || core >= static_cast<int>(prog_.cores.size())) {
+    throw Error(fmt::format("core {} is outside this kernel's {} cores", core, prog_.cores.size()));
+  }
+  core_ = core;
+}
+
+Tensor Builder::hbm(const std::string& name, std::vector<std::int64_t> shape, DType dtype,
+                    isa::TensorKind kind) {
+  if (shape.empty()) throw Error(fmt::format("HBM tensor '{}' needs a shape", name));
+  for (const auto& t : prog_.tensors)
+    if (t.name == name) throw Error(fmt::format("HBM tensor '{}' declared twice", name));
+  isa::HbmTensor t{name, next_hbm_, shape, dtype, kind};
+  // 64-byte aligned, packed one after another.
+  next_hbm_ += (t.bytes() + 63) / 64 * 64;
+  prog_.tensors.push_back(t);
+  const std::int64_t cols = shape.back();
+  const std::int64_t rows = t.elements() / cols;
+  Tensor v;
+  v.ap.mem = Mem::hbm;
+  v.ap.dtype = dtype;
+  v.ap.offset = t.address;
+  v.ap.dims = {{cols, rows}, {1, cols}};
+  v.ap.partitions = static_cast<int>(rows);
+  return v;
+}
+
+Tensor Builder::alloc(Mem mem, int partitions, std::int64_t free, DType dtype,
+                      std::source_location loc) {
+  const bool ps = mem == Mem::psum;
+  const int maxp = ps ? chip_.psum_partitions : chip_.sbuf_partitions;
+  const std::int64_t cap =
+      ps ? chip_.psum_partition_bytes.value() : chip_.sbuf_partition_bytes.value();
+  if (partitions < 1 || partitions > maxp) {
+    throw Error(fmt::format("{}: a {} tile of {} partitions ({} has {})", loc_string(loc),
+                            isa::mem_name(mem), partitions, chip_.name, maxp));
+  }
+  std::int64_t bytes = free * isa::size_bytes(dtype);
+  const std::int64_t align = ps ? chip_.psum_bank_bytes().value() : 64;
+  bytes = (bytes + align - 1) / align * align;
+  auto& allocs = ps ? psum_allocs_[core_] : sbuf_allocs_[core_];
+  std::sort(allocs.begin(), allocs.end(),
+            [](const Alloc& a, const Alloc& b) { return a.lo < b.lo; });
+  std::int64_t at = 0, used = 0;
+  for (const Alloc& a : allocs) used += a.hi - a.lo;
+  bool found = false;
+  for (const Alloc& a : allocs) {
+    if (a.lo - at >= bytes) {
+      found = true;
+      break;
+    }
+    at = std::max(at, (a.hi + align - 1) / align * align);
+  }
+  if (!found && cap - at < bytes) {
+    throw Error(
+        fmt::format("{}: {} allocation of {} bytes per partition does not fit: {} of {} bytes "
+                    "per partition are in use (capacity)",
+                    loc_string(loc), isa::mem_name(mem), bytes, used, cap));
+  }
+  allocs.push_back({at, at + bytes});
+  Tensor t;
+  t.ap.mem = mem;
+  t.ap.dtype = dtype;
+  t.ap.offset = at;
+  t.ap.start_partition = 0;
+  t.ap.partitions = partitions;
+  t.ap.dims = {{1, free}};
+  return t;
+}
+
+Tensor Builder::sbuf(int partitions, std::int64_t free, DType dtype, std::source_location loc) {
+  return alloc(Mem::sbuf, partitions, free, dtype, loc);
+}
+Tensor Builder::psum(int partitions, std::int64_t free, DType dtype, std::source_location loc) {
+  return alloc(Mem::psum, partitions, free, dtype, loc);
+}
+
+Tensor Builder::sbuf_at(std::int64_t offset, int partitions, std::int64_t free, DType dtype) {
+  const std::int64_t hi = offset + free * isa::size_bytes(dtype);
+  for (const Alloc& a : sbuf_allocs_[core_]) {
+    if (offset < a.hi && a.lo < hi) {
+      throw Error(fmt::format("SBUF tile at bytes [{}, {}) overlaps the live allocation [{}, {})",
+                              offset, hi, a.lo, a.hi));
+    }
+  }
+  sbuf_allocs_[core_].push_back({offset, hi});
+  Tensor t;
+  t.ap.mem = Mem::sbuf;
+  t.ap.dtype = dtype;
+  t.ap.offset = offset;
+  t.ap.partitions = partitions;
+  t.ap.dims = {{1, free}};
+  return t;
+}
+
+void Builder::release(const Tensor& t) {
+  if (t.ap.mem == Mem::hbm) return;
+  auto& allocs = t.ap.mem == Mem::psum ? psum_allocs_[core_] : sbuf_allocs_[core_];
+  for (auto it = allocs.begin(); it != allocs.end(); ++it) {
+    if (it->lo == t.ap.offset) {
+      allocs.erase(it);
+      return;
+    }
+  }
+  throw Error(fmt::format("release of a {} tile at byte {} that is not allocated",
+                          isa::mem_name(t.ap.mem), t.ap.offset));
+}
+
+// Adds the waits `in` needs given earlier accesses, then records its own
+// accesses under `producer`'s next signal. Operands [0, first_read) are
+// written, the rest read (plus extra reads of written operands, e.g.
+// accumulate).
+void Builder::record(Instruction& in, int producer, std::size_t first_read, bool read_dst) {
+  auto& acc = accesses_[core_];
+  const int consumer = static_cast<int>(in.engine);
+  auto box = [](const AccessPattern& ap, bool write, int prod, std::int64_t seq) {
+    Access a{ap.mem, 0, 1, ap.min_byte(), ap.max_byte(), prod, seq, write};
+    if (ap.mem != Mem::hbm) {
+      a.r0 = ap.start_partition;
+      a.r1 = ap.start_partition + ap.partitions;
+    }
+    return a;
+  };
+  std::vector<Access> mine;
+  const std::int64_t seq = signals_[core_][producer] + 1;
+  for (std::size_t i = 0; i < in.operands.size(); ++i) {
+    const bool write = i < first_read;
+    mine.push_back(box(in.operands[i], write, producer, seq));
+    if (write && read_dst) mine.push_back(box(in.operands[i], false, producer, seq));
+  }
+  // Waits: for each earlier producer, the latest conflicting access.
+  std::vector<std::int64_t> need(prog_.semaphores, 0);
+  const bool in_order_engine = producer < kQueueSem0;
+  for (const Access& a : acc) {
+    if (a.producer == producer && in_order_engine) continue;  // same engine: program order
+    for (const Access& m : mine) {
+      const bool hazard = (m.write || a.write) && a.mem == m.mem && a.r0 < m.r1 && m.r0 < a.r1 &&
+                          a.b0 < m.b1 && m.b0 < a.b1;
+      if (hazard) need[a.producer] = std::max(need[a.producer], a.seq);
+    }
+  }
+  auto& known = known_[core_][consumer];
+  for (int s = 0; s < prog_.semaphores; ++s) {
+    if (need[s] > known[s]) {
+      in.waits.push_back({s, need[s]});
+      known[s] = need[s];
+    }
+  }
+  // Record, dropping older accesses that this one covers (they are now
+  // ordered before it, and so before anything that must wait for it).
+  for (const Access& m : mine) {
+    acc.erase(std::remove_if(acc.begin(), acc.end(),
+                             [&](const Access& a) {
+                               const bool covered = a.mem == m.mem && a.r0 >= m.r0 &&
+                                                    a.r1 <= m.r1 && a.b0 >= m.b0 && a.b1 <= m.b1;
+                               return covered &&
+                                      (m.write || (!a.write && a.producer == m.producer));
+                             }),
+              acc.end());
+    acc.push_back(m);
+  }
+  in.signals.push_back(producer);
+  signals_[core_][producer] = seq;
+}
+
+void Builder::emit(Instruction in, std::source_location loc) {
+  if (in.loc.empty()) in.loc = loc_string(loc);
+  std::size_t writes = 1;
+  bool read_dst = false;
+  switch (in.op) {
+    case Opcode::load_stationary:
+      throw Error(
+          "emit load_stationary through Builder::matmul (it pairs it with multiply_moving)");
+    case Opcode::multiply_moving:
+      read_dst = in.accumulate;
+      break;
+    case Opcode::dma_copy:
+      read_dst = in.accumulate;
+      break;
+    case Opcode::activation:
+      break;
+    default:
+      break;
+  }
+  const int producer = in.op == Opcode::dma_copy ? kQueueSem0 + in.queue : engine_sem(in.engine);
+  if (in.op == Opcode::activation && in.accumulate) {
+    // The row sums (last operand) are written too: move them to the front.
+    std::rotate(in.operands.rbegin(), in.operands.rbegin() + 1, in.operands.rend());
+    writes = 2;
+    record(in, producer, writes, false);
+    std::rotate(in.operands.begin(), in.operands.begin() + 1, in.operands.end());
+  } else {
+    record(in, producer, writes, read_dst);
+  }
+  prog_.cores[core_].streams[static_cast<int>(in.engine)].push_back(std::move(in));
+}
+
+void Builder::dma_copy(const Tensor& dst, const Tensor& src, int queue, bool accumulate,
+                       std::source_location loc) {
+  Instruction in;
+  in.op = Opcode::dma_copy;
+  in.engine = Engine::sync;
+  in.operands = {dst.ap, src.ap};
+  in.accumulate = accumulate;
+  if (queue < 0) {
+    queue = next_queue_;
+    next_queue_ = (next_queue_ + 1) % chip_.dma.queues_per_engine;
+  }
+  in.queue = queue;
+  emit(std::move(in), loc);
+}
+
+void Builder::matmul(const Tensor& dst, const Tensor& stationary, const Tensor& moving,
+                     bool accumulate, std::source_location loc) {
+  Instruction mm;
+  mm.op = Opcode::multiply_moving;
+  mm.engine = Engine::tensor;
+  mm.operands = {dst.ap, moving.ap, stationary.ap};  // stationary listed for dependencies only
+  mm.accumulate = accumulate;
+  mm.loc = loc_string(loc);
+  record(mm, engine_sem(Engine::tensor), 1, accumulate);
+  mm.operands.pop_back();
+  // The weight load goes first and carries the waits; it signals nothing
+  // (its reads are accounted to the multiply, which completes after it).
+  Instruction ls;
+  ls.op = Opcode::load_stationary;
+  ls.engine = Engine::tensor;
+  ls.operands = {stationary.ap};
+  ls.loc = mm.loc;
+  ls.waits = std::move(mm.waits);
+  mm.waits.clear();
+  auto& stream = prog_.cores[core_].streams[static_cast<int>(Engine::tensor)];
+  stream.push_back(std::move(ls));
+  stream.push_back(std::move(mm));
+}
+
+void Builder::transpose(const Tensor& dst, const Tensor& src, std::source_location loc) {
+  Instruction in;
+  in.op = Opcode::transpose;
+  in.engine = Engine::tensor;
+  in.operands = {dst.ap, src.ap};
+  emit(std::move(in), loc);
+}
+
+void Builder::tensor_tensor(const Tensor& dst, const Tensor& a, const Tensor& b, isa::AluOp op,
+                            Engine engine, std::source_location loc) {
+  Instruction in;
+  in.op = Opcode::tensor_tensor;
+  in.engine = engine;
+  in.operands = {dst.ap, a.ap, b.ap};
+  in.alu0 = op;
+  emit(std::move(in), loc);
+}
+
+void Builder::tensor_scalar(const Tensor& dst, const Tensor& src, isa::AluOp op0, float imm0,
+                            isa::AluOp op1, float imm1, Engine engine, std::source_location loc) {
+  Instruction in;
+  in.op = Opcode::tensor_scalar;
+  in.engine = engine;
+  in.operands = {dst.ap, src.ap};
+  in.alu0 = op0;
+  in.imm0 = imm0;
+  in.alu1 = op1;
+  in.imm1 = imm1;
+  emit(std::move(in), loc);
+}
+
+void Builder::tensor_copy(const Tensor& dst, const Tensor& src, Engine engine,
+                          std::source_location loc) {
+  Instruction in;
+  in.op = Opcode::tensor_copy;
+  in.engine = engine;
+  in.operands = {dst.ap, src.ap};
+  emit(std::move(in), loc);
+}
+
+void Builder::tensor_reduce(const Tensor& dst, const Tensor& src, isa::AluOp op, bool negate,
+                            std::source_location loc) {
+  Instruction in;
+  in.op = Opcode::tensor_reduce;
+  in.engine = Engine::vector;
+  in.operands = {dst.ap, src.ap};
+  in.alu0 = op;
+  in.negate = negate;
+  emit(std::move(in), loc);
+}
+
+void Builder::memset(const Tensor& dst, float value, Engine engine, std::source_location loc) {
+  Instruction in;
+  in.op = Opcode::memset;
+  in.engine = engine;
+  in.operands = {dst.ap};
+  in.imm0 = value;
+  emit(std::move(in), loc);
+}
+
+void Builder::activation(const Tensor& dst, isa::ActFunc func, const Tensor& src,
+                         const Tensor* bias, float scale, const Tensor* row_sums,
+                         std::source_location loc) {
+  Instruction in;
+  in.op = Opcode::activation;
+  in.engine = Engine::scalar;
+  in.operands = {dst.ap, src.ap};
+  if (bias) in.operands.push_back(bias->ap);
+  if (row_sums) {
+    in.operands.push_back(row_sums->ap);
+    in.accumulate = true;
+  }
+  in.func = func;
+  in.scale = scale;
+  emit(std::move(in), loc);
+}
+
+void Builder::iota(const Tensor& dst, float base, float per_partition, std::source_location loc) {
+  Instruction in;
+  in.op = Opcode::iota;
+  in.engine = Engine::gpsimd;
+  in.operands = {dst.ap};
+  in.imm0 = base;
+  in.imm1 = per_partition;
+  emit(std::move(in), loc);
+}
+
+isa::Program Builder::finish() {
+  return prog_;
+}
+
+}  // namespace tern::kernel

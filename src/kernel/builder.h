@@ -1,0 +1,118 @@
+// The C++ kernel builder: write kernels as sequential code in the style of
+// nki.isa (destination first); the builder allocates SBUF/PSUM, records
+// which memory each instruction reads and writes, and inserts the
+// semaphore waits between engines and DMA queues (RAW, WAR, WAW), so the
+// program is correct however the engines overlap.
+#pragma once
+
+#include <cstdint>
+#include <source_location>
+#include <string>
+#include <vector>
+
+#include "arch/chip.h"
+#include "isa/program.h"
+
+namespace tern::kernel {
+
+using isa::DType;
+
+// A view of memory: an access pattern plus convenience slicing. Views are
+// free (no instruction).
+struct Tensor {
+  isa::AccessPattern ap;
+
+  int rows() const { return ap.rows(); }
+  std::int64_t cols() const { return ap.free_size(); }
+  DType dtype() const { return ap.dtype; }
+  // Rows [r0, r0 + nr) and columns [c0, c0 + nc) of a 2-D view (one free dim).
+  Tensor tile(int r0, int nr, std::int64_t c0, std::int64_t nc) const;
+  // The same memory reinterpreted with another free pattern (elements).
+  Tensor with_dims(std::vector<isa::Dim> free_dims, std::int64_t extra_offset_elems = 0) const;
+};
+
+class Builder {
+ public:
+  explicit Builder(const arch::ChipSpec& chip, int cores = 1);
+
+  // Row-major HBM tensor [rows, cols] (or any shape: the last dim is
+  // contiguous, the rest folds into rows).
+  Tensor hbm(const std::string& name, std::vector<std::int64_t> shape, DType dtype,
+             isa::TensorKind kind);
+  // A [partitions, free] tile in SBUF / PSUM of the current core. PSUM tiles
+  // start on a bank. Throws tern::Error when it does not fit.
+  Tensor sbuf(int partitions, std::int64_t free, DType dtype,
+              std::source_location loc = std::source_location::current());
+  Tensor psum(int partitions, std::int64_t free, DType dtype = DType::fp32,
+              std::source_location loc = std::source_location::current());
+  // Gives a tile's memory back (later instructions may reuse it; the
+  // builder orders them after every use of the old tile).
+  void release(const Tensor& t);
+  // Places a tile at an explicit byte offset (tests of the rules); an
+  // overlap with a live allocation is an error.
+  Tensor sbuf_at(std::int64_t offset, int partitions, std::int64_t free, DType dtype);
+
+  void set_core(int core);
+  int core() const { return core_; }
+
+  // ---- instructions (each records the caller's source location)
+  void dma_copy(const Tensor& dst, const Tensor& src, int queue = -1, bool accumulate = false,
+                std::source_location loc = std::source_location::current());
+  // dst_psum[M, N] (+)= stationary[K, M]^T @ moving[K, N]: load_stationary + multiply_moving.
+  void matmul(const Tensor& dst, const Tensor& stationary, const Tensor& moving, bool accumulate,
+              std::source_location loc = std::source_location::current());
+  void transpose(const Tensor& dst, const Tensor& src,
+                 std::source_location loc = std::source_location::current());
+  void tensor_tensor(const Tensor& dst, const Tensor& a, const Tensor& b, isa::AluOp op,
+                     isa::Engine engine = isa::Engine::vector,
+                     std::source_location loc = std::source_location::current());
+  void tensor_scalar(const Tensor& dst, const Tensor& src, isa::AluOp op0, float imm0,
+                     isa::AluOp op1 = isa::AluOp::bypass, float imm1 = 0.0f,
+                     isa::Engine engine = isa::Engine::vector,
+                     std::source_location loc = std::source_location::current());
+  void tensor_copy(const Tensor& dst, const Tensor& src, isa::Engine engine = isa::Engine::vector,
+                   std::source_location loc = std::source_location::current());
+  void tensor_reduce(const Tensor& dst, const Tensor& src, isa::AluOp op, bool negate = false,
+                     std::source_location loc = std::source_location::current());
+  void memset(const Tensor& dst, float value, isa::Engine engine = isa::Engine::vector,
+              std::source_location loc = std::source_location::current());
+  void activation(const Tensor& dst, isa::ActFunc func, const Tensor& src,
+                  const Tensor* bias = nullptr, float scale = 1.0f,
+                  const Tensor* row_sums = nullptr,
+                  std::source_location loc = std::source_location::current());
+  void iota(const Tensor& dst, float base, float per_partition,
+            std::source_location loc = std::source_location::current());
+
+  // Emits a raw instruction (operands, parameters); waits and signals are
+  // added by the builder.
+  void emit(isa::Instruction in, std::source_location loc = std::source_location::current());
+
+  isa::Program finish();
+
+ private:
+  struct Alloc {
+    std::int64_t lo, hi;
+  };
+  struct Access {
+    isa::Mem mem;
+    std::int64_t r0, r1, b0, b1;
+    int producer;  // semaphore of the engine or DMA queue
+    std::int64_t seq;
+    bool write;
+  };
+  Tensor alloc(isa::Mem mem, int partitions, std::int64_t free, DType dtype,
+               std::source_location loc);
+  void record(isa::Instruction& in, int producer, std::size_t first_read, bool read_dst);
+
+  const arch::ChipSpec& chip_;
+  isa::Program prog_;
+  int core_ = 0;
+  std::int64_t next_hbm_ = 0;
+  std::vector<std::vector<Alloc>> sbuf_allocs_, psum_allocs_;  // per core
+  std::vector<std::vector<Access>> accesses_;                  // per core
+  std::vector<std::vector<std::int64_t>> signals_;             // [core][sem] count
+  std::vector<std::vector<std::vector<std::int64_t>>> known_;  // [core][engine][sem] waited
+  int next_queue_ = 0;
+};
+
+}  // namespace tern::kernel

@@ -1,0 +1,33 @@
+// Built-in kernels written with the builder. Each validates its shapes and
+// dtypes and says clearly what it does not support.
+#pragma once
+
+#include <cstdint>
+
+#include "arch/chip.h"
+#include "isa/program.h"
+
+namespace tern::kernel {
+
+struct MatmulSpec {
+  std::int64_t m = 512, n = 512, k = 512;
+  isa::DType in = isa::DType::bf16;   // dtype of both inputs
+  isa::DType out = isa::DType::fp32;  // dtype of C
+  int cores = 1;                      // M blocks are spread over this many cores
+};
+
+// C[M, N] = A[M, K] @ B[K, N] with A given transposed in HBM ("at", [K, M],
+// like NKI's lhsT), "b" [K, N], output "c" [M, N]. Any M, N, K >= 1.
+// Tiles: contraction 128, stationary 128, moving 512 (one PSUM bank of FP32);
+// A^T blocks stay in SBUF while B tiles stream, double-buffered.
+isa::Program matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& spec);
+
+// out[R, C] = a + b (all of dtype `dt`), tiled 128 rows x up to 2048 columns.
+isa::Program add_kernel(const arch::ChipSpec& chip, std::int64_t rows, std::int64_t cols,
+                        isa::DType dt);
+
+// out[C, R] = in[R, C]^T through the Tensor engine, 128 x 128 blocks.
+isa::Program transpose_kernel(const arch::ChipSpec& chip, std::int64_t rows, std::int64_t cols,
+                              isa::DType dt);
+
+}  // namespace tern::kernel

@@ -1,0 +1,283 @@
+#include "sim/check.h"
+
+#include <fmt/format.h>
+
+namespace tern::sim {
+
+using isa::AccessPattern;
+using isa::DType;
+using isa::Engine;
+using isa::Mem;
+using isa::Opcode;
+
+std::string where(int core, const isa::Instruction& in, std::size_t index) {
+  std::string s = fmt::format("core {}, {} instruction #{} ({})", core, isa::engine_name(in.engine),
+                              index, isa::opcode_name(in.op));
+  if (!in.loc.empty()) s += " at " + in.loc;
+  return s;
+}
+
+namespace {
+
+// Which engines may run each opcode.
+bool engine_allowed(Opcode op, Engine e) {
+  switch (op) {
+    case Opcode::dma_copy:
+      return e == Engine::sync;
+    case Opcode::load_stationary:
+    case Opcode::multiply_moving:
+    case Opcode::transpose:
+      return e == Engine::tensor;
+    case Opcode::tensor_tensor:
+    case Opcode::memset:
+      return e == Engine::vector || e == Engine::gpsimd;
+    case Opcode::tensor_scalar:
+    case Opcode::tensor_copy:
+      return e == Engine::vector || e == Engine::scalar || e == Engine::gpsimd;
+    case Opcode::tensor_reduce:
+      return e == Engine::vector;
+    case Opcode::activation:
+      return e == Engine::scalar;
+    case Opcode::iota:
+      return e == Engine::gpsimd;
+    case Opcode::count_:
+      break;
+  }
+  return false;
+}
+
+struct Arity {
+  int min, max;
+};
+Arity arity(Opcode op) {
+  switch (op) {
+    case Opcode::dma_copy:
+      return {2, 2};
+    case Opcode::load_stationary:
+      return {1, 1};
+    case Opcode::multiply_moving:
+      return {2, 2};
+    case Opcode::transpose:
+      return {2, 2};
+    case Opcode::tensor_tensor:
+      return {3, 3};
+    case Opcode::tensor_scalar:
+      return {2, 2};
+    case Opcode::tensor_copy:
+      return {2, 2};
+    case Opcode::tensor_reduce:
+      return {2, 2};
+    case Opcode::memset:
+      return {1, 1};
+    case Opcode::activation:
+      return {2, 4};  // dst, src, [bias [P,1]], [row sums [P,1] if acc]
+    case Opcode::iota:
+      return {1, 1};
+    case Opcode::count_:
+      break;
+  }
+  return {0, 0};
+}
+
+std::string operand_rules(const arch::ChipSpec& chip, const isa::Program& prog,
+                          const AccessPattern& ap, int idx) {
+  const std::string name = idx == 0 ? "destination" : fmt::format("operand {}", idx);
+  if (ap.dims.empty()) return fmt::format("{} has no access pattern dims", name);
+  for (const auto& d : ap.dims) {
+    if (d.count < 1) return fmt::format("{} has a dim of count {} (need >= 1)", name, d.count);
+  }
+  if (ap.mem == Mem::hbm) {
+    if (ap.dims.size() > isa::kMaxFreeDims + 1)
+      return fmt::format("{} has {} HBM dims (at most {})", name, ap.dims.size(),
+                         isa::kMaxFreeDims + 1);
+    const std::int64_t lo = ap.min_byte(), hi = ap.max_byte();
+    for (const auto& t : prog.tensors) {
+      if (lo >= t.address && hi <= t.address + t.bytes()) return {};
+    }
+    return fmt::format("{} reaches HBM bytes [{}, {}) outside every declared tensor", name, lo, hi);
+  }
+  const bool psum = ap.mem == Mem::psum;
+  const int parts = psum ? chip.psum_partitions : chip.sbuf_partitions;
+  const std::int64_t bytes =
+      psum ? chip.psum_partition_bytes.value() : chip.sbuf_partition_bytes.value();
+  const std::string_view mem = isa::mem_name(ap.mem);
+  if (ap.dims.size() > isa::kMaxFreeDims)
+    return fmt::format("{} has {} free dims (at most {})", name, ap.dims.size(), isa::kMaxFreeDims);
+  for (const auto& d : ap.dims) {
+    if (d.count > 65535 || d.stride < -32768 || d.stride > 32767) {
+      return fmt::format(
+          "{} dim [{},{}] exceeds the access-pattern fields (count <= 65535, "
+          "stride in int16)",
+          name, d.stride, d.count);
+    }
+  }
+  if (ap.partitions < 1 || ap.start_partition < 0 || ap.start_partition + ap.partitions > parts) {
+    return fmt::format("{} uses {} partitions [{}, {}) but {} has {}", name, mem,
+                       ap.start_partition, ap.start_partition + ap.partitions, mem, parts);
+  }
+  // Start-partition rule (hardware.md section 1).
+  const int n = ap.partitions, s = ap.start_partition;
+  const bool ok = n > 64 ? s == 0 : n > 32 ? (s == 0 || s == 64) : (s % 32 == 0);
+  if (!ok) {
+    return fmt::format(
+        "{} starts at partition {} with {} partitions: an access of {} partitions "
+        "must start at {}",
+        name, s, n, n,
+        n > 64   ? "0"
+        : n > 32 ? "0 or 64"
+                 : "0, 32, 64 or 96");
+  }
+  const std::int64_t lo = ap.min_byte(), hi = ap.max_byte();
+  if (lo < 0 || hi > bytes) {
+    return fmt::format(
+        "{} reaches bytes [{}, {}) of each {} partition, which holds {} bytes "
+        "(capacity)",
+        name, lo, hi, mem, bytes);
+  }
+  if (psum) {
+    const std::int64_t bank = chip.psum_bank_bytes().value();
+    if (lo / bank != (hi - 1) / bank) {
+      return fmt::format("{} spans PSUM bytes [{}, {}), crossing a {}-byte bank boundary", name, lo,
+                         hi, bank);
+    }
+  }
+  return {};
+}
+
+bool supports_type(const arch::ChipSpec& chip, DType d) {
+  // OCP E4M3 arrived with NeuronCore-v4; the IEEE-like E4M3 is the v2/v3 type.
+  if (d == DType::fp8_e4m3) return chip.core_version >= 4;
+  if (d == DType::fp8_e4m3_legacy) return chip.core_version <= 3;
+  return true;
+}
+
+}  // namespace
+
+std::string check_instruction(const arch::ChipSpec& chip, const isa::Program& prog,
+                              const isa::Instruction& in) {
+  if (!engine_allowed(in.op, in.engine)) {
+    return fmt::format("{} cannot run on the {} engine", isa::opcode_name(in.op),
+                       isa::engine_name(in.engine));
+  }
+  const Arity a = arity(in.op);
+  const int nops = static_cast<int>(in.operands.size());
+  if (nops < a.min || nops > a.max) {
+    return fmt::format("takes {} operands, got {}",
+                       a.min == a.max ? std::to_string(a.min) : fmt::format("{}-{}", a.min, a.max),
+                       nops);
+  }
+  for (int i = 0; i < nops; ++i) {
+    const auto& ap = in.operands[i];
+    if (std::string e = operand_rules(chip, prog, ap, i); !e.empty()) return e;
+    if (!supports_type(chip, ap.dtype)) {
+      return fmt::format("{} is not a {} ({}) data type", isa::name(ap.dtype), chip.name,
+                         chip.core_generation);
+    }
+    // Engine-memory access rules.
+    const bool is_tensor = in.engine == Engine::tensor;
+    if (in.op == Opcode::dma_copy) {
+      if (ap.mem == Mem::psum)
+        return "DMA cannot access PSUM (DMA moves HBM <-> SBUF and SBUF <-> SBUF)";
+    } else if (ap.mem == Mem::hbm) {
+      return fmt::format("the {} engine cannot access HBM (move data with dma_copy)",
+                         isa::engine_name(in.engine));
+    } else if (is_tensor && i == 0 && ap.mem != Mem::psum) {
+      if (in.op != Opcode::load_stationary) return "the Tensor engine writes PSUM only";
+    } else if (is_tensor && (i > 0 || in.op == Opcode::load_stationary) && ap.mem != Mem::sbuf) {
+      return "the Tensor engine reads SBUF only";
+    } else if (in.engine == Engine::gpsimd && ap.mem == Mem::psum) {
+      return "GpSimd cannot access PSUM";
+    }
+  }
+  const auto& d = in.operands[0];
+  auto same_shape = [&](const AccessPattern& x, const char* what) -> std::string {
+    if (x.rows() != d.rows() || x.free_size() != d.free_size()) {
+      return fmt::format("{} is [{}, {}] but the destination is [{}, {}]", what, x.rows(),
+                         x.free_size(), d.rows(), d.free_size());
+    }
+    return {};
+  };
+  switch (in.op) {
+    case Opcode::dma_copy:
+      if (in.queue < 0 || in.queue >= chip.dma.queues_per_engine)
+        return fmt::format("DMA queue {} does not exist (0..{})", in.queue,
+                           chip.dma.queues_per_engine - 1);
+      if (in.priority < 0 || in.priority >= chip.dma.priority_classes)
+        return fmt::format("DMA priority {} does not exist on {} (0..{})", in.priority, chip.name,
+                           chip.dma.priority_classes - 1);
+      if (d.elements() != in.operands[1].elements())
+        return fmt::format("copies {} elements into {}", in.operands[1].elements(), d.elements());
+      break;
+    case Opcode::load_stationary:
+      if (d.partitions > chip.tensor.rows)
+        return fmt::format("stationary has {} partitions (contraction), the PE array has {} rows",
+                           d.partitions, chip.tensor.rows);
+      if (d.free_size() > chip.tensor.stationary_fmax)
+        return fmt::format("stationary free size {} exceeds the tile limit {}", d.free_size(),
+                           chip.tensor.stationary_fmax);
+      break;
+    case Opcode::multiply_moving: {
+      const auto& mv = in.operands[1];
+      if (mv.partitions > chip.tensor.rows)
+        return fmt::format("moving has {} partitions (contraction), the PE array has {} rows",
+                           mv.partitions, chip.tensor.rows);
+      if (mv.free_size() > chip.tensor.moving_fmax)
+        return fmt::format("moving free size {} exceeds the tile limit {}", mv.free_size(),
+                           chip.tensor.moving_fmax);
+      if (d.free_size() != mv.free_size())
+        return fmt::format("output free size {} differs from moving free size {}", d.free_size(),
+                           mv.free_size());
+      if (d.dtype != DType::fp32 && !(d.dtype == DType::bf16 && chip.core_version >= 4))
+        return fmt::format("PSUM output must be float32{} , got {}",
+                           chip.core_version >= 4 ? " or bfloat16" : "", isa::name(d.dtype));
+      break;
+    }
+    case Opcode::transpose: {
+      const auto& s = in.operands[1];
+      if (s.partitions > chip.tensor.rows || s.free_size() > chip.tensor.cols)
+        return fmt::format("transposes [{}, {}], the PE array is {} x {}", s.partitions,
+                           s.free_size(), chip.tensor.rows, chip.tensor.cols);
+      if (d.partitions != s.free_size() || d.free_size() != s.partitions)
+        return fmt::format("destination is [{}, {}], the transpose of [{}, {}] is [{}, {}]",
+                           d.partitions, d.free_size(), s.partitions, s.free_size(), s.free_size(),
+                           s.partitions);
+      break;
+    }
+    case Opcode::tensor_tensor:
+      if (in.operands[1].mem == Mem::psum && in.operands[2].mem == Mem::psum)
+        return "tensor_tensor cannot read both inputs from PSUM";
+      if (auto e = same_shape(in.operands[1], "input a"); !e.empty()) return e;
+      if (auto e = same_shape(in.operands[2], "input b"); !e.empty()) return e;
+      break;
+    case Opcode::tensor_scalar:
+    case Opcode::tensor_copy:
+      if (auto e = same_shape(in.operands[1], "the source"); !e.empty()) return e;
+      break;
+    case Opcode::tensor_reduce:
+      if (d.rows() != in.operands[1].rows() || d.free_size() != 1)
+        return fmt::format("reduces [{}, {}] into [{}, {}] (need [{}, 1])", in.operands[1].rows(),
+                           in.operands[1].free_size(), d.rows(), d.free_size(),
+                           in.operands[1].rows());
+      break;
+    case Opcode::activation:
+      if (auto e = same_shape(in.operands[1], "the source"); !e.empty()) return e;
+      for (int i = 2; i < nops; ++i) {
+        if (in.operands[i].rows() != d.rows() || in.operands[i].free_size() != 1)
+          return fmt::format("operand {} must be a [{}, 1] column", i, d.rows());
+      }
+      break;
+    default:
+      break;
+  }
+  for (const auto& w : in.waits) {
+    if (w.sem < 0 || w.sem >= prog.semaphores)
+      return fmt::format("waits on semaphore {} but the program has {}", w.sem, prog.semaphores);
+  }
+  for (int s : in.signals) {
+    if (s < 0 || s >= prog.semaphores)
+      return fmt::format("signals semaphore {} but the program has {}", s, prog.semaphores);
+  }
+  return {};
+}
+
+}  // namespace tern::sim

@@ -1,0 +1,22 @@
+// The hardware's rules for one instruction, checked before a program runs
+// (the data-dependent ones, uninitialized reads and PSUM accumulation, are
+// checked while it runs). Each violation is a message naming the operand
+// and the rule; the simulator prefixes the core, engine, index, opcode and
+// kernel source location.
+#pragma once
+
+#include <string>
+
+#include "arch/chip.h"
+#include "isa/program.h"
+
+namespace tern::sim {
+
+// Empty when the instruction is legal on `chip`.
+std::string check_instruction(const arch::ChipSpec& chip, const isa::Program& program,
+                              const isa::Instruction& in);
+
+// "core 0, vector instruction #3 (tensor_tensor) at kernel.cpp:12"
+std::string where(int core, const isa::Instruction& in, std::size_t index);
+
+}  // namespace tern::sim

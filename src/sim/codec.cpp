@@ -1,0 +1,170 @@
+#include "sim/codec.h"
+
+#include <array>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace tern::sim {
+
+using isa::DType;
+
+namespace {
+
+template <typename T>
+T load(const std::uint8_t* p) {
+  T v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+template <typename T>
+void store(std::uint8_t* p, T v) {
+  std::memcpy(p, &v, sizeof v);
+}
+
+// Decode tables for the 8- and 16-bit float types, built once.
+const float* table(DType d) {
+  static const auto tables = [] {
+    std::array<std::vector<float>, static_cast<std::size_t>(DType::count_)> t;
+    for (DType x :
+         {DType::fp16, DType::fp8_e4m3, DType::fp8_e5m2, DType::fp8_e4m3_legacy, DType::e8m0}) {
+      const num::Format& f = *isa::format_of(x);
+      auto& v = t[static_cast<std::size_t>(x)];
+      v.resize(std::size_t{1} << f.bits);
+      for (std::uint32_t c = 0; c < v.size(); ++c) v[c] = num::decode(f, c);
+    }
+    return t;
+  }();
+  return tables[static_cast<std::size_t>(d)].data();
+}
+
+template <typename I>
+I to_int(float x) {
+  if (std::isnan(x)) return 0;
+  const double r = std::nearbyint(static_cast<double>(x));
+  if (r <= static_cast<double>(std::numeric_limits<I>::min())) return std::numeric_limits<I>::min();
+  if (r >= static_cast<double>(std::numeric_limits<I>::max())) return std::numeric_limits<I>::max();
+  return static_cast<I>(r);
+}
+
+}  // namespace
+
+void decode_row(DType d, const std::uint8_t* base, std::span<const std::int64_t> offs, float* out) {
+  const std::size_t n = offs.size();
+  switch (d) {
+    case DType::fp32:
+    case DType::tf32:  // stored as FP32 bit patterns with the low 13 bits zero
+      for (std::size_t i = 0; i < n; ++i) out[i] = load<float>(base + offs[i]);
+      return;
+    case DType::bf16:
+      for (std::size_t i = 0; i < n; ++i) {
+        out[i] = std::bit_cast<float>(std::uint32_t{load<std::uint16_t>(base + offs[i])} << 16);
+      }
+      return;
+    case DType::fp16: {
+      const float* t = table(d);
+      for (std::size_t i = 0; i < n; ++i) out[i] = t[load<std::uint16_t>(base + offs[i])];
+      return;
+    }
+    case DType::fp8_e4m3:
+    case DType::fp8_e5m2:
+    case DType::fp8_e4m3_legacy:
+    case DType::e8m0: {
+      const float* t = table(d);
+      for (std::size_t i = 0; i < n; ++i) out[i] = t[base[offs[i]]];
+      return;
+    }
+    case DType::int8:
+      for (std::size_t i = 0; i < n; ++i)
+        out[i] = static_cast<float>(load<std::int8_t>(base + offs[i]));
+      return;
+    case DType::uint8:
+      for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<float>(base[offs[i]]);
+      return;
+    case DType::int16:
+      for (std::size_t i = 0; i < n; ++i)
+        out[i] = static_cast<float>(load<std::int16_t>(base + offs[i]));
+      return;
+    case DType::uint16:
+      for (std::size_t i = 0; i < n; ++i)
+        out[i] = static_cast<float>(load<std::uint16_t>(base + offs[i]));
+      return;
+    case DType::int32:
+      for (std::size_t i = 0; i < n; ++i)
+        out[i] = static_cast<float>(load<std::int32_t>(base + offs[i]));
+      return;
+    case DType::uint32:
+      for (std::size_t i = 0; i < n; ++i)
+        out[i] = static_cast<float>(load<std::uint32_t>(base + offs[i]));
+      return;
+    case DType::count_:
+      return;
+  }
+}
+
+void encode_row(DType d, const float* in, std::span<const std::int64_t> offs, std::uint8_t* base,
+                const num::CastOptions& opt, std::uint64_t index_base) {
+  const std::size_t n = offs.size();
+  if (d == DType::fp32) {
+    for (std::size_t i = 0; i < n; ++i) store(base + offs[i], in[i]);
+    return;
+  }
+  if (isa::is_float(d)) {
+    num::CastOptions o = opt;
+    o.overflow = (isa::is_fp8(d) || d == DType::e8m0) ? num::Overflow::saturate
+                                                      : num::Overflow::non_saturating;
+    const num::Format& f = *isa::format_of(d);
+    constexpr std::size_t kChunk = 1024;
+    std::uint32_t codes[kChunk];
+    for (std::size_t at = 0; at < n; at += kChunk) {
+      const std::size_t m = std::min(kChunk, n - at);
+      num::encode_array(f, std::span<const float>(in + at, m), std::span<std::uint32_t>(codes, m),
+                        o, index_base + at);
+      for (std::size_t i = 0; i < m; ++i) {
+        std::uint8_t* p = base + offs[at + i];
+        switch (d) {
+          case DType::tf32:
+            store(p, codes[i] << 13);
+            break;
+          case DType::bf16:
+          case DType::fp16:
+            store(p, static_cast<std::uint16_t>(codes[i]));
+            break;
+          default:
+            *p = static_cast<std::uint8_t>(codes[i]);
+            break;
+        }
+      }
+    }
+    return;
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    std::uint8_t* p = base + offs[i];
+    switch (d) {
+      case DType::int8:
+        store(p, to_int<std::int8_t>(in[i]));
+        break;
+      case DType::uint8:
+        store(p, to_int<std::uint8_t>(in[i]));
+        break;
+      case DType::int16:
+        store(p, to_int<std::int16_t>(in[i]));
+        break;
+      case DType::uint16:
+        store(p, to_int<std::uint16_t>(in[i]));
+        break;
+      case DType::int32:
+        store(p, to_int<std::int32_t>(in[i]));
+        break;
+      case DType::uint32:
+        store(p, to_int<std::uint32_t>(in[i]));
+        break;
+      default:
+        break;
+    }
+  }
+}
+
+}  // namespace tern::sim

@@ -1,0 +1,25 @@
+// Element <-> FP32 conversion for every isa::DType, on rows of elements.
+// Engines compute in FP32 and cast on input and output (hardware.md
+// section 1): decoding is exact; encoding rounds to nearest even (or
+// stochastically), saturating for FP8 and E8M0 outputs and following IEEE
+// (overflow to Inf) for BF16/FP16/TF32; integers round to nearest even and
+// saturate. See docs/sim.md.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "isa/dtype.h"
+#include "num/convert.h"
+
+namespace tern::sim {
+
+// src: n elements of `d`, each at byte offset offs[i] from base.
+void decode_row(isa::DType d, const std::uint8_t* base, std::span<const std::int64_t> offs,
+                float* out);
+// Encodes n floats into elements of `d` at base + offs[i]. `index_base`
+// numbers the elements for stochastic rounding.
+void encode_row(isa::DType d, const float* in, std::span<const std::int64_t> offs,
+                std::uint8_t* base, const num::CastOptions& opt, std::uint64_t index_base);
+
+}  // namespace tern::sim

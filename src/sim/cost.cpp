@@ -1,0 +1,153 @@
+#include "sim/cost.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace tern::sim {
+
+using isa::DType;
+using isa::Engine;
+using isa::Mem;
+using isa::Opcode;
+
+namespace {
+bool strided(const isa::AccessPattern& ap) {
+  // SBUF/PSUM deliver one element per partition per cycle while the
+  // innermost stride is under 16 bytes; a larger stride halves that.
+  if (ap.mem == Mem::hbm || ap.dims.empty()) return false;
+  return std::abs(ap.dims.back().stride) * isa::size_bytes(ap.dtype) >= 16 &&
+         ap.dims.back().count > 1;
+}
+}  // namespace
+
+double CostModel::cycles(const isa::Instruction& in, bool dependent) const {
+  const double min_ii = static_cast<double>(chip_.costs.min_ii.value());
+  const auto& d = in.operands[0];
+  double n = static_cast<double>(d.free_size());
+  bool any_strided = false;
+  for (const auto& ap : in.operands) any_strided |= strided(ap);
+  const double penalty = any_strided ? 2.0 : 1.0;
+  double c = 0;
+  switch (in.op) {
+    case Opcode::load_stationary: {
+      // Up to 4x faster than a MultiplyMoving of the same free size.
+      const double fp32 = d.dtype == DType::fp32 ? 4.0 : 1.0;
+      return std::max(1.0, std::ceil(n / 4.0)) * fp32;
+    }
+    case Opcode::multiply_moving: {
+      const auto& mv = in.operands[1];
+      const double fp32 = mv.dtype == DType::fp32 ? 4.0 : 1.0;
+      // max(min(64, N_stationary), N_moving), N_stationary = output partitions.
+      return std::max(std::min(64.0, static_cast<double>(d.partitions)),
+                      static_cast<double>(mv.free_size())) *
+             fp32;
+    }
+    case Opcode::transpose: {
+      const auto& s = in.operands[1];
+      return std::max(static_cast<double>(s.partitions),
+                      std::min(64.0, static_cast<double>(s.free_size())));
+    }
+    case Opcode::tensor_tensor: {
+      const auto& a = in.operands[1];
+      const auto& b = in.operands[2];
+      const bool psum_in = a.mem == Mem::psum || b.mem == Mem::psum;
+      const bool fast_bf16 = a.dtype == DType::bf16 && b.dtype == DType::bf16 &&
+                             a.mem == Mem::sbuf && b.mem == Mem::sbuf && a.contiguous_inner() &&
+                             b.contiguous_inner() &&
+                             (in.alu0 == isa::AluOp::add || in.alu0 == isa::AluOp::multiply ||
+                              in.alu0 == isa::AluOp::subtract);
+      c = std::max(min_ii, (psum_in || fast_bf16 ? 1.0 : 2.0) * n * penalty);
+      break;
+    }
+    case Opcode::tensor_reduce: {
+      const auto& s = in.operands[1];
+      const double ns = static_cast<double>(s.free_size());
+      const bool half =
+          s.dtype == DType::bf16 && (in.alu0 == isa::AluOp::add || in.alu0 == isa::AluOp::max);
+      c = (half ? ns / 2.0 : ns) * penalty;
+      break;
+    }
+    case Opcode::memset: {
+      const bool half = in.imm0 == 0.0f && isa::size_bytes(d.dtype) == 2;
+      c = std::max(min_ii, (half ? n / 2.0 : n) * penalty);
+      break;
+    }
+    case Opcode::activation:
+      c = std::max(min_ii, n * penalty) + (in.accumulate ? min_ii : 0.0);
+      break;
+    case Opcode::iota:
+      c = 150.0 + n;  // GpSimd ~150 + N (hardware.md section 3)
+      break;
+    case Opcode::tensor_scalar:
+    case Opcode::tensor_copy:
+    default:
+      c = std::max(min_ii, n * penalty);
+      break;
+  }
+  if (dependent) c += static_cast<double>(chip_.costs.static_overhead.value());
+  return c;
+}
+
+double CostModel::duration_ns(const isa::Instruction& in, bool dependent) const {
+  double ghz = 1;
+  switch (in.engine) {
+    case Engine::tensor:
+      ghz = chip_.tensor.clock.value();
+      break;
+    case Engine::vector:
+      ghz = chip_.vector.clock.value();
+      break;
+    case Engine::scalar:
+      ghz = chip_.scalar.clock.value();
+      break;
+    case Engine::gpsimd:
+      ghz = chip_.gpsimd.clock.value();
+      break;
+    default:
+      break;
+  }
+  return cycles(in, dependent) / ghz;
+}
+
+DmaModel::DmaModel(const arch::ChipSpec& chip, int cores)
+    : chip_(chip),
+      engine_free_(cores, std::vector<double>(chip.dma.engines_per_core, 0.0)),
+      queue_done_(cores, std::vector<double>(chip.dma.queues_per_engine, 0.0)) {}
+
+double DmaModel::transfer(int core, const isa::Instruction& in, double issue) {
+  const auto& dst = in.operands[0];
+  const auto& src = in.operands[1];
+  const std::int64_t bytes = std::max(dst.bytes(), src.bytes());
+  // Rows are the SBUF side's partitions (HBM -> HBM: the source rows).
+  const auto& side = dst.mem != Mem::hbm ? dst : src;
+  const int rows = std::max(1, side.rows());
+  const int engines = chip_.dma.engines_per_core;
+  const int parts = std::min(engines, rows);
+  const double row_bytes = static_cast<double>(bytes) / rows;
+  const double overhead = static_cast<double>(chip_.dma.overhead_bound_per_partition.value());
+  const double bw = chip_.dma.engine_bandwidth.value();  // bytes per ns
+  const bool hbm = dst.mem == Mem::hbm || src.mem == Mem::hbm;
+  double done = 0;
+  auto& free = engine_free_[core];
+  for (int j = 0; j < parts; ++j) {
+    // Rows are dealt out evenly; the queue id rotates which engine goes first.
+    const int part_rows = rows / parts + (j < rows % parts ? 1 : 0);
+    const int e = (in.queue + j) % engines;
+    const double busy = part_rows * (overhead + row_bytes) / bw;
+    const double start = std::max(issue, free[e]);
+    free[e] = start + busy;
+    busy_ += busy;
+    double leave = start + busy;
+    if (hbm) {
+      const double hbm_start = std::max(start, hbm_free_);
+      hbm_free_ = hbm_start + part_rows * row_bytes / chip_.hbm_bandwidth.value();
+      leave = std::max(leave, hbm_free_);
+    }
+    done = std::max(done, leave + chip_.dma.fixed_cost.value());
+  }
+  done = std::max(done, queue_done_[core][in.queue]);  // a queue completes in order
+  queue_done_[core][in.queue] = done;
+  return done;
+}
+
+}  // namespace tern::sim

@@ -1,0 +1,134 @@
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "sim/matmul_host.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include <cmath>
+
+#include "sim/matmul_host.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace tern::sim {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// One step acc + w * x with the rounding the Tensor engine defines.
+template <bool kFp32, class V>
+HWY_INLINE V Step(V w, V x, V acc) {
+  if constexpr (kFp32) {
+    return hn::Add(acc, hn::Mul(w, x));  // product rounded, then the sum
+  } else {
+    return hn::MulAdd(w, x, acc);  // one rounding (callers ensure a fused target)
+  }
+}
+
+template <bool kFp32>
+void Kernel(const float* w, const float* x, float* acc, int K, int M, int N) {
+  const hn::ScalableTag<float> d;
+  const int L = static_cast<int>(hn::Lanes(d));
+  int m = 0;
+  for (; m + 4 <= M; m += 4) {
+    float* a0 = acc + static_cast<std::ptrdiff_t>(m) * N;
+    float* a1 = a0 + N;
+    float* a2 = a1 + N;
+    float* a3 = a2 + N;
+    int n = 0;
+    for (; n + 2 * L <= N; n += 2 * L) {
+      auto c00 = hn::LoadU(d, a0 + n), c01 = hn::LoadU(d, a0 + n + L);
+      auto c10 = hn::LoadU(d, a1 + n), c11 = hn::LoadU(d, a1 + n + L);
+      auto c20 = hn::LoadU(d, a2 + n), c21 = hn::LoadU(d, a2 + n + L);
+      auto c30 = hn::LoadU(d, a3 + n), c31 = hn::LoadU(d, a3 + n + L);
+      for (int k = 0; k < K; ++k) {
+        const float* xr = x + static_cast<std::ptrdiff_t>(k) * N + n;
+        const float* wr = w + static_cast<std::ptrdiff_t>(k) * M + m;
+        const auto x0 = hn::LoadU(d, xr), x1 = hn::LoadU(d, xr + L);
+        auto wv = hn::Set(d, wr[0]);
+        c00 = Step<kFp32>(wv, x0, c00);
+        c01 = Step<kFp32>(wv, x1, c01);
+        wv = hn::Set(d, wr[1]);
+        c10 = Step<kFp32>(wv, x0, c10);
+        c11 = Step<kFp32>(wv, x1, c11);
+        wv = hn::Set(d, wr[2]);
+        c20 = Step<kFp32>(wv, x0, c20);
+        c21 = Step<kFp32>(wv, x1, c21);
+        wv = hn::Set(d, wr[3]);
+        c30 = Step<kFp32>(wv, x0, c30);
+        c31 = Step<kFp32>(wv, x1, c31);
+      }
+      hn::StoreU(c00, d, a0 + n);
+      hn::StoreU(c01, d, a0 + n + L);
+      hn::StoreU(c10, d, a1 + n);
+      hn::StoreU(c11, d, a1 + n + L);
+      hn::StoreU(c20, d, a2 + n);
+      hn::StoreU(c21, d, a2 + n + L);
+      hn::StoreU(c30, d, a3 + n);
+      hn::StoreU(c31, d, a3 + n + L);
+    }
+    for (int r = 0; r < 4; ++r) {
+      float* ar = acc + static_cast<std::ptrdiff_t>(m + r) * N;
+      for (int nn = n; nn < N; ++nn) {
+        float c = ar[nn];
+        for (int k = 0; k < K; ++k) {
+          const float wk = w[static_cast<std::ptrdiff_t>(k) * M + m + r];
+          const float xk = x[static_cast<std::ptrdiff_t>(k) * N + nn];
+          c = kFp32 ? c + wk * xk : std::fma(wk, xk, c);
+        }
+        ar[nn] = c;
+      }
+    }
+  }
+  for (; m < M; ++m) {
+    float* ar = acc + static_cast<std::ptrdiff_t>(m) * N;
+    int n = 0;
+    for (; n + L <= N; n += L) {
+      auto c = hn::LoadU(d, ar + n);
+      for (int k = 0; k < K; ++k) {
+        c = Step<kFp32>(hn::Set(d, w[static_cast<std::ptrdiff_t>(k) * M + m]),
+                        hn::LoadU(d, x + static_cast<std::ptrdiff_t>(k) * N + n), c);
+      }
+      hn::StoreU(c, d, ar + n);
+    }
+    for (; n < N; ++n) {
+      float c = ar[n];
+      for (int k = 0; k < K; ++k) {
+        const float wk = w[static_cast<std::ptrdiff_t>(k) * M + m];
+        const float xk = x[static_cast<std::ptrdiff_t>(k) * N + n];
+        c = kFp32 ? c + wk * xk : std::fma(wk, xk, c);
+      }
+      ar[n] = c;
+    }
+  }
+}
+
+void MatmulAccumulate(const float* w, const float* x, float* acc, int k, int m, int n, bool fp32) {
+  if (fp32) {
+    Kernel<true>(w, x, acc, k, m, n);
+    return;
+  }
+#if HWY_NATIVE_FMA
+  Kernel<false>(w, x, acc, k, m, n);
+#else
+  // No fused multiply-add on this target: the exact scalar path.
+  for (int mm = 0; mm < m; ++mm)
+    for (int nn = 0; nn < n; ++nn) {
+      float c = acc[static_cast<std::ptrdiff_t>(mm) * n + nn];
+      for (int kk = 0; kk < k; ++kk)
+        c = std::fma(w[static_cast<std::ptrdiff_t>(kk) * m + mm],
+                     x[static_cast<std::ptrdiff_t>(kk) * n + nn], c);
+      acc[static_cast<std::ptrdiff_t>(mm) * n + nn] = c;
+    }
+#endif
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace tern::sim
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace tern::sim {
+HWY_EXPORT(MatmulAccumulate);
+void matmul_accumulate(const float* w, const float* x, float* acc, int k, int m, int n, bool fp32) {
+  HWY_DYNAMIC_DISPATCH(MatmulAccumulate)(w, x, acc, k, m, n, fp32);
+}
+}  // namespace tern::sim
+#endif

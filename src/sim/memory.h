@@ -1,0 +1,50 @@
+// Simulated memories with real bytes: HBM (only the regions a program
+// declares get backing store; a chip's 144 GiB are never allocated) and
+// per-core SBUF and PSUM. Each byte carries a "written" flag so that reads
+// of never-written memory are caught (poison).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "isa/access.h"
+
+namespace tern::sim {
+
+struct Region {
+  std::string name;
+  std::int64_t address = 0, size = 0;
+  std::vector<std::uint8_t> data, written;
+};
+
+class Hbm {
+ public:
+  void add(std::string name, std::int64_t address, std::int64_t size);
+  // The region holding [address, address + len), or nullptr.
+  Region* find(std::int64_t address, std::int64_t len);
+  Region& by_name(const std::string& name);
+  std::vector<Region>& regions() { return regions_; }
+
+ private:
+  std::vector<Region> regions_;
+};
+
+// SBUF or PSUM of one core: partitions x bytes, row-major by partition.
+class Sram {
+ public:
+  Sram() = default;
+  Sram(int partitions, std::int64_t bytes_per_partition, bool track_written);
+  std::uint8_t* row(int p) { return data_.data() + p * bytes_; }
+  std::uint8_t* written_row(int p) { return written_.data() + p * bytes_; }
+  bool tracks_written() const { return !written_.empty(); }
+  int partitions() const { return partitions_; }
+  std::int64_t bytes_per_partition() const { return bytes_; }
+
+ private:
+  int partitions_ = 0;
+  std::int64_t bytes_ = 0;
+  std::vector<std::uint8_t> data_, written_;
+};
+
+}  // namespace tern::sim

@@ -1,0 +1,502 @@
+#include "sim/simulator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "sim/check.h"
+#include "sim/codec.h"
+#include "sim/cost.h"
+#include "sim/matmul_host.h"
+#include "util/error.h"
+
+namespace tern::sim {
+
+using isa::AccessPattern;
+using isa::DType;
+using isa::Engine;
+using isa::Instruction;
+using isa::Mem;
+using isa::Opcode;
+
+Mode parse_mode(std::string_view s) {
+  if (s == "both") return Mode::both;
+  if (s == "functional") return Mode::functional;
+  if (s == "timing") return Mode::timing;
+  throw Error(fmt::format("unknown simulation mode '{}': expected both, functional or timing", s));
+}
+
+Simulator::Simulator(arch::ChipSpec chip) : chip_(std::move(chip)) {}
+
+void Simulator::load(const isa::Program& p) {
+  if (p.cores.empty()) throw Error("the program has no cores");
+  if (static_cast<int>(p.cores.size()) > chip_.cores) {
+    throw Error(fmt::format("the program uses {} cores but {} has {}", p.cores.size(), chip_.name,
+                            chip_.cores));
+  }
+  if (p.arch != chip_.name) {
+    throw Error(fmt::format("the program was built for {} but the simulated chip is {}", p.arch,
+                            chip_.name));
+  }
+  for (std::size_t c = 0; c < p.cores.size(); ++c) {
+    for (const auto& stream : p.cores[c].streams) {
+      for (std::size_t i = 0; i < stream.size(); ++i) {
+        if (const std::string e = check_instruction(chip_, p, stream[i]); !e.empty()) {
+          throw Error(fmt::format("{}: {}", where(static_cast<int>(c), stream[i], i), e));
+        }
+      }
+    }
+  }
+  hbm_ = Hbm();
+  for (const auto& t : p.tensors) hbm_.add(t.name, t.address, t.bytes());
+  sbuf_.clear();
+  psum_.clear();
+  program_ = p;
+  loaded_ = true;
+}
+
+void Simulator::write_bytes(const std::string& tensor, std::span<const std::uint8_t> bytes) {
+  Region& r = hbm_.by_name(tensor);
+  if (static_cast<std::int64_t>(bytes.size()) != r.size) {
+    throw Error(fmt::format("tensor '{}' holds {} bytes, got {}", tensor, r.size, bytes.size()));
+  }
+  std::copy(bytes.begin(), bytes.end(), r.data.begin());
+  std::fill(r.written.begin(), r.written.end(), 1);
+}
+
+void Simulator::write(const std::string& tensor, std::span<const float> values) {
+  const isa::HbmTensor& t = program_.tensor(tensor);
+  if (static_cast<std::int64_t>(values.size()) != t.elements()) {
+    throw Error(fmt::format("tensor '{}' has {} elements, got {} values", tensor, t.elements(),
+                            values.size()));
+  }
+  const int sz = isa::size_bytes(t.dtype);
+  std::vector<std::int64_t> offs(values.size());
+  for (std::size_t i = 0; i < offs.size(); ++i) offs[i] = static_cast<std::int64_t>(i) * sz;
+  std::vector<std::uint8_t> bytes(static_cast<std::size_t>(t.bytes()));
+  encode_row(t.dtype, values.data(), offs, bytes.data(), {}, 0);
+  write_bytes(tensor, bytes);
+}
+
+std::vector<float> Simulator::read(const std::string& tensor) const {
+  const isa::HbmTensor& t = program_.tensor(tensor);
+  const Region& r = const_cast<Hbm&>(hbm_).by_name(tensor);
+  const int sz = isa::size_bytes(t.dtype);
+  std::vector<std::int64_t> offs(static_cast<std::size_t>(t.elements()));
+  for (std::size_t i = 0; i < offs.size(); ++i) offs[i] = static_cast<std::int64_t>(i) * sz;
+  std::vector<float> out(offs.size());
+  decode_row(t.dtype, r.data.data(), offs, out.data());
+  return out;
+}
+
+// ------------------------------------------------------------------ run
+
+struct Simulator::Impl {
+  Simulator& s;
+  const Options& opt;
+  RunStats stats;
+  std::uint64_t serial = 0;  // instructions executed, numbers SR streams
+
+  struct Stationary {
+    int k = 0, m = 0;
+    DType dtype = DType::bf16;
+    std::vector<float> w;  // [k][m]
+    bool loaded = false;
+  };
+  std::vector<Stationary> stationary;
+
+  Impl(Simulator& sim, const Options& o) : s(sim), opt(o) {}
+
+  // ---- functional model
+
+  Sram& sram(int core, Mem m) { return m == Mem::sbuf ? s.sbuf_[core] : s.psum_[core]; }
+
+  static std::vector<std::int64_t> free_offsets(const AccessPattern& ap) {
+    std::vector<std::int64_t> offs(static_cast<std::size_t>(ap.free_size()));
+    for (std::size_t i = 0; i < offs.size(); ++i)
+      offs[i] = ap.element_offset(static_cast<std::int64_t>(i));
+    return offs;
+  }
+
+  // Row r of an operand: (data base, written-flags base).
+  std::pair<std::uint8_t*, std::uint8_t*> row(int core, const AccessPattern& ap, int r) {
+    if (ap.mem == Mem::hbm) {
+      // load() checked that the whole pattern lies inside one declared tensor.
+      Region* reg = s.hbm_.find(ap.min_byte(), ap.max_byte() - ap.min_byte());
+      const std::int64_t off = ap.row_address(r) - reg->address;
+      return {reg->data.data() + off, reg->written.data() + off};
+    }
+    Sram& m = sram(core, ap.mem);
+    return {m.row(ap.start_partition + r),
+            m.tracks_written() ? m.written_row(ap.start_partition + r) : nullptr};
+  }
+
+  std::vector<float> read(int core, const AccessPattern& ap, const char* what) {
+    const auto offs = free_offsets(ap);
+    const int rows = ap.rows();
+    const int sz = isa::size_bytes(ap.dtype);
+    std::vector<float> v(static_cast<std::size_t>(rows) * offs.size());
+    for (int r = 0; r < rows; ++r) {
+      auto [base, written] = row(core, ap, r);
+      if (written) {
+        for (std::size_t i = 0; i < offs.size(); ++i) {
+          for (int b = 0; b < sz; ++b) {
+            if (!written[offs[i] + b]) {
+              throw Error(fmt::format(
+                  "{} reads never-written {} memory (row {}, byte {} of {}): uninitialized data",
+                  what, isa::mem_name(ap.mem), ap.mem == Mem::hbm ? r : ap.start_partition + r,
+                  offs[i] + b, isa::to_string(ap)));
+            }
+          }
+        }
+      }
+      decode_row(ap.dtype, base, offs, v.data() + static_cast<std::size_t>(r) * offs.size());
+    }
+    return v;
+  }
+
+  void write(int core, const AccessPattern& ap, const std::vector<float>& v) {
+    const auto offs = free_offsets(ap);
+    const int sz = isa::size_bytes(ap.dtype);
+    num::CastOptions co;
+    co.rounding = opt.stochastic_rounding ? num::Rounding::stochastic : num::Rounding::nearest_even;
+    co.seed = opt.seed;
+    for (int r = 0; r < ap.rows(); ++r) {
+      auto [base, written] = row(core, ap, r);
+      encode_row(ap.dtype, v.data() + static_cast<std::size_t>(r) * offs.size(), offs, base, co,
+                 (serial << 24) + static_cast<std::uint64_t>(r) * offs.size());
+      if (written) {
+        for (auto o : offs) std::memset(written + o, 1, static_cast<std::size_t>(sz));
+      }
+    }
+  }
+
+  void execute(int core, const Instruction& in) {
+    const auto& ops = in.operands;
+    const AccessPattern& d = ops[0];
+    switch (in.op) {
+      case Opcode::dma_copy: {
+        std::vector<float> v = read(core, ops[1], "the DMA source");
+        if (in.accumulate) {
+          const std::vector<float> old = read(core, d, "the DMA accumulate destination");
+          for (std::size_t i = 0; i < v.size(); ++i) v[i] += old[i];
+        }
+        write(core, d, v);
+        break;
+      }
+      case Opcode::load_stationary: {
+        Stationary& st = stationary[core];
+        st.w = read(core, d, "load_stationary");
+        st.k = d.partitions;
+        st.m = static_cast<int>(d.free_size());
+        st.dtype = d.dtype;
+        st.loaded = true;
+        break;
+      }
+      case Opcode::multiply_moving: {
+        const Stationary& st = stationary[core];
+        const AccessPattern& mv = ops[1];
+        if (!st.loaded) throw Error("multiply_moving without a load_stationary before it");
+        check_pairing(st, mv);
+        if (mv.partitions != st.k) {
+          throw Error(
+              fmt::format("moving has {} partitions (contraction) but the stationary has {}",
+                          mv.partitions, st.k));
+        }
+        if (d.partitions != st.m) {
+          throw Error(fmt::format("output has {} partitions but the stationary has {} columns",
+                                  d.partitions, st.m));
+        }
+        const std::vector<float> m = read(core, mv, "the moving tensor");
+        const int n = static_cast<int>(mv.free_size());
+        std::vector<float> acc;
+        if (in.accumulate) {
+          acc = read(core, d, "accumulate=True onto PSUM");
+        } else {
+          acc.assign(static_cast<std::size_t>(st.m) * n, 0.0f);
+        }
+        const bool fp32 = st.dtype == DType::fp32 || mv.dtype == DType::fp32;
+        matmul_accumulate(st.w.data(), m.data(), acc.data(), st.k, st.m, n, fp32);
+        write(core, d, acc);
+        break;
+      }
+      case Opcode::transpose: {
+        const AccessPattern& src = ops[1];
+        const std::vector<float> v = read(core, src, "the transpose source");
+        const int p = src.partitions, f = static_cast<int>(src.free_size());
+        std::vector<float> t(v.size());
+        for (int i = 0; i < p; ++i)
+          for (int j = 0; j < f; ++j)
+            t[static_cast<std::size_t>(j) * p + i] = v[static_cast<std::size_t>(i) * f + j];
+        write(core, d, t);
+        break;
+      }
+      case Opcode::tensor_tensor: {
+        std::vector<float> a = read(core, ops[1], "input a");
+        const std::vector<float> b = read(core, ops[2], "input b");
+        for (std::size_t i = 0; i < a.size(); ++i) a[i] = isa::apply_alu(in.alu0, a[i], b[i]);
+        write(core, d, a);
+        break;
+      }
+      case Opcode::tensor_scalar: {
+        std::vector<float> a = read(core, ops[1], "the source");
+        for (float& x : a)
+          x = isa::apply_alu(in.alu1, isa::apply_alu(in.alu0, x, in.imm0), in.imm1);
+        write(core, d, a);
+        break;
+      }
+      case Opcode::tensor_copy:
+        write(core, d, read(core, ops[1], "the source"));
+        break;
+      case Opcode::tensor_reduce: {
+        const std::vector<float> a = read(core, ops[1], "the source");
+        const std::size_t f = static_cast<std::size_t>(ops[1].free_size());
+        std::vector<float> out(static_cast<std::size_t>(d.rows()));
+        for (std::size_t r = 0; r < out.size(); ++r) {
+          float acc = a[r * f];
+          for (std::size_t i = 1; i < f; ++i) acc = isa::apply_alu(in.alu0, acc, a[r * f + i]);
+          out[r] = in.negate ? -acc : acc;
+        }
+        write(core, d, out);
+        break;
+      }
+      case Opcode::memset:
+        write(core, d, std::vector<float>(static_cast<std::size_t>(d.elements()), in.imm0));
+        break;
+      case Opcode::activation: {
+        std::vector<float> a = read(core, ops[1], "the source");
+        const std::size_t f = static_cast<std::size_t>(d.free_size());
+        const int nops = static_cast<int>(ops.size());
+        const bool has_bias = nops - (in.accumulate ? 1 : 0) > 2;
+        std::vector<float> bias;
+        if (has_bias) bias = read(core, ops[2], "the bias");
+        std::vector<float> sums(static_cast<std::size_t>(d.rows()), 0.0f);
+        for (std::size_t r = 0; r < sums.size(); ++r) {
+          const float b = has_bias ? bias[r] : 0.0f;
+          for (std::size_t i = 0; i < f; ++i) {
+            float& x = a[r * f + i];
+            x = isa::apply_act(in.func, x * in.scale + b);
+            sums[r] += x;
+          }
+        }
+        write(core, d, a);
+        if (in.accumulate) write(core, ops.back(), sums);
+        break;
+      }
+      case Opcode::iota: {
+        std::vector<float> v(static_cast<std::size_t>(d.elements()));
+        const std::size_t f = static_cast<std::size_t>(d.free_size());
+        for (std::size_t r = 0; r < static_cast<std::size_t>(d.rows()); ++r)
+          for (std::size_t i = 0; i < f; ++i)
+            v[r * f + i] = in.imm0 + in.imm1 * static_cast<float>(d.start_partition + r) +
+                           static_cast<float>(i);
+        write(core, d, v);
+        break;
+      }
+      case Opcode::count_:
+        break;
+    }
+  }
+
+  void check_pairing(const Stationary& st, const AccessPattern& mv) {
+    auto wide = [](DType t) { return t == DType::fp32 || t == DType::tf32; };
+    if (wide(st.dtype) != wide(mv.dtype)) {
+      throw Error(fmt::format("stationary {} with moving {}: fp32/tf32 pair only with fp32/tf32",
+                              isa::name(st.dtype), isa::name(mv.dtype)));
+    }
+    auto ocp = [](DType t) { return t == DType::fp8_e4m3; };
+    auto legacy = [](DType t) { return t == DType::fp8_e4m3_legacy; };
+    if ((ocp(st.dtype) && legacy(mv.dtype)) || (legacy(st.dtype) && ocp(mv.dtype))) {
+      throw Error("the legacy float8_e4m3 cannot be mixed with OCP float8_e4m3fn");
+    }
+  }
+};
+
+namespace {
+
+// Bounding box of an operand: (memory, first..last row, first..last byte).
+struct Box {
+  Mem mem;
+  std::int64_t r0, r1, b0, b1;
+};
+Box box(const AccessPattern& ap) {
+  if (ap.mem == Mem::hbm) return {ap.mem, 0, 1, ap.min_byte(), ap.max_byte()};
+  return {ap.mem, ap.start_partition, ap.start_partition + ap.partitions, ap.min_byte(),
+          ap.max_byte()};
+}
+bool overlap(const Box& a, const Box& b) {
+  return a.mem == b.mem && a.r0 < b.r1 && b.r0 < a.r1 && a.b0 < b.b1 && b.b0 < a.b1;
+}
+
+std::string detail(const Instruction& in) {
+  std::string s;
+  for (std::size_t i = 0; i < in.operands.size(); ++i) {
+    const auto& ap = in.operands[i];
+    s += fmt::format("{}{}[{},{}] {}", i ? ", " : "", isa::mem_name(ap.mem), ap.rows(),
+                     ap.free_size(), isa::name(ap.dtype));
+  }
+  return s;
+}
+
+}  // namespace
+
+RunStats Simulator::run(const Options& opt) {
+  if (!loaded_) throw Error("no program loaded");
+  const isa::Program& p = program_;
+  const int ncores = static_cast<int>(p.cores.size());
+  const bool data = opt.mode != Mode::timing;
+  if (data) {
+    sbuf_.resize(ncores);
+    psum_.resize(ncores);
+    for (int c = 0; c < ncores; ++c) {
+      if (sbuf_[c].partitions() == 0) {
+        sbuf_[c] = Sram(chip_.sbuf_partitions, chip_.sbuf_partition_bytes.value(), true);
+        psum_[c] = Sram(chip_.psum_partitions, chip_.psum_partition_bytes.value(), true);
+      }
+    }
+  }
+  Impl impl(*this, opt);
+  impl.stationary.resize(ncores);
+  RunStats& st = impl.stats;
+  st.engines.resize(ncores);
+
+  const CostModel cost(chip_);
+  struct EngineState {
+    std::size_t next = 0;
+    double free_at = 0;
+    double ls_end = 0, mm_start = 0, mm_end = 0;  // Tensor engine: background weight load
+  };
+  std::vector<std::array<EngineState, isa::kEngines>> eng(ncores);
+  std::vector<std::vector<std::vector<double>>> sem(ncores,
+                                                    std::vector<std::vector<double>>(p.semaphores));
+  DmaModel dma(chip_, ncores);
+
+  auto wait_ready = [&](int c, const Instruction& in, double& t) {
+    for (const auto& w : in.waits) {
+      const auto& times = sem[c][w.sem];
+      if (w.value <= 0) continue;
+      if (static_cast<std::int64_t>(times.size()) < w.value) return false;
+      t = std::max(t, times[static_cast<std::size_t>(w.value - 1)]);
+    }
+    return true;
+  };
+  auto earliest = [&](int c, int e, const Instruction& in, double& t) {
+    const EngineState& es = eng[c][e];
+    t = es.free_at;
+    if (e == static_cast<int>(Engine::tensor)) {
+      if (in.op == Opcode::load_stationary)
+        t = std::max(es.ls_end, es.mm_start);
+      else
+        t = std::max(es.mm_end, es.ls_end);
+    }
+    return wait_ready(c, in, t);
+  };
+
+  const std::size_t total = p.instruction_count();
+  for (std::size_t done = 0; done < total; ++done) {
+    int bc = -1, be = -1;
+    double bt = std::numeric_limits<double>::infinity();
+    for (int c = 0; c < ncores; ++c) {
+      for (int e = 0; e < isa::kEngines; ++e) {
+        const auto& stream = p.cores[c].streams[e];
+        if (eng[c][e].next >= stream.size()) continue;
+        double t;
+        if (earliest(c, e, stream[eng[c][e].next], t) && t < bt) {
+          bt = t;
+          bc = c;
+          be = e;
+        }
+      }
+    }
+    if (bc < 0) {  // every remaining instruction waits for a signal that never comes
+      std::string blocked;
+      for (int c = 0; c < ncores; ++c) {
+        for (int e = 0; e < isa::kEngines; ++e) {
+          const auto& stream = p.cores[c].streams[e];
+          if (eng[c][e].next >= stream.size()) continue;
+          const Instruction& in = stream[eng[c][e].next];
+          for (const auto& w : in.waits) {
+            if (static_cast<std::int64_t>(sem[c][w.sem].size()) < w.value) {
+              blocked += fmt::format("{}{} waits for semaphore {} >= {} (it only reaches {})",
+                                     blocked.empty() ? "" : "; ", where(c, in, eng[c][e].next),
+                                     w.sem, w.value, sem[c][w.sem].size());
+              break;
+            }
+          }
+        }
+      }
+      throw Error("deadlock: " + blocked);
+    }
+    const int c = bc, e = be;
+    EngineState& es = eng[c][e];
+    const std::size_t index = es.next++;
+    const auto& stream = p.cores[c].streams[e];
+    const Instruction& in = stream[index];
+    const double start = bt;
+    double end;
+    std::string track(isa::engine_name(in.engine));
+    if (in.op == Opcode::dma_copy) {
+      end = dma.transfer(c, in, start);
+      track = fmt::format("dma q{}", in.queue);
+      st.dma_bytes += in.operands[0].bytes();
+      ++st.dma_transfers;
+      for (const auto& ap : in.operands)
+        if (ap.mem == Mem::hbm) st.hbm_bytes += ap.bytes();
+    } else {
+      // A same-engine dependency on the previous instruction pays the static overhead.
+      bool dependent = false;
+      if (index > 0 && e != static_cast<int>(Engine::tensor)) {
+        const Box w = box(stream[index - 1].operands[0]);
+        for (std::size_t i = 1; i < in.operands.size(); ++i)
+          dependent |= overlap(w, box(in.operands[i]));
+      }
+      const double dur = cost.duration_ns(in, dependent);
+      end = start + dur;
+      if (in.op == Opcode::load_stationary) {
+        es.ls_end = end;
+      } else if (e == static_cast<int>(Engine::tensor)) {
+        if (in.op == Opcode::multiply_moving) es.mm_start = start;
+        es.mm_end = end;
+        if (in.op == Opcode::transpose) es.ls_end = end;
+        st.engines[c][e].busy_ns += dur;
+      } else {
+        es.free_at = end;
+        st.engines[c][e].busy_ns += dur;
+      }
+      if (in.op == Opcode::multiply_moving) {
+        const auto& mv = in.operands[1];
+        st.tensor_flops[std::string(isa::name(mv.dtype))] +=
+            2.0 * mv.partitions * static_cast<double>(mv.free_size()) * in.operands[0].partitions;
+      }
+    }
+    ++st.engines[c][e].instructions;
+    for (const auto& ap : in.operands) {
+      if (ap.mem == Mem::sbuf) st.sbuf_high_water = std::max(st.sbuf_high_water, ap.max_byte());
+      if (ap.mem == Mem::psum) st.psum_high_water = std::max(st.psum_high_water, ap.max_byte());
+    }
+    if (data) {
+      try {
+        impl.execute(c, in);
+      } catch (const Error& err) {
+        throw Error(fmt::format("{}: {}", where(c, in, index), err.what()));
+      }
+    }
+    ++impl.serial;
+    for (int sg : in.signals) {
+      auto& times = sem[c][sg];
+      times.insert(std::upper_bound(times.begin(), times.end(), end), end);
+    }
+    st.latency_ns = std::max(st.latency_ns, end);
+    if (opt.trace)
+      st.events.push_back(
+          {c, track, std::string(isa::opcode_name(in.op)), start, end - start, detail(in)});
+  }
+  st.instructions = static_cast<std::int64_t>(total);
+  st.dma_engine_busy_ns = dma.busy_ns();
+  return st;
+}
+
+}  // namespace tern::sim

@@ -1,0 +1,95 @@
+// The simulated chip: runs a Program bit-exactly (functional model) and
+// says how long it takes (timing model), checking the hardware's rules.
+//
+// Timing is discrete-event at instruction granularity (docs/sim.md): each
+// engine runs its stream in order at its clock; semaphores order engines;
+// DMA transfers are split across the core's DMA engines, each a FIFO with a
+// fixed latency and a per-engine bandwidth; HBM bandwidth is shared by all
+// cores of the chip. Every cost parameter comes from data/arch/<chip>.toml.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "arch/chip.h"
+#include "isa/program.h"
+#include "sim/memory.h"
+#include "util/units.h"
+
+namespace tern::sim {
+
+enum class Mode : std::uint8_t {
+  both,        // compute data and time
+  functional,  // data only (times are still computed: they decide nothing)
+  timing,      // time only: no data is read or written (large shapes)
+};
+Mode parse_mode(std::string_view s);
+
+struct Options {
+  Mode mode = Mode::both;
+  bool trace = false;                // record events for the profile
+  bool stochastic_rounding = false;  // engine output casts round stochastically
+  std::uint64_t seed = 0;            // stochastic rounding stream
+};
+
+// One span on a timeline track (engine or DMA queue of a core).
+struct TraceEvent {
+  int core = 0;
+  std::string track;  // "tensor", "vector", ..., "dma q3"
+  std::string name;   // opcode
+  double start_ns = 0, dur_ns = 0;
+  std::string detail;  // shapes and dtypes
+};
+
+struct EngineUse {
+  double busy_ns = 0;
+  std::int64_t instructions = 0;
+};
+
+struct RunStats {
+  double latency_ns = 0;
+  std::vector<std::array<EngineUse, isa::kEngines>> engines;  // per core
+  std::map<std::string, double> tensor_flops;                 // FLOP by matmul input dtype
+  std::int64_t hbm_bytes = 0;                                 // bytes read + written in HBM
+  std::int64_t dma_bytes = 0;
+  std::int64_t dma_transfers = 0;
+  double dma_engine_busy_ns = 0;  // summed over the DMA engines
+  std::int64_t dma_payload_ns_x_bw = 0;
+  std::int64_t sbuf_high_water = 0;  // highest byte offset used in a partition
+  std::int64_t psum_high_water = 0;
+  std::int64_t instructions = 0;
+  std::vector<TraceEvent> events;
+};
+
+class Simulator {
+ public:
+  explicit Simulator(arch::ChipSpec chip);
+  const arch::ChipSpec& chip() const { return chip_; }
+
+  // Checks the program against the chip (core count, semaphores, tensors)
+  // and allocates its HBM tensors (zeroed, marked never-written).
+  void load(const isa::Program& p);
+
+  // Input data: values are encoded into the tensor's dtype (RNE).
+  void write(const std::string& tensor, std::span<const float> values);
+  // Raw bytes in the tensor's dtype.
+  void write_bytes(const std::string& tensor, std::span<const std::uint8_t> bytes);
+  // The tensor decoded to FP32.
+  std::vector<float> read(const std::string& tensor) const;
+
+  RunStats run(const Options& opt = {});
+
+ private:
+  struct Impl;
+  arch::ChipSpec chip_;
+  isa::Program program_;
+  Hbm hbm_;
+  std::vector<Sram> sbuf_, psum_;
+  bool loaded_ = false;
+};
+
+}  // namespace tern::sim

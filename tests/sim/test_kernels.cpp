@@ -1,0 +1,139 @@
+// Built-in kernels against host references: bit for bit where tern
+// promises it (FP32 accumulation in contraction order of exact products),
+// for odd shapes too.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "arch/chip.h"
+#include "kernel/kernels.h"
+#include "num/convert.h"
+#include "sim/simulator.h"
+
+namespace tern {
+namespace {
+
+using isa::DType;
+
+std::vector<float> random_values(std::size_t n, std::uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+// Rounds values to what a tensor of `dt` holds.
+std::vector<float> as_dtype(std::vector<float> v, DType dt) {
+  if (dt == DType::fp32) return v;
+  num::round_array(*isa::format_of(dt), v,
+                   {num::Rounding::nearest_even, num::Overflow::saturate, 0});
+  return v;
+}
+
+// Independent reference: C[m][n] = sum over k in order, one rounding per
+// step (FMA for exact products; product then sum for FP32).
+std::vector<float> reference(const std::vector<float>& at, const std::vector<float>& b,
+                             std::int64_t M, std::int64_t N, std::int64_t K, bool fp32) {
+  std::vector<float> c(static_cast<std::size_t>(M * N));
+  for (std::int64_t m = 0; m < M; ++m)
+    for (std::int64_t n = 0; n < N; ++n) {
+      float acc = 0.0f;
+      for (std::int64_t k = 0; k < K; ++k) {
+        const float a = at[k * M + m], x = b[k * N + n];
+        if (fp32) {
+          const float p = a * x;
+          acc = acc + p;
+        } else {
+          acc = std::fma(a, x, acc);
+        }
+      }
+      c[m * N + n] = acc;
+    }
+  return c;
+}
+
+struct Shape {
+  std::int64_t m, n, k;
+  DType dt;
+  const char* chip;
+};
+
+class MatmulKernel : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(MatmulKernel, BitExactAgainstHostReference) {
+  const Shape s = GetParam();
+  const auto chip = arch::load_chip(s.chip);
+  kernel::MatmulSpec spec{s.m, s.n, s.k, s.dt, DType::fp32, 1};
+  const isa::Program p = kernel::matmul_kernel(chip, spec);
+  sim::Simulator sim(chip);
+  sim.load(p);
+  const auto at = as_dtype(random_values(s.k * s.m, 1), s.dt);
+  const auto b = as_dtype(random_values(s.k * s.n, 2), s.dt);
+  sim.write("at", at);
+  sim.write("b", b);
+  const sim::RunStats st = sim.run();
+  const auto got = sim.read("c");
+  const auto want = reference(at, b, s.m, s.n, s.k, s.dt == DType::fp32);
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    if (std::bit_cast<std::uint32_t>(got[i]) != std::bit_cast<std::uint32_t>(want[i]) &&
+        bad++ < 5) {
+      ADD_FAILURE() << "c[" << i / s.n << "][" << i % s.n << "] = " << got[i] << ", want "
+                    << want[i];
+    }
+  }
+  EXPECT_EQ(bad, 0u);
+  EXPECT_GT(st.latency_ns, 0.0);
+  EXPECT_DOUBLE_EQ(st.tensor_flops.at(std::string(isa::name(s.dt))), 2.0 * s.m * s.n * s.k);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, MatmulKernel,
+                         ::testing::Values(Shape{128, 512, 128, DType::bf16, "trn3"},
+                                           Shape{200, 600, 300, DType::bf16, "trn3"},
+                                           Shape{1, 1, 1, DType::bf16, "trn3"},
+                                           Shape{129, 513, 257, DType::fp32, "trn3"},
+                                           Shape{77, 45, 130, DType::fp16, "trn2"},
+                                           Shape{64, 100, 200, DType::fp8_e4m3, "trn3"},
+                                           Shape{96, 130, 140, DType::fp8_e5m2, "trn2"},
+                                           Shape{100, 70, 33, DType::fp8_e4m3_legacy, "trn1"},
+                                           Shape{640, 520, 256, DType::bf16, "trn1"}));
+
+TEST(Kernels, AddMatchesHost) {
+  const auto chip = arch::load_chip("trn3");
+  for (DType dt : {DType::fp32, DType::bf16}) {
+    const std::int64_t R = 200, C = 2100;
+    const isa::Program p = kernel::add_kernel(chip, R, C, dt);
+    sim::Simulator sim(chip);
+    sim.load(p);
+    const auto a = as_dtype(random_values(R * C, 3), dt), b = as_dtype(random_values(R * C, 4), dt);
+    sim.write("a", a);
+    sim.write("b", b);
+    sim.run();
+    const auto got = sim.read("out");
+    std::vector<float> want(a.size());
+    for (std::size_t i = 0; i < a.size(); ++i) want[i] = a[i] + b[i];
+    want = as_dtype(want, dt);  // the FP32 sum, rounded once to the output type
+    ASSERT_EQ(got, want) << isa::name(dt);
+  }
+}
+
+TEST(Kernels, TransposeIsExact) {
+  const auto chip = arch::load_chip("trn3");
+  const std::int64_t R = 130, C = 250;
+  const isa::Program p = kernel::transpose_kernel(chip, R, C, DType::bf16);
+  sim::Simulator sim(chip);
+  sim.load(p);
+  const auto in = as_dtype(random_values(R * C, 5), DType::bf16);
+  sim.write("in", in);
+  sim.run();
+  const auto got = sim.read("out");
+  for (std::int64_t r = 0; r < R; ++r)
+    for (std::int64_t c = 0; c < C; ++c) ASSERT_EQ(got[c * R + r], in[r * C + c]) << r << "," << c;
+}
+
+}  // namespace
+}  // namespace tern
