@@ -43,7 +43,7 @@ std::string to_text(const Program& p) {
   for (const auto& t : p.tensors) {
     std::string shape;
     for (auto d : t.shape) shape += (shape.empty() ? "" : ",") + std::to_string(d);
-    s += fmt::format("tensor {} {} [{}] {} {}\n", t.name, t.address, shape, name(t.dtype),
+    s += fmt::format("hbm {} {} [{}] {} {}\n", t.name, t.address, shape, name(t.dtype),
                      kKindNames[static_cast<int>(t.kind)]);
   }
   for (std::size_t c = 0; c < p.cores.size(); ++c) {
@@ -80,12 +80,12 @@ Program parse_program_text(const std::string& text) {
         ls >> p.arch;
       } else if (word == "semaphores") {
         ls >> p.semaphores;
-      } else if (word == "tensor") {
+      } else if (word == "hbm") {
         HbmTensor t;
         std::string shape, dt, kind;
         ls >> t.name >> t.address >> shape >> dt >> kind;
         if (shape.size() < 2 || shape.front() != '[' || shape.back() != ']')
-          throw Error("expected 'tensor NAME ADDRESS [d0,d1,...] DTYPE KIND'");
+          throw Error("expected 'hbm NAME ADDRESS [d0,d1,...] DTYPE KIND'");
         std::istringstream ss(shape.substr(1, shape.size() - 2));
         for (std::string d; std::getline(ss, d, ',');) t.shape.push_back(std::stoll(d));
         t.dtype = parse_dtype(dt);

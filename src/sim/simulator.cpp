@@ -187,29 +187,12 @@ struct Simulator::Impl {
         write(core, d, v);
         break;
       }
-      case Opcode::load_stationary: {
-        Stationary& st = stationary[core];
-        st.w = read(core, d, "load_stationary");
-        st.k = d.partitions;
-        st.m = static_cast<int>(d.free_size());
-        st.dtype = d.dtype;
-        st.loaded = true;
+      case Opcode::load_stationary:
+        stationary[core].w = read(core, d, "load_stationary");
         break;
-      }
       case Opcode::multiply_moving: {
         const Stationary& st = stationary[core];
         const AccessPattern& mv = ops[1];
-        if (!st.loaded) throw Error("multiply_moving without a load_stationary before it");
-        check_pairing(st, mv);
-        if (mv.partitions != st.k) {
-          throw Error(
-              fmt::format("moving has {} partitions (contraction) but the stationary has {}",
-                          mv.partitions, st.k));
-        }
-        if (d.partitions != st.m) {
-          throw Error(fmt::format("output has {} partitions but the stationary has {} columns",
-                                  d.partitions, st.m));
-        }
         const std::vector<float> m = read(core, mv, "the moving tensor");
         const int n = static_cast<int>(mv.free_size());
         std::vector<float> acc;
@@ -298,6 +281,32 @@ struct Simulator::Impl {
       }
       case Opcode::count_:
         break;
+    }
+  }
+
+  // The Tensor engine's weight state: shapes and dtype pairing are checked
+  // in every mode (they need no data).
+  void tensor_state(int core, const Instruction& in) {
+    Stationary& st = stationary[core];
+    const AccessPattern& d = in.operands[0];
+    if (in.op == Opcode::load_stationary) {
+      st.k = d.partitions;
+      st.m = static_cast<int>(d.free_size());
+      st.dtype = d.dtype;
+      st.loaded = true;
+      return;
+    }
+    if (in.op != Opcode::multiply_moving) return;
+    const AccessPattern& mv = in.operands[1];
+    if (!st.loaded) throw Error("multiply_moving without a load_stationary before it");
+    check_pairing(st, mv);
+    if (mv.partitions != st.k) {
+      throw Error(fmt::format("moving has {} partitions (contraction) but the stationary has {}",
+                              mv.partitions, st.k));
+    }
+    if (d.partitions != st.m) {
+      throw Error(fmt::format("output has {} partitions but the stationary has {} columns",
+                              d.partitions, st.m));
     }
   }
 
@@ -477,12 +486,11 @@ RunStats Simulator::run(const Options& opt) {
       if (ap.mem == Mem::sbuf) st.sbuf_high_water = std::max(st.sbuf_high_water, ap.max_byte());
       if (ap.mem == Mem::psum) st.psum_high_water = std::max(st.psum_high_water, ap.max_byte());
     }
-    if (data) {
-      try {
-        impl.execute(c, in);
-      } catch (const Error& err) {
-        throw Error(fmt::format("{}: {}", where(c, in, index), err.what()));
-      }
+    try {
+      impl.tensor_state(c, in);
+      if (data) impl.execute(c, in);
+    } catch (const Error& err) {
+      throw Error(fmt::format("{}: {}", where(c, in, index), err.what()));
     }
     ++impl.serial;
     for (int sg : in.signals) {

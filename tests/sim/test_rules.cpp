@@ -1,1 +1,220 @@
+// Each hardware rule, broken once: the program is rejected (or stops) with a
+// message naming the core, engine, instruction index, opcode and, when the
+// builder recorded it, the kernel source line.
 #include <gtest/gtest.h>
+
+#include "helpers.h"
+#include "kernel/builder.h"
+#include "sim/simulator.h"
+#include "util/error.h"
+
+namespace tern {
+namespace {
+
+using isa::DType;
+using isa::Engine;
+using isa::Opcode;
+using namespace testing_helpers;
+
+// Loads (and runs, functional+timing) `p`; the error must contain every needle.
+void expect_error(const arch::ChipSpec& chip, const isa::Program& p,
+                  std::initializer_list<std::string> needles, sim::Mode mode = sim::Mode::both) {
+  sim::Simulator s(chip);
+  try {
+    s.load(p);
+    sim::Options o;
+    o.mode = mode;
+    s.run(o);
+    ADD_FAILURE() << "no error; wanted: " << *needles.begin();
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    for (const auto& n : needles)
+      EXPECT_NE(msg.find(n), std::string::npos) << msg << "\n  missing: " << n;
+  }
+}
+
+isa::Program single(const arch::ChipSpec& chip, isa::Instruction in) {
+  isa::Program p = program(chip);
+  add(p, std::move(in));
+  return p;
+}
+
+const arch::ChipSpec& trn3() {
+  static const arch::ChipSpec c = arch::load_chip("trn3");
+  return c;
+}
+
+TEST(Rules, SbufCapacity) {
+  // 128 x 256 KiB: bytes [262000, 262000 + 4 x 100) run past the partition.
+  expect_error(trn3(),
+               single(trn3(), ins(Engine::vector, Opcode::memset, {sbuf(0, 128, 262000, 100)})),
+               {"core 0, vector instruction #0 (memset)", "262144 bytes (capacity)"});
+}
+
+TEST(Rules, PsumCapacityAndBank) {
+  expect_error(trn3(),
+               single(trn3(), ins(Engine::vector, Opcode::memset, {psum(0, 128, 16384, 4)})),
+               {"16384 bytes (capacity)"});
+  // 512 fp32 starting at byte 1024 crosses the 2 KiB bank at 2048.
+  expect_error(trn3(),
+               single(trn3(), ins(Engine::vector, Opcode::memset, {psum(0, 128, 1024, 512)})),
+               {"crossing a 2048-byte bank boundary"});
+}
+
+TEST(Rules, PartitionStartAndCount) {
+  expect_error(trn3(), single(trn3(), ins(Engine::vector, Opcode::memset, {sbuf(32, 64, 0, 8)})),
+               {"starts at partition 32 with 64 partitions", "must start at 0 or 64"});
+  expect_error(trn3(), single(trn3(), ins(Engine::vector, Opcode::memset, {sbuf(16, 16, 0, 8)})),
+               {"must start at 0, 32, 64 or 96"});
+  expect_error(trn3(), single(trn3(), ins(Engine::vector, Opcode::memset, {sbuf(0, 129, 0, 8)})),
+               {"partitions [0, 129) but sbuf has 128"});
+  expect_error(trn3(), single(trn3(), ins(Engine::vector, Opcode::memset, {sbuf(64, 65, 0, 8)})),
+               {"but sbuf has 128"});
+}
+
+TEST(Rules, TileLimits) {
+  expect_error(trn3(),
+               single(trn3(), ins(Engine::tensor, Opcode::load_stationary,
+                                  {sbuf(0, 128, 0, 200, DType::bf16)})),
+               {"stationary free size 200 exceeds the tile limit 128"});
+  // A BF16 PSUM output (v4) keeps 600 columns inside one bank.
+  auto mm = ins(Engine::tensor, Opcode::multiply_moving,
+                {psum(0, 128, 0, 600, DType::bf16), sbuf(0, 128, 0, 600, DType::bf16)});
+  expect_error(trn3(), single(trn3(), mm), {"moving free size 600 exceeds the tile limit 512"});
+}
+
+TEST(Rules, EngineMemoryAccess) {
+  auto mm = ins(Engine::tensor, Opcode::multiply_moving,
+                {sbuf(0, 128, 0, 512), sbuf(0, 128, 4096, 512, DType::bf16)});
+  expect_error(trn3(), single(trn3(), mm), {"the Tensor engine writes PSUM only"});
+  mm.operands = {psum(0, 128, 0, 512), psum(0, 128, 2048, 512, DType::bf16)};
+  expect_error(trn3(), single(trn3(), mm), {"the Tensor engine reads SBUF only"});
+  expect_error(trn3(), single(trn3(), ins(Engine::gpsimd, Opcode::memset, {psum(0, 128, 0, 8)})),
+               {"GpSimd cannot access PSUM"});
+  expect_error(trn3(),
+               single(trn3(), ins(Engine::vector, Opcode::tensor_tensor,
+                                  {sbuf(0, 128, 0, 8), psum(0, 128, 0, 8), psum(0, 128, 2048, 8)})),
+               {"cannot read both inputs from PSUM"});
+  expect_error(
+      trn3(),
+      single(trn3(), ins(Engine::sync, Opcode::dma_copy, {psum(0, 128, 0, 8), hbm(0, 128, 8)})),
+      {"DMA cannot access PSUM"});
+  expect_error(trn3(), single(trn3(), ins(Engine::vector, Opcode::memset, {hbm(0, 128, 8)})),
+               {"the vector engine cannot access HBM"});
+  expect_error(trn3(), single(trn3(), ins(Engine::scalar, Opcode::memset, {sbuf(0, 128, 0, 8)})),
+               {"memset cannot run on the scalar engine"});
+  expect_error(trn3(),
+               single(trn3(), ins(Engine::sync, Opcode::dma_copy,
+                                  {sbuf(0, 128, 0, 8), hbm(1 << 30, 128, 8)})),
+               {"outside every declared tensor"});
+}
+
+TEST(Rules, DtypePairingAndAvailability) {
+  isa::Program p = program(trn3());
+  add(p, ins(Engine::tensor, Opcode::load_stationary, {sbuf(0, 128, 0, 128, DType::fp32)}));
+  add(p, ins(Engine::tensor, Opcode::multiply_moving,
+             {psum(0, 128, 0, 512), sbuf(0, 128, 4096, 512, DType::bf16)}));
+  expect_error(trn3(), p,
+               {"stationary float32 with moving bfloat16", "fp32/tf32 pair only with fp32/tf32",
+                "tensor instruction #1 (multiply_moving)"},
+               sim::Mode::timing);
+  const auto trn2 = arch::load_chip("trn2");
+  expect_error(
+      trn2,
+      single(trn2, ins(Engine::vector, Opcode::memset, {sbuf(0, 128, 0, 8, DType::fp8_e4m3)})),
+      {"float8_e4m3fn is not a trn2 (NeuronCore-v3) data type"});
+  expect_error(trn3(),
+               single(trn3(), ins(Engine::vector, Opcode::memset,
+                                  {sbuf(0, 128, 0, 8, DType::fp8_e4m3_legacy)})),
+               {"float8_e4m3 is not a trn3 (NeuronCore-v4) data type"});
+}
+
+TEST(Rules, AccumulateOntoUninitializedPsum) {
+  kernel::Builder b(trn3());
+  const auto w = b.sbuf(128, 128, DType::bf16);
+  const auto x = b.sbuf(128, 512, DType::bf16);
+  const auto out = b.psum(128, 512);
+  b.memset(w, 1.0f);
+  b.memset(x, 1.0f);
+  b.matmul(out, w, x, /*accumulate=*/true);
+  expect_error(trn3(), b.finish(),
+               {"accumulate=True onto PSUM reads never-written psum memory",
+                "tensor instruction #1 (multiply_moving) at test_rules.cpp:"});
+}
+
+TEST(Rules, ReadOfNeverWrittenMemory) {
+  kernel::Builder b(trn3());
+  const auto src = b.sbuf(128, 64, DType::fp32);
+  const auto dst = b.sbuf(128, 64, DType::fp32);
+  b.tensor_copy(dst, src);
+  expect_error(trn3(), b.finish(),
+               {"the source reads never-written sbuf memory", "(tensor_copy) at test_rules.cpp:"});
+  // HBM inputs the host never wrote are poisoned too.
+  kernel::Builder h(trn3());
+  const auto in = h.hbm("in", {128, 64}, DType::fp32, isa::TensorKind::input);
+  const auto t = h.sbuf(128, 64, DType::fp32);
+  h.dma_copy(t, in);
+  expect_error(trn3(), h.finish(), {"the DMA source reads never-written hbm memory"});
+}
+
+TEST(Rules, Deadlock) {
+  isa::Program p = program(trn3());
+  auto a = ins(Engine::vector, Opcode::memset, {sbuf(0, 128, 0, 8)});
+  a.waits = {{2, 1}};  // the scalar engine's semaphore, which nothing signals
+  add(p, a);
+  expect_error(
+      trn3(), p,
+      {"deadlock",
+       "core 0, vector instruction #0 (memset) waits for semaphore 2 >= 1 (it only reaches 0)"});
+  // A cycle: vector waits for scalar, scalar waits for vector.
+  isa::Program q = program(trn3());
+  auto v = ins(Engine::vector, Opcode::memset, {sbuf(0, 128, 0, 8)});
+  v.waits = {{2, 1}};
+  v.signals = {1};
+  auto s = ins(Engine::scalar, Opcode::tensor_copy, {sbuf(0, 128, 64, 8), sbuf(0, 128, 0, 8)});
+  s.waits = {{1, 1}};
+  s.signals = {2};
+  add(q, v);
+  add(q, s);
+  expect_error(trn3(), q, {"deadlock", "vector instruction #0", "scalar instruction #0"});
+}
+
+TEST(Rules, SemaphoresAndQueuesMustExist) {
+  auto a = ins(Engine::vector, Opcode::memset, {sbuf(0, 128, 0, 8)});
+  a.signals = {99};
+  expect_error(trn3(), single(trn3(), a), {"signals semaphore 99 but the program has 20"});
+  auto d = ins(Engine::sync, Opcode::dma_copy, {sbuf(0, 128, 0, 8), hbm(0, 128, 8)});
+  d.queue = 16;
+  expect_error(trn3(), single(trn3(), d), {"DMA queue 16 does not exist (0..15)"});
+  d.queue = 0;
+  d.priority = 2;
+  const auto trn2 = arch::load_chip("trn2");
+  expect_error(trn2, single(trn2, d), {"DMA priority 2 does not exist on trn2"});
+}
+
+TEST(Rules, BuilderAllocations) {
+  kernel::Builder b(trn3());
+  b.sbuf(128, 60000, DType::fp32);  // 240,000 of 262,144 bytes per partition
+  try {
+    b.sbuf(128, 10000, DType::fp32);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("sbuf allocation of 40000 bytes per partition does not fit"),
+        std::string::npos)
+        << e.what();
+  }
+  kernel::Builder c(trn3());
+  c.sbuf_at(0, 128, 256, DType::fp32);
+  try {
+    c.sbuf_at(512, 128, 256, DType::fp32);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("overlaps the live allocation [0, 1024)"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tern

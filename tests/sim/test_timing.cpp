@@ -1,1 +1,186 @@
+// Exact simulated times for hand-computable programs. Every expected value
+// is written from the chip description's parameters with the formulas of
+// docs/sim.md, so a change to data/arch moves both sides together; the last
+// tests change a parameter and check the time moves as the formula says.
 #include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "helpers.h"
+#include "sim/simulator.h"
+
+namespace tern {
+namespace {
+
+using isa::DType;
+using isa::Engine;
+using isa::Opcode;
+using namespace testing_helpers;
+
+sim::RunStats run_timing(const arch::ChipSpec& chip, const isa::Program& p) {
+  sim::Simulator s(chip);
+  s.load(p);
+  sim::Options o;
+  o.mode = sim::Mode::timing;
+  o.trace = true;
+  return s.run(o);
+}
+
+const sim::TraceEvent& event(const sim::RunStats& st, const std::string& name, int nth = 0) {
+  for (const auto& e : st.events)
+    if (e.name == name && nth-- == 0) return e;
+  throw std::runtime_error("no event " + name);
+}
+
+isa::Program one_matmul(const arch::ChipSpec& chip, int n_moving, DType dt = DType::bf16,
+                        int count = 1) {
+  isa::Program p = program(chip);
+  for (int i = 0; i < count; ++i) {
+    add(p, ins(Engine::tensor, Opcode::load_stationary, {sbuf(0, 128, 0, 128, dt)}));
+    auto mm = ins(Engine::tensor, Opcode::multiply_moving,
+                  {psum(0, 128, 0, n_moving), sbuf(0, 128, 4096, n_moving, dt)});
+    add(p, mm);
+  }
+  return p;
+}
+
+TEST(Timing, OneMatmul) {
+  const auto chip = arch::load_chip("trn3");
+  const double ghz = chip.tensor.clock.value();
+  // LoadStationary of 128 columns: ceil(128 / 4) = 32 cycles; MultiplyMoving
+  // N=512: max(min(64, 128), 512) = 512 cycles; the multiply waits for the load.
+  const auto st = run_timing(chip, one_matmul(chip, 512));
+  EXPECT_DOUBLE_EQ(st.latency_ns, (32 + 512) / ghz);
+  EXPECT_DOUBLE_EQ(event(st, "multiply_moving").start_ns, 32 / ghz);
+  // Small moving tile: the 64-cycle floor.
+  EXPECT_DOUBLE_EQ(run_timing(chip, one_matmul(chip, 16)).latency_ns, (32 + 64) / ghz);
+  // FP32 runs at a quarter rate: load and multiply take 4x the cycles.
+  EXPECT_DOUBLE_EQ(run_timing(chip, one_matmul(chip, 512, DType::fp32)).latency_ns,
+                   4 * (32 + 512) / ghz);
+}
+
+TEST(Timing, BackgroundWeightLoadHidesTheSecondLoad) {
+  const auto chip = arch::load_chip("trn3");
+  const double ghz = chip.tensor.clock.value();
+  const auto st = run_timing(chip, one_matmul(chip, 512, DType::bf16, 2));
+  // LS2 runs during MM1; MM2 follows MM1 directly.
+  EXPECT_DOUBLE_EQ(event(st, "load_stationary", 1).start_ns, 32 / ghz);
+  EXPECT_DOUBLE_EQ(st.latency_ns, (32 + 512 + 512) / ghz);
+}
+
+// One HBM -> SBUF DMA of `rows` rows x `row_bytes`.
+double dma_latency(const arch::ChipSpec& chip, int rows, std::int64_t row_bytes) {
+  isa::Program p = program(chip);
+  add(p, ins(Engine::sync, Opcode::dma_copy,
+             {sbuf(0, rows, 0, row_bytes, DType::uint8), hbm(0, rows, row_bytes, DType::uint8)}));
+  return run_timing(chip, p).latency_ns;
+}
+
+TEST(Timing, DmaSizeClasses) {
+  const auto chip = arch::load_chip("trn3");
+  const double bw = chip.dma.engine_bandwidth.value();
+  const double ovh = static_cast<double>(chip.dma.overhead_bound_per_partition.value());
+  const double fixed = chip.dma.fixed_cost.value();
+  const int engines = chip.dma.engines_per_core;
+  // 128 rows are split over 16 engines, 8 rows each; every row costs the
+  // per-row overhead plus its bytes at the engine's bandwidth.
+  for (std::int64_t b : {64, 256, 2048, 4096, 16384}) {
+    const double per_engine_rows = 128.0 / engines;
+    EXPECT_DOUBLE_EQ(dma_latency(chip, 128, b), per_engine_rows * (ovh + b) / bw + fixed) << b;
+  }
+  // A single row uses one engine.
+  EXPECT_DOUBLE_EQ(dma_latency(chip, 1, 64), (ovh + 64) / bw + fixed);
+  // Efficiency classes: below 256 B per partition the overhead dominates;
+  // 2 KiB moves >= 88 % of the payload rate; 4 KiB >= 94 %.
+  auto efficiency = [&](std::int64_t b) { return b / (ovh + b); };
+  EXPECT_LT(efficiency(128), 0.5);
+  EXPECT_GE(efficiency(2048), 0.88);
+  EXPECT_GE(efficiency(4096), 0.94);
+}
+
+TEST(Timing, DependentVectorChainPaysTheStaticOverhead) {
+  const auto chip = arch::load_chip("trn3");
+  const double ghz = chip.vector.clock.value();
+  const double ovh = static_cast<double>(chip.costs.static_overhead.value());
+  isa::Program dep = program(chip), indep = program(chip);
+  for (int i = 0; i < 3; ++i) {
+    auto in =
+        ins(Engine::vector, Opcode::tensor_scalar, {sbuf(0, 128, 0, 256), sbuf(0, 128, 0, 256)});
+    in.alu0 = isa::AluOp::add;
+    add(dep, in);  // each reads what the previous wrote
+    in.operands = {sbuf(0, 128, 4096 * (i + 1), 256), sbuf(0, 128, 0, 256)};
+    add(indep, in);
+  }
+  // max(MIN_II, N) = 256 cycles each; +static overhead for the two dependent ones.
+  EXPECT_DOUBLE_EQ(run_timing(chip, dep).latency_ns, (3 * 256 + 2 * ovh) / ghz);
+  EXPECT_DOUBLE_EQ(run_timing(chip, indep).latency_ns, 3 * 256 / ghz);
+  // Tiny instructions are floored at MIN_II.
+  isa::Program tiny = program(chip);
+  auto t = ins(Engine::vector, Opcode::tensor_copy, {sbuf(0, 128, 0, 8), sbuf(0, 128, 64, 8)});
+  add(tiny, t);
+  EXPECT_DOUBLE_EQ(run_timing(chip, tiny).latency_ns,
+                   static_cast<double>(chip.costs.min_ii.value()) / ghz);
+}
+
+TEST(Timing, DmaComputeOverlap) {
+  const auto chip = arch::load_chip("trn3");
+  const double bw = chip.dma.engine_bandwidth.value();
+  const double ovh = static_cast<double>(chip.dma.overhead_bound_per_partition.value());
+  const double fixed = chip.dma.fixed_cost.value();
+  const double vghz = chip.vector.clock.value();
+  isa::Program p = program(chip);
+  auto d1 = ins(Engine::sync, Opcode::dma_copy, {sbuf(0, 128, 0, 512), hbm(0, 128, 512)});
+  d1.queue = 0;
+  d1.signals = {4};
+  auto d2 = ins(Engine::sync, Opcode::dma_copy, {sbuf(0, 128, 8192, 512), hbm(1 << 18, 128, 512)});
+  d2.queue = 1;
+  d2.signals = {5};
+  auto v =
+      ins(Engine::vector, Opcode::tensor_scalar, {sbuf(0, 128, 16384, 512), sbuf(0, 128, 0, 512)});
+  v.waits = {{4, 1}};  // needs only the first transfer
+  add(p, d1);
+  add(p, d2);
+  add(p, v);
+  const auto st = run_timing(chip, p);
+  const double busy = 8 * (ovh + 2048) / bw;  // per engine: 8 rows of 2 KiB
+  const double d1_done = busy + fixed;
+  const double d2_done = 2 * busy + fixed;  // queued behind the first on every engine
+  EXPECT_DOUBLE_EQ(event(st, "tensor_scalar").start_ns, d1_done);
+  EXPECT_DOUBLE_EQ(event(st, "dma_copy", 1).start_ns + event(st, "dma_copy", 1).dur_ns, d2_done);
+  // The compute overlaps the second transfer.
+  EXPECT_LT(event(st, "tensor_scalar").start_ns, d2_done);
+  EXPECT_DOUBLE_EQ(st.latency_ns, std::max(d2_done, d1_done + 512 / vghz));
+}
+
+TEST(Timing, ChangingAParameterMovesTheTime) {
+  auto chip = arch::load_chip("trn3");
+  const double base = run_timing(chip, one_matmul(chip, 512)).latency_ns;
+  chip.tensor.clock = gigahertz(chip.tensor.clock.value() * 2);
+  EXPECT_DOUBLE_EQ(run_timing(chip, one_matmul(chip, 512)).latency_ns, base / 2);
+
+  auto chip2 = arch::load_chip("trn3");
+  const double fixed0 = chip2.dma.fixed_cost.value();
+  const double d0 = dma_latency(chip2, 128, 4096);
+  const double busy = d0 - fixed0;
+  chip2.dma.fixed_cost = Nanoseconds(fixed0 + 500);
+  EXPECT_DOUBLE_EQ(dma_latency(chip2, 128, 4096), busy + fixed0 + 500);
+  chip2.dma.engine_bandwidth = gigabytes_per_second(chip2.dma.engine_bandwidth.value() * 2);
+  EXPECT_DOUBLE_EQ(dma_latency(chip2, 128, 4096), busy / 2 + fixed0 + 500);
+}
+
+TEST(Timing, SemaphoresOrderEngines) {
+  const auto chip = arch::load_chip("trn3");
+  isa::Program p = program(chip);
+  auto a = ins(Engine::vector, Opcode::memset, {sbuf(0, 128, 0, 512)});
+  a.signals = {1};
+  auto b =
+      ins(Engine::scalar, Opcode::tensor_copy, {sbuf(0, 128, 4096, 512), sbuf(0, 128, 0, 512)});
+  b.waits = {{1, 1}};
+  add(p, a);
+  add(p, b);
+  const auto st = run_timing(chip, p);
+  EXPECT_DOUBLE_EQ(event(st, "tensor_copy").start_ns, event(st, "memset").dur_ns);
+}
+
+}  // namespace
+}  // namespace tern
