@@ -23,15 +23,16 @@ HWY_INLINE V Step(V w, V x, V acc) {
 }
 
 template <bool kFp32>
-void Kernel(const float* w, const float* x, float* acc, int K, int M, int N) {
+void Kernel(const float* w, const float* x, std::ptrdiff_t ldx, float* acc, std::ptrdiff_t lda, int K,
+            int M, int N) {
   const hn::ScalableTag<float> d;
   const int L = static_cast<int>(hn::Lanes(d));
   int m = 0;
   for (; m + 4 <= M; m += 4) {
-    float* a0 = acc + static_cast<std::ptrdiff_t>(m) * N;
-    float* a1 = a0 + N;
-    float* a2 = a1 + N;
-    float* a3 = a2 + N;
+    float* a0 = acc + static_cast<std::ptrdiff_t>(m) * lda;
+    float* a1 = a0 + lda;
+    float* a2 = a1 + lda;
+    float* a3 = a2 + lda;
     int n = 0;
     for (; n + 2 * L <= N; n += 2 * L) {
       auto c00 = hn::LoadU(d, a0 + n), c01 = hn::LoadU(d, a0 + n + L);
@@ -39,7 +40,7 @@ void Kernel(const float* w, const float* x, float* acc, int K, int M, int N) {
       auto c20 = hn::LoadU(d, a2 + n), c21 = hn::LoadU(d, a2 + n + L);
       auto c30 = hn::LoadU(d, a3 + n), c31 = hn::LoadU(d, a3 + n + L);
       for (int k = 0; k < K; ++k) {
-        const float* xr = x + static_cast<std::ptrdiff_t>(k) * N + n;
+        const float* xr = x + static_cast<std::ptrdiff_t>(k) * ldx + n;
         const float* wr = w + static_cast<std::ptrdiff_t>(k) * M + m;
         const auto x0 = hn::LoadU(d, xr), x1 = hn::LoadU(d, xr + L);
         auto wv = hn::Set(d, wr[0]);
@@ -65,12 +66,12 @@ void Kernel(const float* w, const float* x, float* acc, int K, int M, int N) {
       hn::StoreU(c31, d, a3 + n + L);
     }
     for (int r = 0; r < 4; ++r) {
-      float* ar = acc + static_cast<std::ptrdiff_t>(m + r) * N;
+      float* ar = acc + static_cast<std::ptrdiff_t>(m + r) * lda;
       for (int nn = n; nn < N; ++nn) {
         float c = ar[nn];
         for (int k = 0; k < K; ++k) {
           const float wk = w[static_cast<std::ptrdiff_t>(k) * M + m + r];
-          const float xk = x[static_cast<std::ptrdiff_t>(k) * N + nn];
+          const float xk = x[static_cast<std::ptrdiff_t>(k) * ldx + nn];
           c = kFp32 ? c + wk * xk : std::fma(wk, xk, c);
         }
         ar[nn] = c;
@@ -78,13 +79,13 @@ void Kernel(const float* w, const float* x, float* acc, int K, int M, int N) {
     }
   }
   for (; m < M; ++m) {
-    float* ar = acc + static_cast<std::ptrdiff_t>(m) * N;
+    float* ar = acc + static_cast<std::ptrdiff_t>(m) * lda;
     int n = 0;
     for (; n + L <= N; n += L) {
       auto c = hn::LoadU(d, ar + n);
       for (int k = 0; k < K; ++k) {
         c = Step<kFp32>(hn::Set(d, w[static_cast<std::ptrdiff_t>(k) * M + m]),
-                        hn::LoadU(d, x + static_cast<std::ptrdiff_t>(k) * N + n), c);
+                        hn::LoadU(d, x + static_cast<std::ptrdiff_t>(k) * ldx + n), c);
       }
       hn::StoreU(c, d, ar + n);
     }
@@ -92,7 +93,7 @@ void Kernel(const float* w, const float* x, float* acc, int K, int M, int N) {
       float c = ar[n];
       for (int k = 0; k < K; ++k) {
         const float wk = w[static_cast<std::ptrdiff_t>(k) * M + m];
-        const float xk = x[static_cast<std::ptrdiff_t>(k) * N + n];
+        const float xk = x[static_cast<std::ptrdiff_t>(k) * ldx + n];
         c = kFp32 ? c + wk * xk : std::fma(wk, xk, c);
       }
       ar[n] = c;
@@ -100,22 +101,23 @@ void Kernel(const float* w, const float* x, float* acc, int K, int M, int N) {
   }
 }
 
-void MatmulAccumulate(const float* w, const float* x, float* acc, int k, int m, int n, bool fp32) {
+void MatmulAccumulate(const float* w, const float* x, std::ptrdiff_t ldx, float* acc, std::ptrdiff_t lda,
+                      int k, int m, int n, bool fp32) {
   if (fp32) {
-    Kernel<true>(w, x, acc, k, m, n);
+    Kernel<true>(w, x, ldx, acc, lda, k, m, n);
     return;
   }
 #if HWY_NATIVE_FMA
-  Kernel<false>(w, x, acc, k, m, n);
+  Kernel<false>(w, x, ldx, acc, lda, k, m, n);
 #else
   // No fused multiply-add on this target: the exact scalar path.
   for (int mm = 0; mm < m; ++mm)
     for (int nn = 0; nn < n; ++nn) {
-      float c = acc[static_cast<std::ptrdiff_t>(mm) * n + nn];
+      float c = acc[static_cast<std::ptrdiff_t>(mm) * lda + nn];
       for (int kk = 0; kk < k; ++kk)
         c = std::fma(w[static_cast<std::ptrdiff_t>(kk) * m + mm],
-                     x[static_cast<std::ptrdiff_t>(kk) * n + nn], c);
-      acc[static_cast<std::ptrdiff_t>(mm) * n + nn] = c;
+                     x[static_cast<std::ptrdiff_t>(kk) * ldx + nn], c);
+      acc[static_cast<std::ptrdiff_t>(mm) * lda + nn] = c;
     }
 #endif
 }
@@ -127,8 +129,9 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace tern::sim {
 HWY_EXPORT(MatmulAccumulate);
-void matmul_accumulate(const float* w, const float* x, float* acc, int k, int m, int n, bool fp32) {
-  HWY_DYNAMIC_DISPATCH(MatmulAccumulate)(w, x, acc, k, m, n, fp32);
+void matmul_accumulate(const float* w, const float* x, std::ptrdiff_t ldx, float* acc, std::ptrdiff_t lda,
+                       int k, int m, int n, bool fp32) {
+  HWY_DYNAMIC_DISPATCH(MatmulAccumulate)(w, x, ldx, acc, lda, k, m, n, fp32);
 }
 }  // namespace tern::sim
 #endif

@@ -7,9 +7,13 @@
 // results are bit-exact and independent of the host's vector width.
 #pragma once
 
+#include <cstddef>
+
 namespace tern::sim {
 
-void matmul_accumulate(const float* w, const float* x, float* acc, int k, int m, int n,
-                       bool fp32_products);
+// w: [k][m] contiguous; x: [k][n] with row stride ldx; acc: [m][n] with
+// row stride ldacc (floats).
+void matmul_accumulate(const float* w, const float* x, std::ptrdiff_t ldx, float* acc,
+                       std::ptrdiff_t ldacc, int k, int m, int n, bool fp32_products);
 
 }  // namespace tern::sim

@@ -17,8 +17,8 @@ void Hbm::add(std::string name, std::int64_t address, std::int64_t size) {
   r.name = std::move(name);
   r.address = address;
   r.size = size;
-  r.data.assign(static_cast<std::size_t>(size), 0);
-  r.written.assign(static_cast<std::size_t>(size), 0);
+  r.data = zeroed_bytes(static_cast<std::size_t>(size));
+  r.written = zeroed_bytes(static_cast<std::size_t>(size));
   regions_.push_back(std::move(r));
 }
 
@@ -35,10 +35,17 @@ Region& Hbm::by_name(const std::string& name) {
   throw Error(fmt::format("no HBM tensor named '{}'", name));
 }
 
+Bytes zeroed_bytes(std::size_t n) {
+  auto* p = static_cast<std::uint8_t*>(std::calloc(n, 1));
+  if (!p) throw Error(fmt::format("cannot allocate {} bytes of simulated SRAM", n));
+  return Bytes(p);
+}
+
 Sram::Sram(int partitions, std::int64_t bytes_per_partition, bool track_written)
     : partitions_(partitions), bytes_(bytes_per_partition) {
-  data_.assign(static_cast<std::size_t>(partitions) * bytes_per_partition, 0);
-  if (track_written) written_.assign(data_.size(), 0);
+  const auto n = static_cast<std::size_t>(partitions) * static_cast<std::size_t>(bytes_per_partition);
+  data_ = zeroed_bytes(n);
+  if (track_written) written_ = zeroed_bytes(n);
 }
 
 }  // namespace tern::sim

@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -12,10 +14,18 @@
 
 namespace tern::sim {
 
+// Zero-filled bytes from calloc: the OS hands out zero pages lazily, so a
+// 32 MiB SBUF or a 64 MiB HBM tensor costs only the pages a run touches.
+struct FreeBytes {
+  void operator()(std::uint8_t* p) const { std::free(p); }
+};
+using Bytes = std::unique_ptr<std::uint8_t[], FreeBytes>;
+Bytes zeroed_bytes(std::size_t n);
+
 struct Region {
   std::string name;
   std::int64_t address = 0, size = 0;
-  std::vector<std::uint8_t> data, written;
+  Bytes data, written;
 };
 
 class Hbm {
@@ -35,16 +45,16 @@ class Sram {
  public:
   Sram() = default;
   Sram(int partitions, std::int64_t bytes_per_partition, bool track_written);
-  std::uint8_t* row(int p) { return data_.data() + p * bytes_; }
-  std::uint8_t* written_row(int p) { return written_.data() + p * bytes_; }
-  bool tracks_written() const { return !written_.empty(); }
+  std::uint8_t* row(int p) { return data_.get() + p * bytes_; }
+  std::uint8_t* written_row(int p) { return written_.get() + p * bytes_; }
+  bool tracks_written() const { return written_ != nullptr; }
   int partitions() const { return partitions_; }
   std::int64_t bytes_per_partition() const { return bytes_; }
 
  private:
   int partitions_ = 0;
   std::int64_t bytes_ = 0;
-  std::vector<std::uint8_t> data_, written_;
+  Bytes data_, written_;
 };
 
 }  // namespace tern::sim

@@ -63,8 +63,8 @@ void Simulator::write_bytes(const std::string& tensor, std::span<const std::uint
   if (static_cast<std::int64_t>(bytes.size()) != r.size) {
     throw Error(fmt::format("tensor '{}' holds {} bytes, got {}", tensor, r.size, bytes.size()));
   }
-  std::copy(bytes.begin(), bytes.end(), r.data.begin());
-  std::fill(r.written.begin(), r.written.end(), 1);
+  std::copy(bytes.begin(), bytes.end(), r.data.get());
+  std::memset(r.written.get(), 1, static_cast<std::size_t>(r.size));
 }
 
 void Simulator::write(const std::string& tensor, std::span<const float> values) {
@@ -88,7 +88,7 @@ std::vector<float> Simulator::read(const std::string& tensor) const {
   std::vector<std::int64_t> offs(static_cast<std::size_t>(t.elements()));
   for (std::size_t i = 0; i < offs.size(); ++i) offs[i] = static_cast<std::int64_t>(i) * sz;
   std::vector<float> out(offs.size());
-  decode_row(t.dtype, r.data.data(), offs, out.data());
+  decode_row(t.dtype, r.data.get(), offs, out.data());
   return out;
 }
 
@@ -127,33 +127,50 @@ struct Simulator::Impl {
       // load() checked that the whole pattern lies inside one declared tensor.
       Region* reg = s.hbm_.find(ap.min_byte(), ap.max_byte() - ap.min_byte());
       const std::int64_t off = ap.row_address(r) - reg->address;
-      return {reg->data.data() + off, reg->written.data() + off};
+      return {reg->data.get() + off, reg->written.get() + off};
     }
     Sram& m = sram(core, ap.mem);
     return {m.row(ap.start_partition + r),
             m.tracks_written() ? m.written_row(ap.start_partition + r) : nullptr};
   }
 
+  // Whether the free offsets are one contiguous run of elements.
+  static bool contiguous(const std::vector<std::int64_t>& offs, int sz) {
+    return offs.empty() || offs.back() - offs.front() == static_cast<std::int64_t>(offs.size() - 1) * sz;
+  }
+
+  [[noreturn]] static void uninitialized(const char* what, const AccessPattern& ap, int r, std::int64_t byte) {
+    throw Error(fmt::format("{} reads never-written {} memory (row {}, byte {} of {}): uninitialized data",
+                            what, isa::mem_name(ap.mem), ap.mem == Mem::hbm ? r : ap.start_partition + r, byte,
+                            isa::to_string(ap)));
+  }
+
   std::vector<float> read(int core, const AccessPattern& ap, const char* what) {
     const auto offs = free_offsets(ap);
     const int rows = ap.rows();
     const int sz = isa::size_bytes(ap.dtype);
+    const bool run = contiguous(offs, sz);
     std::vector<float> v(static_cast<std::size_t>(rows) * offs.size());
     for (int r = 0; r < rows; ++r) {
       auto [base, written] = row(core, ap, r);
       if (written) {
-        for (std::size_t i = 0; i < offs.size(); ++i) {
-          for (int b = 0; b < sz; ++b) {
-            if (!written[offs[i] + b]) {
-              throw Error(fmt::format(
-                  "{} reads never-written {} memory (row {}, byte {} of {}): uninitialized data",
-                  what, isa::mem_name(ap.mem), ap.mem == Mem::hbm ? r : ap.start_partition + r,
-                  offs[i] + b, isa::to_string(ap)));
-            }
+        if (run) {
+          const std::size_t len = offs.size() * static_cast<std::size_t>(sz);
+          if (const void* z = std::memchr(written + offs.front(), 0, len)) {
+            uninitialized(what, ap, r, static_cast<const std::uint8_t*>(z) - written);
           }
+        } else {
+          for (std::size_t i = 0; i < offs.size(); ++i)
+            for (int b = 0; b < sz; ++b)
+              if (!written[offs[i] + b]) uninitialized(what, ap, r, offs[i] + b);
         }
       }
-      decode_row(ap.dtype, base, offs, v.data() + static_cast<std::size_t>(r) * offs.size());
+      float* out = v.data() + static_cast<std::size_t>(r) * offs.size();
+      if (run && ap.dtype == DType::fp32) {
+        std::memcpy(out, base + offs.front(), offs.size() * sizeof(float));
+      } else {
+        decode_row(ap.dtype, base, offs, out);
+      }
     }
     return v;
   }
@@ -161,15 +178,24 @@ struct Simulator::Impl {
   void write(int core, const AccessPattern& ap, const std::vector<float>& v) {
     const auto offs = free_offsets(ap);
     const int sz = isa::size_bytes(ap.dtype);
+    const bool run = contiguous(offs, sz);
     num::CastOptions co;
     co.rounding = opt.stochastic_rounding ? num::Rounding::stochastic : num::Rounding::nearest_even;
     co.seed = opt.seed;
     for (int r = 0; r < ap.rows(); ++r) {
       auto [base, written] = row(core, ap, r);
-      encode_row(ap.dtype, v.data() + static_cast<std::size_t>(r) * offs.size(), offs, base, co,
-                 (serial << 24) + static_cast<std::uint64_t>(r) * offs.size());
+      const float* in = v.data() + static_cast<std::size_t>(r) * offs.size();
+      if (run && ap.dtype == DType::fp32) {
+        std::memcpy(base + offs.front(), in, offs.size() * sizeof(float));
+      } else {
+        encode_row(ap.dtype, in, offs, base, co, (serial << 24) + static_cast<std::uint64_t>(r) * offs.size());
+      }
       if (written) {
-        for (auto o : offs) std::memset(written + o, 1, static_cast<std::size_t>(sz));
+        if (run) {
+          std::memset(written + offs.front(), 1, offs.size() * static_cast<std::size_t>(sz));
+        } else {
+          for (auto o : offs) std::memset(written + o, 1, static_cast<std::size_t>(sz));
+        }
       }
     }
   }
@@ -195,14 +221,37 @@ struct Simulator::Impl {
         const AccessPattern& mv = ops[1];
         const std::vector<float> m = read(core, mv, "the moving tensor");
         const int n = static_cast<int>(mv.free_size());
+        const bool fp32 = st.dtype == DType::fp32 || mv.dtype == DType::fp32;
+        const auto offs = free_offsets(d);
+        if (d.dtype == DType::fp32 && contiguous(offs, 4)) {
+          // FP32 PSUM: accumulate in place, one partition per output row.
+          Sram& ps = sram(core, Mem::psum);
+          const std::int64_t first = offs.front();
+          for (int r = 0; r < d.partitions; ++r) {
+            std::uint8_t* w = ps.written_row(d.start_partition + r) + first;
+            if (in.accumulate) {
+              if (const void* z = std::memchr(w, 0, static_cast<std::size_t>(n) * 4)) {
+                uninitialized("accumulate=True onto PSUM", d, r, static_cast<const std::uint8_t*>(z) - w + first);
+              }
+            } else {
+              std::memset(ps.row(d.start_partition + r) + first, 0, static_cast<std::size_t>(n) * 4);
+            }
+          }
+          float* acc = reinterpret_cast<float*>(ps.row(d.start_partition) + first);
+          matmul_accumulate(st.w.data(), m.data(), n, acc, ps.bytes_per_partition() / 4, st.k, st.m, n, fp32);
+          for (int r = 0; r < d.partitions; ++r) {
+            std::memset(ps.written_row(d.start_partition + r) + first, 1, static_cast<std::size_t>(n) * 4);
+          }
+          break;
+        }
+        // BF16 PSUM (v4): read, upcast, accumulate in FP32, round back once.
         std::vector<float> acc;
         if (in.accumulate) {
           acc = read(core, d, "accumulate=True onto PSUM");
         } else {
           acc.assign(static_cast<std::size_t>(st.m) * n, 0.0f);
         }
-        const bool fp32 = st.dtype == DType::fp32 || mv.dtype == DType::fp32;
-        matmul_accumulate(st.w.data(), m.data(), acc.data(), st.k, st.m, n, fp32);
+        matmul_accumulate(st.w.data(), m.data(), n, acc.data(), n, st.k, st.m, n, fp32);
         write(core, d, acc);
         break;
       }
