@@ -12,8 +12,10 @@ packages=(
   build-essential cmake ninja-build ccache pkg-config git
   libfmt-dev libcli11-dev nlohmann-json3-dev libtomlplusplus-dev libhwy-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  libopenblas-dev    # the baseline of the simulator's matmul benchmark
   libmpfr-dev        # test oracle for the number formats
   python3            # /usr/bin/python3: JSON checks in the CLI tests
+  python3-jsonschema # trace schema check
 )
 
 missing=()

@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   tern::cli::add_info_command(app);
   tern::cli::add_num_command(app);
+  tern::cli::add_sim_commands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -23,8 +23,8 @@ HWY_INLINE V Step(V w, V x, V acc) {
 }
 
 template <bool kFp32>
-void Kernel(const float* w, const float* x, std::ptrdiff_t ldx, float* acc, std::ptrdiff_t lda, int K,
-            int M, int N) {
+void Kernel(const float* w, const float* x, std::ptrdiff_t ldx, float* acc, std::ptrdiff_t lda,
+            int K, int M, int N) {
   const hn::ScalableTag<float> d;
   const int L = static_cast<int>(hn::Lanes(d));
   int m = 0;
@@ -101,8 +101,8 @@ void Kernel(const float* w, const float* x, std::ptrdiff_t ldx, float* acc, std:
   }
 }
 
-void MatmulAccumulate(const float* w, const float* x, std::ptrdiff_t ldx, float* acc, std::ptrdiff_t lda,
-                      int k, int m, int n, bool fp32) {
+void MatmulAccumulate(const float* w, const float* x, std::ptrdiff_t ldx, float* acc,
+                      std::ptrdiff_t lda, int k, int m, int n, bool fp32) {
   if (fp32) {
     Kernel<true>(w, x, ldx, acc, lda, k, m, n);
     return;
@@ -129,8 +129,8 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace tern::sim {
 HWY_EXPORT(MatmulAccumulate);
-void matmul_accumulate(const float* w, const float* x, std::ptrdiff_t ldx, float* acc, std::ptrdiff_t lda,
-                       int k, int m, int n, bool fp32) {
+void matmul_accumulate(const float* w, const float* x, std::ptrdiff_t ldx, float* acc,
+                       std::ptrdiff_t lda, int k, int m, int n, bool fp32) {
   HWY_DYNAMIC_DISPATCH(MatmulAccumulate)(w, x, ldx, acc, lda, k, m, n, fp32);
 }
 }  // namespace tern::sim

@@ -43,7 +43,8 @@ Bytes zeroed_bytes(std::size_t n) {
 
 Sram::Sram(int partitions, std::int64_t bytes_per_partition, bool track_written)
     : partitions_(partitions), bytes_(bytes_per_partition) {
-  const auto n = static_cast<std::size_t>(partitions) * static_cast<std::size_t>(bytes_per_partition);
+  const auto n =
+      static_cast<std::size_t>(partitions) * static_cast<std::size_t>(bytes_per_partition);
   data_ = zeroed_bytes(n);
   if (track_written) written_ = zeroed_bytes(n);
 }

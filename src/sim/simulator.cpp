@@ -92,6 +92,11 @@ std::vector<float> Simulator::read(const std::string& tensor) const {
   return out;
 }
 
+std::vector<std::uint8_t> Simulator::read_bytes(const std::string& tensor) const {
+  const Region& r = const_cast<Hbm&>(hbm_).by_name(tensor);
+  return {r.data.get(), r.data.get() + r.size};
+}
+
 // ------------------------------------------------------------------ run
 
 struct Simulator::Impl {
@@ -136,13 +141,16 @@ struct Simulator::Impl {
 
   // Whether the free offsets are one contiguous run of elements.
   static bool contiguous(const std::vector<std::int64_t>& offs, int sz) {
-    return offs.empty() || offs.back() - offs.front() == static_cast<std::int64_t>(offs.size() - 1) * sz;
+    return offs.empty() ||
+           offs.back() - offs.front() == static_cast<std::int64_t>(offs.size() - 1) * sz;
   }
 
-  [[noreturn]] static void uninitialized(const char* what, const AccessPattern& ap, int r, std::int64_t byte) {
-    throw Error(fmt::format("{} reads never-written {} memory (row {}, byte {} of {}): uninitialized data",
-                            what, isa::mem_name(ap.mem), ap.mem == Mem::hbm ? r : ap.start_partition + r, byte,
-                            isa::to_string(ap)));
+  [[noreturn]] static void uninitialized(const char* what, const AccessPattern& ap, int r,
+                                         std::int64_t byte) {
+    throw Error(
+        fmt::format("{} reads never-written {} memory (row {}, byte {} of {}): uninitialized data",
+                    what, isa::mem_name(ap.mem), ap.mem == Mem::hbm ? r : ap.start_partition + r,
+                    byte, isa::to_string(ap)));
   }
 
   std::vector<float> read(int core, const AccessPattern& ap, const char* what) {
@@ -188,7 +196,8 @@ struct Simulator::Impl {
       if (run && ap.dtype == DType::fp32) {
         std::memcpy(base + offs.front(), in, offs.size() * sizeof(float));
       } else {
-        encode_row(ap.dtype, in, offs, base, co, (serial << 24) + static_cast<std::uint64_t>(r) * offs.size());
+        encode_row(ap.dtype, in, offs, base, co,
+                   (serial << 24) + static_cast<std::uint64_t>(r) * offs.size());
       }
       if (written) {
         if (run) {
@@ -231,16 +240,20 @@ struct Simulator::Impl {
             std::uint8_t* w = ps.written_row(d.start_partition + r) + first;
             if (in.accumulate) {
               if (const void* z = std::memchr(w, 0, static_cast<std::size_t>(n) * 4)) {
-                uninitialized("accumulate=True onto PSUM", d, r, static_cast<const std::uint8_t*>(z) - w + first);
+                uninitialized("accumulate=True onto PSUM", d, r,
+                              static_cast<const std::uint8_t*>(z) - w + first);
               }
             } else {
-              std::memset(ps.row(d.start_partition + r) + first, 0, static_cast<std::size_t>(n) * 4);
+              std::memset(ps.row(d.start_partition + r) + first, 0,
+                          static_cast<std::size_t>(n) * 4);
             }
           }
           float* acc = reinterpret_cast<float*>(ps.row(d.start_partition) + first);
-          matmul_accumulate(st.w.data(), m.data(), n, acc, ps.bytes_per_partition() / 4, st.k, st.m, n, fp32);
+          matmul_accumulate(st.w.data(), m.data(), n, acc, ps.bytes_per_partition() / 4, st.k, st.m,
+                            n, fp32);
           for (int r = 0; r < d.partitions; ++r) {
-            std::memset(ps.written_row(d.start_partition + r) + first, 1, static_cast<std::size_t>(n) * 4);
+            std::memset(ps.written_row(d.start_partition + r) + first, 1,
+                        static_cast<std::size_t>(n) * 4);
           }
           break;
         }

@@ -80,6 +80,8 @@ class Simulator {
   void write_bytes(const std::string& tensor, std::span<const std::uint8_t> bytes);
   // The tensor decoded to FP32.
   std::vector<float> read(const std::string& tensor) const;
+  // The tensor's raw bytes in its dtype.
+  std::vector<std::uint8_t> read_bytes(const std::string& tensor) const;
 
   RunStats run(const Options& opt = {});
 

@@ -132,5 +132,45 @@ printf '[chip\nname = 1\n' >"$tmp/syntax.toml"
 expect_err "TOML syntax error" info --arch "$tmp/syntax.toml"
 expect_err "no such hardware description file" info --arch "$tmp/absent.toml"
 
+# Issue 3: tern bench matmul and tern run
+for cmd in run bench "bench matmul"; do
+  # shellcheck disable=SC2086
+  expect_ok "Usage|Options" $cmd --help
+done
+expect_json 'j["check"]["bit_exact"] and j["check"]["elements"] == 256 * 300 and j["mode"] == "both"' bench matmul --m 256 --n 300 --k 200 --json
+expect_json 'j["check"]["bit_exact"]' bench matmul --m 130 --n 70 --k 129 --dtype fp32 --json
+expect_json 'j["check"]["bit_exact"]' bench matmul --m 64 --n 96 --k 160 --dtype fp8_e4m3 --out bf16 --json
+expect_json 'j["check"]["bit_exact"]' bench matmul --arch trn2 --m 100 --n 100 --k 100 --dtype fp8_e4m3_legacy --json
+expect_json 'j["mode"] == "timing" and j["check"] is None and j["latency_over_bound"] < 1.3' bench matmul --json
+expect_ok "latency is [0-9.]+x the bound" bench matmul --m 256 --n 512 --k 256
+expect_ok "result check: bit-exact" bench matmul --m 256 --n 512 --k 256
+expect_json 'j["cores"] == 2 and j["check"]["bit_exact"]' bench matmul --m 600 --n 256 --k 128 --cores 2 --json
+run bench matmul --m 200 --n 300 --k 100 --save "$tmp/mm.tern" --json
+bench_latency=$("$PY" -c "import json; print(json.load(open('$tmp/out'))['latency_ns'])")
+expect_json "abs(j['latency_ns'] - $bench_latency) < 1e-6" run "$tmp/mm.tern" --json
+expect_json "abs(j['latency_ns'] - $bench_latency) < 1e-6" run "$tmp/mm.tern" --mode timing --json
+"$TERN" bench matmul --m 64 --n 64 --k 64 --save "$tmp/mm.txt" >/dev/null
+if head -1 "$tmp/mm.txt" | grep -q '^tern-program 1$'; then ok; else bad "the text program lacks its header"; fi
+expect_ok "latency" run "$tmp/mm.txt" --trace "$tmp/run_trace.json"
+if [ -s "$tmp/run_trace.json" ]; then ok; else bad "tern run --trace wrote nothing"; fi
+expect_ok "latency" run "$tmp/mm.tern" --output "c=$tmp/c.bin"
+if [ "$(stat -c %s "$tmp/c.bin")" -eq $((200 * 300 * 4)) ]; then ok; else bad "--output wrote the wrong size"; fi
+head -c 100 "$tmp/mm.tern" >"$tmp/trunc.tern"
+expect_err "corrupt program file" run "$tmp/trunc.tern"
+printf 'hello\n' >"$tmp/junk.tern"
+expect_err "line 1: expected 'tern-program <version>'" run "$tmp/junk.tern"
+expect_err "cannot open program file" run "$tmp/none.tern"
+expect_err "built for trn3 but the simulated chip is trn2" run "$tmp/mm.tern" --arch trn2
+expect_err "unknown simulation mode 'fast'" run "$tmp/mm.tern" --mode fast
+expect_err "no HBM tensor named 'x'" run "$tmp/mm.tern" --input "x=$tmp/c.bin"
+expect_err "tensor 'b' holds 60000 bytes, got 240000" run "$tmp/mm.tern" --input "b=$tmp/c.bin"
+expect_err "expected NAME=FILE" run "$tmp/mm.tern" --input b
+expect_err "not supported: matmul with int8 inputs" bench matmul --dtype int8 --m 8 --n 8 --k 8
+expect_err "float8_e4m3fn is not a trn2 (NeuronCore-v3) data type" bench matmul --arch trn2 --dtype fp8_e4m3 --m 8 --n 8 --k 8
+expect_err "M, N, K must be >= 1" bench matmul --m 0
+expect_err "unknown dtype 'bf17'" bench matmul --dtype bf17
+expect_err "--check 'maybe'" bench matmul --check maybe --m 8 --n 8 --k 8
+expect_err "a kernel for 9 cores, but trn3 has 8" bench matmul --cores 9 --m 8 --n 8 --k 8
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -1,0 +1,266 @@
+// `tern run` (run a program file on the simulated chip) and `tern bench
+// matmul` (build, simulate and check the built-in matmul kernel).
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "arch/chip.h"
+#include "cli/commands.h"
+#include "isa/program.h"
+#include "kernel/kernels.h"
+#include "kernel/reference.h"
+#include "num/convert.h"
+#include "profile/profile.h"
+#include "sim/simulator.h"
+#include "util/error.h"
+
+namespace tern::cli {
+
+namespace {
+
+using nlohmann::json;
+
+// Deterministic inputs: normal(0, 1) values rounded to the tensor's dtype.
+std::vector<float> random_input(const isa::HbmTensor& t, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> v(static_cast<std::size_t>(t.elements()));
+  for (float& x : v) x = d(rng);
+  if (const num::Format* f = isa::format_of(t.dtype); f && t.dtype != isa::DType::fp32) {
+    num::round_array(*f, v, {num::Rounding::nearest_even, num::Overflow::saturate, 0});
+  }
+  return v;
+}
+
+std::vector<std::uint8_t> read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(fmt::format("{}: cannot open input file", path));
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+std::pair<std::string, std::string> split_assignment(const std::string& s, const char* what) {
+  const auto eq = s.find('=');
+  if (eq == std::string::npos || eq == 0 || eq + 1 == s.size()) {
+    throw Error(fmt::format("{} '{}': expected NAME=FILE", what, s));
+  }
+  return {s.substr(0, eq), s.substr(eq + 1)};
+}
+
+void add_run(CLI::App& app) {
+  struct A {
+    std::string program, arch, trace, mode = "both";
+    std::vector<std::string> inputs, outputs;
+    std::uint64_t seed = 0;
+    bool json = false;
+  };
+  auto a = std::make_shared<A>();
+  auto* cmd =
+      app.add_subcommand("run", "Run a program file (.tern binary or text) on the simulated chip");
+  cmd->add_option("program", a->program, "Program file")->required();
+  cmd->add_option("--arch", a->arch,
+                  "Chip to simulate (default: the one the program was built for)");
+  cmd->add_option("--mode", a->mode, "both (data and time), functional or timing (no data)")
+      ->capture_default_str();
+  cmd->add_option("--trace", a->trace, "Write a Perfetto / chrome://tracing trace (JSON)");
+  cmd->add_option("--input", a->inputs,
+                  "NAME=FILE: raw bytes of an input tensor in its dtype (others: random)");
+  cmd->add_option("--output", a->outputs, "NAME=FILE: write an output tensor's raw bytes");
+  cmd->add_option("--seed", a->seed, "Seed of the random inputs")->capture_default_str();
+  cmd->add_flag("--json", a->json, "Print the summary as JSON");
+  cmd->callback([a] {
+    const isa::Program p = isa::load_program(a->program);
+    const arch::ChipSpec chip = arch::load_chip(a->arch.empty() ? p.arch : a->arch);
+    sim::Options opt;
+    opt.mode = sim::parse_mode(a->mode);
+    opt.trace = !a->trace.empty();
+    sim::Simulator s(chip);
+    s.load(p);
+    std::vector<std::string> given;
+    for (const auto& in : a->inputs) {
+      const auto [name, file] = split_assignment(in, "--input");
+      s.write_bytes(name, read_file(file));
+      given.push_back(name);
+    }
+    if (opt.mode != sim::Mode::timing) {
+      std::uint64_t k = 0;
+      for (const auto& t : p.tensors) {
+        if (t.kind != isa::TensorKind::input ||
+            std::find(given.begin(), given.end(), t.name) != given.end())
+          continue;
+        s.write(t.name, random_input(t, a->seed + k++));
+      }
+    }
+    const sim::RunStats st = s.run(opt);
+    for (const auto& out : a->outputs) {
+      const auto [name, file] = split_assignment(out, "--output");
+      if (opt.mode == sim::Mode::timing)
+        throw Error("--output needs data: use --mode both or functional");
+      std::ofstream o(file, std::ios::binary);
+      // Raw bytes in the tensor's dtype, as stored.
+      const auto raw = s.read_bytes(name);
+      o.write(reinterpret_cast<const char*>(raw.data()), static_cast<std::streamsize>(raw.size()));
+      if (!o) throw Error(fmt::format("cannot write {}", file));
+    }
+    if (opt.trace) profile::write_trace(st, chip, a->trace);
+    const auto sum = profile::summarize(st, chip);
+    if (a->json) {
+      std::printf("%s\n", profile::to_json(sum).dump(2).c_str());
+    } else {
+      std::printf("%s on %s (%s mode)\n%s", a->program.c_str(), chip.name.c_str(), a->mode.c_str(),
+                  profile::to_text(sum).c_str());
+      if (opt.trace)
+        std::printf("trace written to %s (open in https://ui.perfetto.dev)\n", a->trace.c_str());
+    }
+  });
+}
+
+void add_bench(CLI::App& app) {
+  auto* bench =
+      app.add_subcommand("bench", "Simulate built-in kernels and report time and efficiency");
+  bench->require_subcommand(1);
+  struct A {
+    std::string arch = "trn3", dtype = "bf16", out = "fp32", trace, mode = "auto", check = "auto",
+                save;
+    std::int64_t m = 4096, n = 4096, k = 4096;
+    int cores = 1;
+    bool json = false;
+  };
+  auto a = std::make_shared<A>();
+  auto* cmd = bench->add_subcommand("matmul",
+                                    "C = A @ B on the simulated chip: latency, TFLOPS, % of peak");
+  cmd->add_option("--arch", a->arch, "Chip")->capture_default_str();
+  cmd->add_option("--m", a->m, "Rows of A and C")->capture_default_str();
+  cmd->add_option("--n", a->n, "Columns of B and C")->capture_default_str();
+  cmd->add_option("--k", a->k, "Contraction size")->capture_default_str();
+  cmd->add_option(
+         "--dtype", a->dtype,
+         "Input dtype: bf16, fp16, fp32, tf32, fp8_e4m3 (trn3), fp8_e5m2, fp8_e4m3_legacy (trn1/2)")
+      ->capture_default_str();
+  cmd->add_option("--out", a->out, "Output dtype: fp32 or bf16")->capture_default_str();
+  cmd->add_option("--cores", a->cores, "NeuronCores to spread M over")->capture_default_str();
+  cmd->add_option("--mode", a->mode, "auto (data when small enough), both, functional or timing")
+      ->capture_default_str();
+  cmd->add_option("--check", a->check, "Check C against the host reference: auto, yes, no")
+      ->capture_default_str();
+  cmd->add_option("--trace", a->trace, "Write a Perfetto / chrome://tracing trace (JSON)");
+  cmd->add_option("--save", a->save, "Save the generated program (.tern binary, .txt text)");
+  cmd->add_flag("--json", a->json, "Print JSON");
+  cmd->callback([a] {
+    const arch::ChipSpec chip = arch::load_chip(a->arch);
+    kernel::MatmulSpec spec{
+        a->m, a->n, a->k, isa::parse_dtype(a->dtype), isa::parse_dtype(a->out), a->cores};
+    const auto t0 = std::chrono::steady_clock::now();
+    const isa::Program p = kernel::matmul_kernel(chip, spec);
+    if (!a->save.empty()) isa::save_program(p, a->save);
+    // Data for shapes whose host reference takes about a second at most.
+    const double work =
+        static_cast<double>(a->m) * static_cast<double>(a->n) * static_cast<double>(a->k);
+    const bool small = work <= 1.1e9;
+    sim::Options opt;
+    opt.mode = a->mode == "auto" ? (small ? sim::Mode::both : sim::Mode::timing)
+                                 : sim::parse_mode(a->mode);
+    opt.trace = !a->trace.empty();
+    if (a->check != "auto" && a->check != "yes" && a->check != "no") {
+      throw Error(fmt::format("--check '{}': expected auto, yes or no", a->check));
+    }
+    const bool check =
+        opt.mode != sim::Mode::timing && (a->check == "yes" || (a->check == "auto" && small));
+    if (a->check == "yes" && opt.mode == sim::Mode::timing)
+      throw Error("--check yes needs data: not with --mode timing");
+    sim::Simulator s(chip);
+    s.load(p);
+    std::vector<float> at, b;
+    if (opt.mode != sim::Mode::timing) {
+      at = random_input(p.tensor("at"), 1);
+      b = random_input(p.tensor("b"), 2);
+      s.write("at", at);
+      s.write("b", b);
+    }
+    const auto t1 = std::chrono::steady_clock::now();
+    const sim::RunStats st = s.run(opt);
+    const auto t2 = std::chrono::steady_clock::now();
+    json check_result = nullptr;
+    std::string check_text =
+        "result check: skipped (timing-only or large shape; --check yes forces it)";
+    if (check) {
+      auto want = kernel::matmul_reference(at, b, a->m, a->n, a->k, spec.in == isa::DType::fp32);
+      if (spec.out != isa::DType::fp32) num::round_array(*isa::format_of(spec.out), want);
+      const auto got = s.read("c");
+      std::size_t mismatches = 0;
+      for (std::size_t i = 0; i < got.size(); ++i)
+        mismatches += std::bit_cast<std::uint32_t>(got[i]) != std::bit_cast<std::uint32_t>(want[i]);
+      check_result = {
+          {"bit_exact", mismatches == 0}, {"mismatches", mismatches}, {"elements", got.size()}};
+      check_text =
+          mismatches == 0
+              ? fmt::format("result check: bit-exact against the host reference ({} elements)",
+                            got.size())
+              : fmt::format("result check: {} of {} elements differ from the host reference",
+                            mismatches, got.size());
+      if (mismatches) throw Error(check_text);
+    }
+    if (opt.trace) profile::write_trace(st, chip, a->trace);
+    const auto sum = profile::summarize(st, chip);
+    const std::string peak_key = spec.in == isa::DType::fp32   ? "fp32"
+                                 : spec.in == isa::DType::tf32 ? "tf32"
+                                 : isa::is_fp8(spec.in)        ? "fp8"
+                                 : spec.in == isa::DType::fp16 ? "fp16"
+                                                               : "bf16";
+    const double flops = 2.0 * work;
+    const double bound_ns = flops / (chip.tensor_peak_per_core(peak_key).value() * a->cores) * 1e9;
+    const double host_s = std::chrono::duration<double>(t2 - t1).count();
+    const double build_s = std::chrono::duration<double>(t1 - t0).count();
+    if (a->json) {
+      json j = profile::to_json(sum);
+      j["kernel"] = {{"name", "matmul"},  {"m", a->m},         {"n", a->n},
+                     {"k", a->k},         {"dtype", a->dtype}, {"out", a->out},
+                     {"cores", a->cores}, {"arch", chip.name}};
+      j["peak_bound_ns"] = bound_ns;
+      j["latency_over_bound"] = st.latency_ns / bound_ns;
+      j["tflops"] = flops / st.latency_ns / 1e3;
+      j["peak_percent"] = 100.0 * bound_ns / st.latency_ns;
+      j["host_seconds"] = host_s;
+      j["build_seconds"] = build_s;
+      j["mode"] = opt.mode == sim::Mode::timing       ? "timing"
+                  : opt.mode == sim::Mode::functional ? "functional"
+                                                      : "both";
+      j["check"] = check_result;
+      std::printf("%s\n", j.dump(2).c_str());
+      return;
+    }
+    std::printf("matmul %lld x %lld x %lld %s -> %s on %s, %d core%s (%s)\n",
+                static_cast<long long>(a->m), static_cast<long long>(a->n),
+                static_cast<long long>(a->k), a->dtype.c_str(), a->out.c_str(), chip.name.c_str(),
+                a->cores, a->cores == 1 ? "" : "s",
+                opt.mode == sim::Mode::timing ? "timing only" : "functional + timing");
+    std::printf("%s", profile::to_text(sum).c_str());
+    std::printf(
+        "peak-FLOPS bound  %.3f us: latency is %.3fx the bound (%.1f %% of peak, %.1f TFLOPS)\n",
+        bound_ns / 1e3, st.latency_ns / bound_ns, 100.0 * bound_ns / st.latency_ns,
+        flops / st.latency_ns / 1e3);
+    std::printf("host time        %.3f s to simulate (%.0f instructions/s), %.3f s to build\n",
+                host_s, static_cast<double>(st.instructions) / std::max(host_s, 1e-9), build_s);
+    std::printf("%s\n", check_text.c_str());
+    if (opt.trace)
+      std::printf("trace written to %s (open in https://ui.perfetto.dev)\n", a->trace.c_str());
+  });
+}
+
+}  // namespace
+
+void add_sim_commands(CLI::App& app) {
+  add_run(app);
+  add_bench(app);
+}
+
+}  // namespace tern::cli
