@@ -142,9 +142,10 @@ void add_bench(CLI::App& app) {
   cmd->add_option("--m", a->m, "Rows of A and C")->capture_default_str();
   cmd->add_option("--n", a->n, "Columns of B and C")->capture_default_str();
   cmd->add_option("--k", a->k, "Contraction size")->capture_default_str();
-  cmd->add_option(
-         "--dtype", a->dtype,
-         "Input dtype: bf16, fp16, fp32, tf32, fp8_e4m3 (trn3), fp8_e5m2, fp8_e4m3_legacy (trn1/2)")
+  cmd->add_option("--dtype", a->dtype,
+                  "Input dtype: bf16, fp16, fp32, tf32, fp8_e4m3 (trn3), fp8_e5m2, fp8_e4m3_legacy "
+                  "(trn1/2), "
+                  "mxfp8 / mxfp8_e5m2 (trn3: BF16 inputs quantized on chip)")
       ->capture_default_str();
   cmd->add_option("--out", a->out, "Output dtype: fp32 or bf16")->capture_default_str();
   cmd->add_option("--cores", a->cores, "NeuronCores to spread M over")->capture_default_str();
@@ -157,8 +158,13 @@ void add_bench(CLI::App& app) {
   cmd->add_flag("--json", a->json, "Print JSON");
   cmd->callback([a] {
     const arch::ChipSpec chip = arch::load_chip(a->arch);
-    kernel::MatmulSpec spec{
-        a->m, a->n, a->k, isa::parse_dtype(a->dtype), isa::parse_dtype(a->out), a->cores};
+    // "mxfp8" names the MX matmul (BF16 inputs quantized on chip).
+    const std::string dt = a->dtype == "mxfp8" || a->dtype == "mxfp8_e4m3" ? "fp8_e4m3_x4"
+                           : a->dtype == "mxfp8_e5m2"                      ? "fp8_e5m2_x4"
+                                                                           : a->dtype;
+    kernel::MatmulSpec spec{a->m,    a->n, a->k, isa::parse_dtype(dt), isa::parse_dtype(a->out),
+                            a->cores};
+    const bool mx = isa::is_x4(spec.in);
     const auto t0 = std::chrono::steady_clock::now();
     const isa::Program p = kernel::matmul_kernel(chip, spec);
     if (!a->save.empty()) isa::save_program(p, a->save);
@@ -193,7 +199,12 @@ void add_bench(CLI::App& app) {
     std::string check_text =
         "result check: skipped (timing-only or large shape; --check yes forces it)";
     if (check) {
-      auto want = kernel::matmul_reference(at, b, a->m, a->n, a->k, spec.in == isa::DType::fp32);
+      const bool e5m2 = spec.in == isa::DType::fp8_e5m2_x4;
+      auto want =
+          mx ? kernel::matmul_reference(kernel::mx_roundtrip_columns(at, a->k, a->m, e5m2),
+                                        kernel::mx_roundtrip_columns(b, a->k, a->n, e5m2), a->m,
+                                        a->n, a->k, false)
+             : kernel::matmul_reference(at, b, a->m, a->n, a->k, spec.in == isa::DType::fp32);
       if (spec.out != isa::DType::fp32) num::round_array(*isa::format_of(spec.out), want);
       const auto got = s.read("c");
       std::size_t mismatches = 0;
@@ -211,7 +222,8 @@ void add_bench(CLI::App& app) {
     }
     if (opt.trace) profile::write_trace(st, chip, a->trace);
     const auto sum = profile::summarize(st, chip);
-    const std::string peak_key = spec.in == isa::DType::fp32   ? "fp32"
+    const std::string peak_key = mx                            ? "mxfp8"
+                                 : spec.in == isa::DType::fp32 ? "fp32"
                                  : spec.in == isa::DType::tf32 ? "tf32"
                                  : isa::is_fp8(spec.in)        ? "fp8"
                                  : spec.in == isa::DType::fp16 ? "fp16"

@@ -28,6 +28,9 @@ constexpr std::array<Info, static_cast<std::size_t>(DType::count_)> kInfo = {{
     {"uint16", "u16", 2, -1},
     {"int32", "i32", 4, -1},
     {"uint32", "u32", 4, -1},
+    {"float8_e4m3fn_x4", "fp8_e4m3_x4", 4, -1},
+    {"float8_e5m2_x4", "fp8_e5m2_x4", 4, -1},
+    {"float4_e2m1fn_x4", "fp4_e2m1_x4", 2, -1},
 }};
 const Info& info(DType d) {
   return kInfo[static_cast<std::size_t>(d)];
@@ -50,6 +53,23 @@ bool is_fp8(DType d) {
 const num::Format* format_of(DType d) {
   const int f = info(d).format;
   return f < 0 ? nullptr : &num::format(static_cast<num::FormatId>(f));
+}
+
+bool is_x4(DType d) {
+  return d == DType::fp8_e4m3_x4 || d == DType::fp8_e5m2_x4 || d == DType::fp4_e2m1_x4;
+}
+
+const num::Format* x4_element(DType d) {
+  switch (d) {
+    case DType::fp8_e4m3_x4:
+      return &num::format(num::FormatId::e4m3);
+    case DType::fp8_e5m2_x4:
+      return &num::format(num::FormatId::e5m2);
+    case DType::fp4_e2m1_x4:
+      return &num::format(num::FormatId::e2m1);
+    default:
+      return nullptr;
+  }
 }
 
 DType parse_dtype(std::string_view s) {

@@ -24,6 +24,12 @@ enum class DType : std::uint8_t {
   uint16,
   int32,
   uint32,
+  // NeuronCore-v4 x4-packed MX element types: four consecutive contraction
+  // values in one element (element 0 in the low bits). Only DMA moves them,
+  // quantize_mx writes them and the Tensor engine's MX matmul reads them.
+  fp8_e4m3_x4,
+  fp8_e5m2_x4,
+  fp4_e2m1_x4,
   count_,
 };
 
@@ -35,7 +41,10 @@ std::string_view name(DType d);
 DType parse_dtype(std::string_view s);
 bool is_float(DType d);
 bool is_fp8(DType d);
-// The number format of a float type (nullptr for integers).
+// The number format of a float type (nullptr for integers and x4 types).
 const num::Format* format_of(DType d);
+bool is_x4(DType d);
+// The element format of an x4-packed type (nullptr otherwise).
+const num::Format* x4_element(DType d);
 
 }  // namespace tern::isa

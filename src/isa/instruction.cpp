@@ -28,7 +28,7 @@ constexpr std::array<std::string_view, kEngines> kEngineNames = {"tensor", "vect
 constexpr std::array<std::string_view, static_cast<std::size_t>(Opcode::count_)> kOpNames = {
     "dma_copy",      "load_stationary", "multiply_moving", "transpose", "tensor_tensor",
     "tensor_scalar", "tensor_copy",     "tensor_reduce",   "memset",    "activation",
-    "iota"};
+    "iota",          "quantize_mx"};
 constexpr std::array<std::string_view, static_cast<std::size_t>(AluOp::count_)> kAluNames = {
     "bypass", "add",      "subtract",  "multiply", "divide", "max",   "min",  "abs_max",
     "pow",    "is_equal", "not_equal", "is_gt",    "is_ge",  "is_lt", "is_le"};

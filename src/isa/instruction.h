@@ -21,8 +21,10 @@ Engine parse_engine(std::string_view s);
 
 enum class Opcode : std::uint8_t {
   dma_copy,         // sync: dst <- src with cast (HBM<->SBUF, SBUF<->SBUF); accumulate: dst += src
-  load_stationary,  // tensor: weights [K partitions, M] into the PE array
-  multiply_moving,  // tensor: dst_psum[M, N] (+)= stationary^T @ moving[K, N]
+  load_stationary,  // tensor: weights [K partitions, M] into the PE array; MX (v4): x4 data
+                    // [P, M] and its E8M0 scales [P/8, M], contraction K = 4P
+  multiply_moving,  // tensor: dst_psum[M, N] (+)= stationary^T @ moving[K, N]; MX: moving x4
+                    // [P, N] and its scales [P/8, N]
   transpose,        // tensor: dst_psum[F, P] = src[P, F]^T (exact)
   tensor_tensor,    // vector/gpsimd: dst = a op0 b
   tensor_scalar,    // vector/scalar/gpsimd: dst = (src op0 imm0) op1 imm1
@@ -32,6 +34,7 @@ enum class Opcode : std::uint8_t {
   activation,       // scalar: dst = func(src * scale + bias); operands dst, src, [bias [P,1]],
                     // and with accumulate=true a last [P,1] operand receiving the row sums
   iota,             // gpsimd: dst[p, i] = imm0 + imm1 * p + i
+  quantize_mx,      // vector (v4): dst x4 [P, F/4], dst_scale [P/8, F/4] <- src [P, F], trn3 scales
   count_,
 };
 std::string_view opcode_name(Opcode op);

@@ -253,7 +253,8 @@ void Builder::emit(Instruction in, std::source_location loc) {
     case Opcode::dma_copy:
       read_dst = in.accumulate;
       break;
-    case Opcode::activation:
+    case Opcode::quantize_mx:
+      writes = 2;  // data and scales
       break;
     default:
       break;
@@ -272,10 +273,10 @@ void Builder::emit(Instruction in, std::source_location loc) {
 }
 
 void Builder::dma_copy(const Tensor& dst, const Tensor& src, int queue, bool accumulate,
-                       std::source_location loc) {
+                       Engine engine, std::source_location loc) {
   Instruction in;
   in.op = Opcode::dma_copy;
-  in.engine = Engine::sync;
+  in.engine = engine;
   in.operands = {dst.ap, src.ap};
   in.accumulate = accumulate;
   if (queue < 0) {
@@ -286,28 +287,59 @@ void Builder::dma_copy(const Tensor& dst, const Tensor& src, int queue, bool acc
   emit(std::move(in), loc);
 }
 
-void Builder::matmul(const Tensor& dst, const Tensor& stationary, const Tensor& moving,
-                     bool accumulate, std::source_location loc) {
+namespace {
+std::vector<isa::AccessPattern> aps(std::initializer_list<const Tensor*> ts) {
+  std::vector<isa::AccessPattern> v;
+  for (const Tensor* t : ts)
+    if (t) v.push_back(t->ap);
+  return v;
+}
+}  // namespace
+
+void Builder::emit_matmul(const Tensor& dst, const Tensor& stationary,
+                          const Tensor* stationary_scale, const Tensor& moving,
+                          const Tensor* moving_scale, bool accumulate, std::source_location loc) {
   Instruction mm;
   mm.op = Opcode::multiply_moving;
   mm.engine = Engine::tensor;
-  mm.operands = {dst.ap, moving.ap, stationary.ap};  // stationary listed for dependencies only
+  // The stationary operands are listed for dependencies only, then dropped.
+  mm.operands = aps({&dst, &moving, moving_scale, &stationary, stationary_scale});
   mm.accumulate = accumulate;
   mm.loc = loc_string(loc);
   record(mm, engine_sem(Engine::tensor), 1, accumulate);
-  mm.operands.pop_back();
+  mm.operands.resize(moving_scale ? 3 : 2);
   // The weight load goes first and carries the waits; it signals nothing
   // (its reads are accounted to the multiply, which completes after it).
   Instruction ls;
   ls.op = Opcode::load_stationary;
   ls.engine = Engine::tensor;
-  ls.operands = {stationary.ap};
+  ls.operands = aps({&stationary, stationary_scale});
   ls.loc = mm.loc;
   ls.waits = std::move(mm.waits);
   mm.waits.clear();
   auto& stream = prog_.cores[core_].streams[static_cast<int>(Engine::tensor)];
   stream.push_back(std::move(ls));
   stream.push_back(std::move(mm));
+}
+
+void Builder::matmul(const Tensor& dst, const Tensor& stationary, const Tensor& moving,
+                     bool accumulate, std::source_location loc) {
+  emit_matmul(dst, stationary, nullptr, moving, nullptr, accumulate, loc);
+}
+
+void Builder::matmul_mx(const Tensor& dst, const Tensor& stationary, const Tensor& stationary_scale,
+                        const Tensor& moving, const Tensor& moving_scale, bool accumulate,
+                        std::source_location loc) {
+  emit_matmul(dst, stationary, &stationary_scale, moving, &moving_scale, accumulate, loc);
+}
+
+void Builder::quantize_mx(const Tensor& dst, const Tensor& dst_scale, const Tensor& src,
+                          std::source_location loc) {
+  Instruction in;
+  in.op = Opcode::quantize_mx;
+  in.engine = Engine::vector;
+  in.operands = {dst.ap, dst_scale.ap, src.ap};
+  emit(std::move(in), loc);
 }
 
 void Builder::transpose(const Tensor& dst, const Tensor& src, std::source_location loc) {

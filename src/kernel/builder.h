@@ -56,11 +56,22 @@ class Builder {
   int core() const { return core_; }
 
   // ---- instructions (each records the caller's source location)
+  // A DMA triggered from `engine`'s instruction stream (the Sync engine by
+  // default; a compute engine triggers without blocking the Sync queue, e.g.
+  // a store right after the instruction that produced the data).
   void dma_copy(const Tensor& dst, const Tensor& src, int queue = -1, bool accumulate = false,
+                isa::Engine engine = isa::Engine::sync,
                 std::source_location loc = std::source_location::current());
   // dst_psum[M, N] (+)= stationary[K, M]^T @ moving[K, N]: load_stationary + multiply_moving.
   void matmul(const Tensor& dst, const Tensor& stationary, const Tensor& moving, bool accumulate,
               std::source_location loc = std::source_location::current());
+  // MX matmul (v4): x4 data with E8M0 scales [P/8, F]; contraction 4P.
+  void matmul_mx(const Tensor& dst, const Tensor& stationary, const Tensor& stationary_scale,
+                 const Tensor& moving, const Tensor& moving_scale, bool accumulate,
+                 std::source_location loc = std::source_location::current());
+  // Vector QuantizeMX (v4): dst x4 [P, F/4] and dst_scale [P/8, F/4] from src [P, F].
+  void quantize_mx(const Tensor& dst, const Tensor& dst_scale, const Tensor& src,
+                   std::source_location loc = std::source_location::current());
   void transpose(const Tensor& dst, const Tensor& src,
                  std::source_location loc = std::source_location::current());
   void tensor_tensor(const Tensor& dst, const Tensor& a, const Tensor& b, isa::AluOp op,
@@ -102,6 +113,9 @@ class Builder {
   };
   Tensor alloc(isa::Mem mem, int partitions, std::int64_t free, DType dtype,
                std::source_location loc);
+  void emit_matmul(const Tensor& dst, const Tensor& stationary, const Tensor* stationary_scale,
+                   const Tensor& moving, const Tensor* moving_scale, bool accumulate,
+                   std::source_location loc);
   void record(isa::Instruction& in, int producer, std::size_t first_read, bool read_dst);
 
   const arch::ChipSpec& chip_;

@@ -19,18 +19,142 @@ std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
 }
 }  // namespace
 
+namespace {
+
+// HBM view of a [K, C] row-major tensor as MX source rows: partition p of
+// the result holds, for each column c, the 4 values of rows k0 + 4p + j.
+Tensor interleave4(const Tensor& t, std::int64_t k0, int parts, std::int64_t c0, std::int64_t nc) {
+  const std::int64_t cols = t.cols();
+  Tensor v = t;
+  v.ap.offset += (k0 * cols + c0) * isa::size_bytes(t.dtype());
+  v.ap.dims = {{4 * cols, parts}, {1, nc}, {cols, 4}};
+  v.ap.partitions = parts;
+  return v;
+}
+
+isa::Program mx_matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
+  if (chip.core_version < 4) {
+    throw NotSupported(fmt::format("MX matmul on {} ({}): MXFP8 needs NeuronCore-v4", chip.name,
+                                   chip.core_generation));
+  }
+  if (s.k % 128 != 0) {
+    throw NotSupported(fmt::format("MX matmul with K = {}: K must be a multiple of 128", s.k));
+  }
+  Builder b(chip, s.cores);
+  const Tensor at = b.hbm("at", {s.k, s.m}, DType::bf16, isa::TensorKind::input);
+  const Tensor bt = b.hbm("b", {s.k, s.n}, DType::bf16, isa::TensorKind::input);
+  const Tensor ct = b.hbm("c", {s.m, s.n}, s.out, isa::TensorKind::output);
+  const std::int64_t P = chip.tensor.rows;  // packed partitions per instruction
+  const std::int64_t TKL = 4 * P;           // logical contraction per instruction
+  const std::int64_t TM = chip.tensor.stationary_fmax;
+  const std::int64_t TN =
+      std::min<std::int64_t>(chip.tensor.moving_fmax, chip.psum_bank_bytes().value() / 4);
+  const std::int64_t KT = ceil_div(s.k, TKL);
+  const std::int64_t budget = chip.sbuf_partition_bytes.value();
+  // Per partition: all of A quantized (4 B x M per k tile, + 1 B scales), two
+  // sets of one B column tile (4 B x TN, + scales), staging and outputs.
+  const std::int64_t need =
+      KT * (5 * s.m + 2 * 5 * TN) + 4 * (4 * TM * 2 + 4 * TN * 2) + 4 * TN * 4;
+  if (need > budget) {
+    throw NotSupported(
+        fmt::format("MX matmul with M = {}, K = {}: the quantized A ({} bytes per partition) "
+                    "does not fit SBUF in one pass (budget {})",
+                    s.m, s.k, need, budget));
+  }
+  for (int core = 0; core < s.cores; ++core) {
+    b.set_core(core);
+    // This core's rows of C: M tiles core, core + cores, ...
+    std::vector<Tensor> aq(KT), as(KT), bq[2], bs[2];
+    for (std::int64_t kt = 0; kt < KT; ++kt) {
+      const int parts = static_cast<int>(std::min(TKL, s.k - kt * TKL) / 4);
+      aq[kt] = b.sbuf(parts, s.m, s.in);
+      as[kt] = b.sbuf(parts / 8, s.m, DType::uint8);
+      for (int i = 0; i < 2; ++i) {
+        bq[i].push_back(b.sbuf(parts, TN, s.in));
+        bs[i].push_back(b.sbuf(parts / 8, TN, DType::uint8));
+      }
+    }
+    // Staging for the BF16 sources: enough buffers that DMA latency hides
+    // behind quantization.
+    constexpr int kStage = 4;
+    std::vector<Tensor> a_src, b_src;
+    for (int i = 0; i < kStage; ++i) {
+      a_src.push_back(b.sbuf(static_cast<int>(P), 4 * TM, DType::bf16));
+      b_src.push_back(b.sbuf(static_cast<int>(P), 4 * TN, DType::bf16));
+    }
+
+    constexpr int kPsum = 4, kOut = 4;
+    std::vector<Tensor> ps, outs;
+    for (int i = 0; i < kPsum; ++i) ps.push_back(b.psum(static_cast<int>(TM), TN, DType::fp32));
+    for (int i = 0; i < kOut; ++i) outs.push_back(b.sbuf(static_cast<int>(TM), TN, s.out));
+    int si = 0, pi = 0, oi = 0, set = 0;
+    // A's columns are quantized once, just before the first N tile uses them.
+    auto prepare_a = [&](std::int64_t m0) {
+      const std::int64_t tm = std::min(TM, s.m - m0);
+      for (std::int64_t kt = 0; kt < KT; ++kt) {
+        const int parts = static_cast<int>(std::min(TKL, s.k - kt * TKL) / 4);
+        const Tensor src = a_src[si].tile(0, parts, 0, 4 * tm);
+        si = (si + 1) % kStage;
+        b.dma_copy(src, interleave4(at, kt * TKL, parts, m0, tm));
+        b.quantize_mx(aq[kt].tile(0, parts, m0, tm), as[kt].tile(0, parts / 8, m0, tm), src);
+      }
+    };
+    // B column tiles are quantized one step ahead of the matmuls that use
+    // them (double-buffered), so quantization overlaps the Tensor engine.
+    auto prepare_b = [&](std::int64_t n0, int which) {
+      const std::int64_t tn = std::min(TN, s.n - n0);
+      for (std::int64_t kt = 0; kt < KT; ++kt) {
+        const int parts = static_cast<int>(std::min(TKL, s.k - kt * TKL) / 4);
+        const Tensor src = b_src[si].tile(0, parts, 0, 4 * tn);
+        si = (si + 1) % kStage;
+        b.dma_copy(src, interleave4(bt, kt * TKL, parts, n0, tn));
+        b.quantize_mx(bq[which][kt].tile(0, parts, 0, tn), bs[which][kt].tile(0, parts / 8, 0, tn),
+                      src);
+      }
+    };
+    prepare_b(0, 0);
+    for (std::int64_t n0 = 0; n0 < s.n; n0 += TN) {
+      const std::int64_t tn = std::min(TN, s.n - n0);
+      auto& q = bq[set];
+      auto& qs = bs[set];
+      if (n0 + TN < s.n) prepare_b(n0 + TN, set ^ 1);
+      set ^= 1;
+      for (std::int64_t m0 = core * TM; m0 < s.m; m0 += TM * s.cores) {
+        if (n0 == 0) prepare_a(m0);
+        const int tm = static_cast<int>(std::min(TM, s.m - m0));
+        const Tensor p = ps[pi].tile(0, tm, 0, tn);
+        pi = (pi + 1) % kPsum;
+        for (std::int64_t kt = 0; kt < KT; ++kt) {
+          const int parts = static_cast<int>(std::min(TKL, s.k - kt * TKL) / 4);
+          b.matmul_mx(p, aq[kt].tile(0, parts, m0, tm), as[kt].tile(0, parts / 8, m0, tm),
+                      q[kt].tile(0, parts, 0, tn), qs[kt].tile(0, parts / 8, 0, tn), kt > 0);
+        }
+        const Tensor o = outs[oi].tile(0, tm, 0, tn);
+        const Engine evac = oi % 2 ? Engine::scalar : Engine::vector;
+        b.tensor_copy(o, p, evac);
+        oi = (oi + 1) % kOut;
+        b.dma_copy(ct.tile(static_cast<int>(m0), tm, n0, tn), o, -1, false, evac);
+      }
+    }
+  }
+  return b.finish();
+}
+
+}  // namespace
+
 isa::Program matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
   if (s.m < 1 || s.n < 1 || s.k < 1) {
     throw Error(fmt::format("matmul: M, N, K must be >= 1, got {} x {} x {}", s.m, s.n, s.k));
   }
+  if (s.out != DType::fp32 && s.out != DType::bf16) {
+    throw NotSupported(fmt::format("matmul with {} output (fp32 and bf16 are)", isa::name(s.out)));
+  }
+  if (s.in == DType::fp8_e4m3_x4 || s.in == DType::fp8_e5m2_x4) return mx_matmul_kernel(chip, s);
   const bool ok_in = s.in == DType::bf16 || s.in == DType::fp16 || s.in == DType::fp32 ||
                      s.in == DType::tf32 || isa::is_fp8(s.in);
   if (!ok_in) {
-    throw NotSupported(
-        fmt::format("matmul with {} inputs (bf16, fp16, fp32, tf32 and fp8 are)", isa::name(s.in)));
-  }
-  if (s.out != DType::fp32 && s.out != DType::bf16) {
-    throw NotSupported(fmt::format("matmul with {} output (fp32 and bf16 are)", isa::name(s.out)));
+    throw NotSupported(fmt::format(
+        "matmul with {} inputs (bf16, fp16, fp32, tf32, fp8 and MXFP8 x4 are)", isa::name(s.in)));
   }
   Builder b(chip, s.cores);
   const Tensor at = b.hbm("at", {s.k, s.m}, s.in, isa::TensorKind::input);
@@ -43,10 +167,10 @@ isa::Program matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
   const std::int64_t TN = std::min<std::int64_t>(chip.tensor.moving_fmax, bank_fp32);
   const std::int64_t KT = ceil_div(s.k, TK);
   const int esz = isa::size_bytes(s.in);
-  // SBUF per partition: A^T block (KT x BM) + two B sets (2 x KT x TN) + outputs.
+  // SBUF per partition: two A^T blocks (2 x KT x BM) + two B sets (2 x KT x TN) + outputs.
   const std::int64_t budget = chip.sbuf_partition_bytes.value() * 3 / 4;
   std::int64_t BM = std::min<std::int64_t>(4 * TM, ceil_div(s.m, TM) * TM);
-  auto need = [&](std::int64_t bm) { return KT * (bm + 2 * TN) * esz + 4 * TN * 4; };
+  auto need = [&](std::int64_t bm) { return KT * (2 * bm + 2 * TN) * esz + 4 * TN * 4; };
   while (BM > TM && need(BM) > budget) BM -= TM;
   if (need(BM) > budget) {
     throw NotSupported(
@@ -57,11 +181,12 @@ isa::Program matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
   const std::int64_t MB = ceil_div(s.m, BM);
   for (int core = 0; core < s.cores; ++core) {
     b.set_core(core);
-    std::vector<Tensor> a_tiles(static_cast<std::size_t>(KT));
-    std::vector<Tensor> b_sets[2];
+    std::vector<Tensor> a_sets[2], b_sets[2];
+    for (auto& set : a_sets) set.resize(static_cast<std::size_t>(KT));
     for (auto& set : b_sets) set.resize(static_cast<std::size_t>(KT));
     for (std::int64_t kt = 0; kt < KT; ++kt) {
-      a_tiles[kt] = b.sbuf(static_cast<int>(std::min(TK, s.k - kt * TK)), BM, s.in);
+      for (auto& set : a_sets)
+        set[kt] = b.sbuf(static_cast<int>(std::min(TK, s.k - kt * TK)), BM, s.in);
       for (auto& set : b_sets)
         set[kt] = b.sbuf(static_cast<int>(std::min(TK, s.k - kt * TK)), TN, s.in);
     }
@@ -69,35 +194,60 @@ isa::Program matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
     std::vector<Tensor> ps, outs;
     for (int i = 0; i < kPsum; ++i) ps.push_back(b.psum(static_cast<int>(TM), TN, DType::fp32));
     for (int i = 0; i < kOut; ++i) outs.push_back(b.sbuf(static_cast<int>(TM), TN, s.out));
-    int pi = 0, oi = 0, set = 0;
+    // Steps (M block, N tile) in order; the loads of step i + 1 are issued
+    // before the compute of step i, so the sync engine never blocks a
+    // prefetch behind a store (software pipelining, double-buffered).
+    struct Step {
+      std::int64_t mb, n0;
+      int a_set, b_set;
+    };
+    std::vector<Step> steps;
     for (std::int64_t mb = core; mb < MB; mb += s.cores) {
-      const std::int64_t m0 = mb * BM, bm = std::min(BM, s.m - m0);
-      for (std::int64_t kt = 0; kt < KT; ++kt) {
-        const int tk = static_cast<int>(std::min(TK, s.k - kt * TK));
-        b.dma_copy(a_tiles[kt].tile(0, tk, 0, bm), at.tile(static_cast<int>(kt * TK), tk, m0, bm));
-      }
       for (std::int64_t n0 = 0; n0 < s.n; n0 += TN) {
-        const std::int64_t tn = std::min(TN, s.n - n0);
-        auto& bs = b_sets[set];
-        set ^= 1;
+        const int a_set = steps.empty() ? 0 : steps.back().a_set ^ (steps.back().mb != mb ? 1 : 0);
+        steps.push_back({mb, n0, a_set, static_cast<int>(steps.size() % 2)});
+      }
+    }
+    auto load = [&](std::size_t i) {
+      const Step& st = steps[i];
+      const std::int64_t m0 = st.mb * BM, bm = std::min(BM, s.m - m0);
+      if (i == 0 || steps[i - 1].mb != st.mb) {
         for (std::int64_t kt = 0; kt < KT; ++kt) {
           const int tk = static_cast<int>(std::min(TK, s.k - kt * TK));
-          b.dma_copy(bs[kt].tile(0, tk, 0, tn), bt.tile(static_cast<int>(kt * TK), tk, n0, tn));
+          b.dma_copy(a_sets[st.a_set][kt].tile(0, tk, 0, bm),
+                     at.tile(static_cast<int>(kt * TK), tk, m0, bm));
         }
-        for (std::int64_t mi = 0; mi * TM < bm; ++mi) {
-          const int tm = static_cast<int>(std::min(TM, bm - mi * TM));
-          const Tensor p = ps[pi].tile(0, tm, 0, tn);
-          pi = (pi + 1) % kPsum;
-          for (std::int64_t kt = 0; kt < KT; ++kt) {
-            const int tk = static_cast<int>(std::min(TK, s.k - kt * TK));
-            b.matmul(p, a_tiles[kt].tile(0, tk, mi * TM, tm), bs[kt].tile(0, tk, 0, tn), kt > 0);
-          }
-          const Tensor o = outs[oi].tile(0, tm, 0, tn);
-          // Alternate the PSUM evacuation between Vector and Scalar.
-          b.tensor_copy(o, p, oi % 2 ? Engine::scalar : Engine::vector);
-          oi = (oi + 1) % kOut;
-          b.dma_copy(ct.tile(static_cast<int>(m0 + mi * TM), tm, n0, tn), o);
+      }
+      const std::int64_t tn = std::min(TN, s.n - st.n0);
+      for (std::int64_t kt = 0; kt < KT; ++kt) {
+        const int tk = static_cast<int>(std::min(TK, s.k - kt * TK));
+        b.dma_copy(b_sets[st.b_set][kt].tile(0, tk, 0, tn),
+                   bt.tile(static_cast<int>(kt * TK), tk, st.n0, tn));
+      }
+    };
+    int pi = 0, oi = 0;
+    if (!steps.empty()) load(0);
+    for (std::size_t i = 0; i < steps.size(); ++i) {
+      if (i + 1 < steps.size()) load(i + 1);
+      const Step& st = steps[i];
+      const std::int64_t m0 = st.mb * BM, bm = std::min(BM, s.m - m0);
+      const std::int64_t tn = std::min(TN, s.n - st.n0);
+      for (std::int64_t mi = 0; mi * TM < bm; ++mi) {
+        const int tm = static_cast<int>(std::min(TM, bm - mi * TM));
+        const Tensor p = ps[pi].tile(0, tm, 0, tn);
+        pi = (pi + 1) % kPsum;
+        for (std::int64_t kt = 0; kt < KT; ++kt) {
+          const int tk = static_cast<int>(std::min(TK, s.k - kt * TK));
+          b.matmul(p, a_sets[st.a_set][kt].tile(0, tk, mi * TM, tm),
+                   b_sets[st.b_set][kt].tile(0, tk, 0, tn), kt > 0);
         }
+        const Tensor o = outs[oi].tile(0, tm, 0, tn);
+        // Alternate the PSUM evacuation between Vector and Scalar.
+        const Engine evac = oi % 2 ? Engine::scalar : Engine::vector;
+        b.tensor_copy(o, p, evac);
+        oi = (oi + 1) % kOut;
+        // The evacuating engine triggers the store, so no load waits behind it.
+        b.dma_copy(ct.tile(static_cast<int>(m0 + mi * TM), tm, st.n0, tn), o, -1, false, evac);
       }
     }
   }

@@ -18,6 +18,10 @@ struct MatmulSpec {
 
 // C[M, N] = A[M, K] @ B[K, N] with A given transposed in HBM ("at", [K, M],
 // like NKI's lhsT), "b" [K, N], output "c" [M, N]. Any M, N, K >= 1.
+// With in = fp8_e4m3_x4 / fp8_e5m2_x4 (MXFP8, trn3): "at" and "b" are
+// BF16 in HBM and are quantized on chip by quantize_mx (groups of 32 along
+// K, Trainium3 scales), then multiplied by the MX matmul; K must be a
+// multiple of 128.
 // Tiles: contraction 128, stationary 128, moving 512 (one PSUM bank of FP32);
 // A^T blocks stay in SBUF while B tiles stream, double-buffered.
 isa::Program matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& spec);

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "num/mx.h"
+
 namespace tern::kernel {
 
 std::vector<float> matmul_reference(const std::vector<float>& at, const std::vector<float>& b,
@@ -24,6 +26,20 @@ std::vector<float> matmul_reference(const std::vector<float>& at, const std::vec
     }
   }
   return c;
+}
+
+std::vector<float> mx_roundtrip_columns(const std::vector<float>& v, std::int64_t k, std::int64_t c,
+                                        bool e5m2) {
+  const num::MxFormat& f = num::mx_format(e5m2 ? num::MxId::mxfp8_e5m2 : num::MxId::mxfp8_e4m3);
+  std::vector<float> col(static_cast<std::size_t>(k)), deq(col.size()), out(v.size());
+  std::vector<std::uint8_t> el(col.size()), sc(col.size() / num::kMxBlock);
+  for (std::int64_t j = 0; j < c; ++j) {
+    for (std::int64_t i = 0; i < k; ++i) col[i] = v[static_cast<std::size_t>(i * c + j)];
+    num::mx_quantize(f, num::ScalePolicy::trn3, col, el, sc);
+    num::mx_dequantize(f, el, sc, deq);
+    for (std::int64_t i = 0; i < k; ++i) out[static_cast<std::size_t>(i * c + j)] = deq[i];
+  }
+  return out;
 }
 
 }  // namespace tern::kernel

@@ -14,4 +14,10 @@ std::vector<float> matmul_reference(const std::vector<float>& at, const std::vec
                                     std::int64_t m, std::int64_t n, std::int64_t k,
                                     bool fp32_products);
 
+// Each column of the row-major [K, C] matrix `v` quantized in blocks of 32
+// consecutive rows to MX elements of `elem` with Trainium3 scales (as
+// quantize_mx does), then dequantized: the values the MX matmul multiplies.
+std::vector<float> mx_roundtrip_columns(const std::vector<float>& v, std::int64_t k, std::int64_t c,
+                                        bool e5m2);
+
 }  // namespace tern::kernel

@@ -19,6 +19,7 @@ std::string peak_key(const std::string& nki_name) {
   if (nki_name == "tfloat32") return "tf32";
   if (nki_name == "bfloat16") return "bf16";
   if (nki_name == "float16") return "fp16";
+  if (nki_name.ends_with("_x4")) return nki_name.starts_with("float4") ? "mxfp4" : "mxfp8";
   return "fp8";  // the float8 types
 }
 }  // namespace
@@ -147,8 +148,8 @@ std::string to_text(const Summary& s) {
       fmt::format("latency          {:.3f} us ({} instructions on {} core{})\n", s.latency_ns / 1e3,
                   s.instructions, s.cores, s.cores == 1 ? "" : "s");
   for (const auto& [dt, u] : s.tensor) {
-    out +=
-        fmt::format("tensor {:<10}{:.1f} TFLOPS, {:.1f} % of peak\n", dt, u.tflops, u.peak_percent);
+    out += fmt::format("tensor {:<17} {:.1f} TFLOPS, {:.1f} % of peak\n", dt, u.tflops,
+                       u.peak_percent);
   }
   out += fmt::format("HBM              {:.2f} MB, {:.1f} GB/s, {:.1f} % of peak\n",
                      static_cast<double>(s.hbm_bytes) / 1e6, s.hbm_gbps, s.hbm_peak_percent);

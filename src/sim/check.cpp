@@ -22,8 +22,8 @@ namespace {
 // Which engines may run each opcode.
 bool engine_allowed(Opcode op, Engine e) {
   switch (op) {
-    case Opcode::dma_copy:
-      return e == Engine::sync;
+    case Opcode::dma_copy:  // any engine's queue may trigger a DMA, as on the hardware
+      return e != Engine::tensor;
     case Opcode::load_stationary:
     case Opcode::multiply_moving:
     case Opcode::transpose:
@@ -35,6 +35,7 @@ bool engine_allowed(Opcode op, Engine e) {
     case Opcode::tensor_copy:
       return e == Engine::vector || e == Engine::scalar || e == Engine::gpsimd;
     case Opcode::tensor_reduce:
+    case Opcode::quantize_mx:
       return e == Engine::vector;
     case Opcode::activation:
       return e == Engine::scalar;
@@ -54,9 +55,9 @@ Arity arity(Opcode op) {
     case Opcode::dma_copy:
       return {2, 2};
     case Opcode::load_stationary:
-      return {1, 1};
+      return {1, 2};  // [+ MX scales]
     case Opcode::multiply_moving:
-      return {2, 2};
+      return {2, 3};  // [+ MX scales]
     case Opcode::transpose:
       return {2, 2};
     case Opcode::tensor_tensor:
@@ -73,6 +74,8 @@ Arity arity(Opcode op) {
       return {2, 4};  // dst, src, [bias [P,1]], [row sums [P,1] if acc]
     case Opcode::iota:
       return {1, 1};
+    case Opcode::quantize_mx:
+      return {3, 3};  // dst x4, dst_scale, src
     case Opcode::count_:
       break;
   }
@@ -144,7 +147,31 @@ std::string operand_rules(const arch::ChipSpec& chip, const isa::Program& prog,
   return {};
 }
 
+// MX data [P, F] (x4) and its scales [P/8, F]: one E8M0 scale per group of
+// 8 partitions x 4 packed values (32 contraction values).
+std::string mx_pair_rules(const AccessPattern& data, const AccessPattern& scale, const char* what) {
+  if (!isa::is_x4(data.dtype)) {
+    return fmt::format("{} is {} but has a scale operand: MX data must be an x4-packed type", what,
+                       isa::name(data.dtype));
+  }
+  if (scale.dtype != DType::uint8 && scale.dtype != DType::e8m0) {
+    return fmt::format("{} scales must be uint8 or float8_e8m0fnu, got {}", what,
+                       isa::name(scale.dtype));
+  }
+  if (data.partitions % 8 != 0) {
+    return fmt::format("{} has {} partitions: MX scale groups need a multiple of 8", what,
+                       data.partitions);
+  }
+  if (scale.partitions != data.partitions / 8 || scale.free_size() != data.free_size()) {
+    return fmt::format(
+        "{} scales are [{}, {}], expected [{}, {}] (one per 8 partitions x 4 values)", what,
+        scale.partitions, scale.free_size(), data.partitions / 8, data.free_size());
+  }
+  return {};
+}
+
 bool supports_type(const arch::ChipSpec& chip, DType d) {
+  if (isa::is_x4(d)) return chip.core_version >= 4;  // MX on NeuronCore-v4
   // OCP E4M3 arrived with NeuronCore-v4; the IEEE-like E4M3 is the v2/v3 type.
   if (d == DType::fp8_e4m3) return chip.core_version >= 4;
   if (d == DType::fp8_e4m3_legacy) return chip.core_version <= 3;
@@ -172,6 +199,17 @@ std::string check_instruction(const arch::ChipSpec& chip, const isa::Program& pr
     if (!supports_type(chip, ap.dtype)) {
       return fmt::format("{} is not a {} ({}) data type", isa::name(ap.dtype), chip.name,
                          chip.core_generation);
+    }
+    // x4-packed MX types: moved by DMA (unchanged), written by quantize_mx,
+    // read by the Tensor engine's MX matmul.
+    if (isa::is_x4(ap.dtype)) {
+      const bool ok = in.op == Opcode::dma_copy || (in.op == Opcode::load_stationary && i == 0) ||
+                      (in.op == Opcode::multiply_moving && i == 1) ||
+                      (in.op == Opcode::quantize_mx && i == 0);
+      if (!ok) {
+        return fmt::format("{} is x4-packed: only dma_copy, quantize_mx and the MX matmul use it",
+                           isa::name(ap.dtype));
+      }
     }
     // Engine-memory access rules.
     const bool is_tensor = in.engine == Engine::tensor;
@@ -207,8 +245,16 @@ std::string check_instruction(const arch::ChipSpec& chip, const isa::Program& pr
                            chip.dma.priority_classes - 1);
       if (d.elements() != in.operands[1].elements())
         return fmt::format("copies {} elements into {}", in.operands[1].elements(), d.elements());
+      if ((isa::is_x4(d.dtype) || isa::is_x4(in.operands[1].dtype)) &&
+          d.dtype != in.operands[1].dtype)
+        return "an x4-packed type is copied only into the same type (no cast)";
       break;
     case Opcode::load_stationary:
+      if (nops == 2) {
+        if (auto e = mx_pair_rules(d, in.operands[1], "the MX stationary"); !e.empty()) return e;
+      } else if (isa::is_x4(d.dtype)) {
+        return "an x4-packed stationary needs its scale operand";
+      }
       if (d.partitions > chip.tensor.rows)
         return fmt::format("stationary has {} partitions (contraction), the PE array has {} rows",
                            d.partitions, chip.tensor.rows);
@@ -218,6 +264,12 @@ std::string check_instruction(const arch::ChipSpec& chip, const isa::Program& pr
       break;
     case Opcode::multiply_moving: {
       const auto& mv = in.operands[1];
+      if (nops == 3) {
+        if (auto e = mx_pair_rules(mv, in.operands[2], "the MX moving tensor"); !e.empty())
+          return e;
+      } else if (isa::is_x4(mv.dtype)) {
+        return "an x4-packed moving tensor needs its scale operand";
+      }
       if (mv.partitions > chip.tensor.rows)
         return fmt::format("moving has {} partitions (contraction), the PE array has {} rows",
                            mv.partitions, chip.tensor.rows);
@@ -241,6 +293,27 @@ std::string check_instruction(const arch::ChipSpec& chip, const isa::Program& pr
         return fmt::format("destination is [{}, {}], the transpose of [{}, {}] is [{}, {}]",
                            d.partitions, d.free_size(), s.partitions, s.free_size(), s.free_size(),
                            s.partitions);
+      break;
+    }
+    case Opcode::quantize_mx: {
+      const auto& sc = in.operands[1];
+      const auto& src = in.operands[2];
+      if (d.dtype != DType::fp8_e4m3_x4 && d.dtype != DType::fp8_e5m2_x4)
+        return fmt::format("quantize_mx writes float8_e4m3fn_x4 or float8_e5m2_x4, not {}",
+                           isa::name(d.dtype));
+      if (src.dtype != DType::bf16 && src.dtype != DType::fp16)
+        return fmt::format("quantize_mx reads bfloat16 or float16, not {}", isa::name(src.dtype));
+      for (const auto* ap : {&d, &sc, &src})
+        if (ap->mem != Mem::sbuf) return "quantize_mx reads and writes SBUF only";
+      if (src.partitions % 32 != 0 || src.free_size() % 4 != 0)
+        return fmt::format(
+            "quantize_mx source is [{}, {}]: partitions must be a multiple of 32 and the "
+            "free size a multiple of 4",
+            src.partitions, src.free_size());
+      if (d.partitions != src.partitions || d.free_size() * 4 != src.free_size())
+        return fmt::format("quantize_mx destination is [{}, {}], expected [{}, {}] x4 values",
+                           d.partitions, d.free_size(), src.partitions, src.free_size() / 4);
+      if (auto e = mx_pair_rules(d, sc, "quantize_mx destination"); !e.empty()) return e;
       break;
     }
     case Opcode::tensor_tensor:

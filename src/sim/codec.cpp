@@ -7,6 +7,10 @@
 #include <limits>
 #include <vector>
 
+#include <fmt/format.h>
+
+#include "util/error.h"
+
 namespace tern::sim {
 
 using isa::DType;
@@ -92,6 +96,12 @@ bool decode_run(DType d, const std::uint8_t* p, std::size_t n, float* out) {
 
 void decode_row(DType d, const std::uint8_t* base, std::span<const std::int64_t> offs, float* out) {
   const std::size_t n = offs.size();
+  if (isa::is_x4(d)) {
+    throw NotSupported(
+        fmt::format("reading {} element by element (x4-packed types are read only by "
+                    "the MX matmul)",
+                    isa::name(d)));
+  }
   const int sz = isa::size_bytes(d);
   if (n > 0 && offs.back() - offs.front() == static_cast<std::int64_t>(n - 1) * sz &&
       decode_run(d, base + offs.front(), n, out)) {
@@ -143,7 +153,7 @@ void decode_row(DType d, const std::uint8_t* base, std::span<const std::int64_t>
       for (std::size_t i = 0; i < n; ++i)
         out[i] = static_cast<float>(load<std::uint32_t>(base + offs[i]));
       return;
-    case DType::count_:
+    default:
       return;
   }
 }
@@ -151,6 +161,10 @@ void decode_row(DType d, const std::uint8_t* base, std::span<const std::int64_t>
 void encode_row(DType d, const float* in, std::span<const std::int64_t> offs, std::uint8_t* base,
                 const num::CastOptions& opt, std::uint64_t index_base) {
   const std::size_t n = offs.size();
+  if (isa::is_x4(d)) {
+    throw NotSupported(fmt::format(
+        "writing {} element by element (quantize_mx writes x4-packed types)", isa::name(d)));
+  }
   if (d == DType::fp32) {
     for (std::size_t i = 0; i < n; ++i) store(base + offs[i], in[i]);
     return;

@@ -75,6 +75,9 @@ double CostModel::cycles(const isa::Instruction& in, bool dependent) const {
     case Opcode::activation:
       c = std::max(min_ii, n * penalty) + (in.accumulate ? min_ii : 0.0);
       break;
+    case Opcode::quantize_mx:  // reads the source once: N = source elements per partition
+      c = std::max(min_ii, static_cast<double>(in.operands[2].free_size()) * penalty);
+      break;
     case Opcode::iota:
       c = 150.0 + n;  // GpSimd ~150 + N (hardware.md section 3)
       break;

@@ -1,5 +1,7 @@
 #include "sim/simulator.h"
 
+#include "num/mx.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -106,7 +108,8 @@ struct Simulator::Impl {
   std::uint64_t serial = 0;  // instructions executed, numbers SR streams
 
   struct Stationary {
-    int k = 0, m = 0;
+    int k = 0, m = 0;  // contraction (4x partitions for MX) and columns
+    bool mx = false;
     DType dtype = DType::bf16;
     std::vector<float> w;  // [k][m]
     bool loaded = false;
@@ -209,11 +212,125 @@ struct Simulator::Impl {
     }
   }
 
+  // Checks that row r of `ap` was written at the given element offsets.
+  void check_written(const std::uint8_t* written, const AccessPattern& ap, int r,
+                     const std::vector<std::int64_t>& offs, const char* what) {
+    if (!written) return;
+    const int sz = isa::size_bytes(ap.dtype);
+    if (contiguous(offs, sz)) {
+      const std::size_t len = offs.size() * static_cast<std::size_t>(sz);
+      if (const void* z = std::memchr(written + offs.front(), 0, len)) {
+        uninitialized(what, ap, r, static_cast<const std::uint8_t*>(z) - written);
+      }
+      return;
+    }
+    for (auto o : offs)
+      for (int b = 0; b < sz; ++b)
+        if (!written[o + b]) uninitialized(what, ap, r, o + b);
+  }
+
+  void mark_written(std::uint8_t* written, const std::vector<std::int64_t>& offs, int sz) {
+    if (!written) return;
+    for (auto o : offs) std::memset(written + o, 1, static_cast<std::size_t>(sz));
+  }
+
+  // Same-type DMA: element bytes move unchanged (NaN payloads, x4 packing).
+  void copy_bytes(int core, const AccessPattern& dst, const AccessPattern& src) {
+    const auto so = free_offsets(src), dof = free_offsets(dst);
+    const int sz = isa::size_bytes(src.dtype);
+    for (int r = 0; r < src.rows(); ++r) {
+      auto [sb, sw] = row(core, src, r);
+      check_written(sw, src, r, so, "the DMA source");
+      auto [db, dw] = row(core, dst, r);
+      for (std::size_t i = 0; i < so.size(); ++i)
+        std::memcpy(db + dof[i], sb + so[i], static_cast<std::size_t>(sz));
+      mark_written(dw, dof, sz);
+    }
+  }
+
+  // An MX operand: x4 data [P, F] and E8M0 scales [P/8, F], as the logical
+  // [4P, F] FP32 matrix X * P (contraction index 4p + j for packed value j).
+  // Each value is rounded once to FP32 (exact within FP32's normal range);
+  // a NaN scale (0xFF) gives NaN.
+  std::vector<float> read_mx(int core, const AccessPattern& data, const AccessPattern& scale,
+                             const char* what) {
+    const num::Format& ef = *isa::x4_element(data.dtype);
+    const bool fp4 = data.dtype == DType::fp4_e2m1_x4;
+    float lut[256];
+    for (std::uint32_t c = 0; c < 256; ++c) lut[c] = num::decode(ef, c);
+    const auto doffs = free_offsets(data), soffs = free_offsets(scale);
+    const std::size_t F = doffs.size();
+    std::vector<float> out(static_cast<std::size_t>(data.partitions) * 4 * F);
+    for (int p = 0; p < data.partitions; ++p) {
+      auto [db, dw] = row(core, data, p);
+      check_written(dw, data, p, doffs, what);
+      auto [sb, sw] = row(core, scale, p / 8);
+      if (p % 8 == 0) check_written(sw, scale, p / 8, soffs, what);
+      for (std::size_t f = 0; f < F; ++f) {
+        const std::uint8_t xs = sb[soffs[f]];
+        for (int j = 0; j < 4; ++j) {
+          std::uint32_t code;
+          if (fp4) {
+            std::uint16_t w;
+            std::memcpy(&w, db + doffs[f], 2);
+            code = (w >> (4 * j)) & 0xFu;
+          } else {
+            code = db[doffs[f] + j];
+          }
+          out[(static_cast<std::size_t>(p) * 4 + j) * F + f] =
+              xs == 0xFF ? std::numeric_limits<float>::quiet_NaN()
+                         : std::ldexp(lut[code], int(xs) - 127);
+        }
+      }
+    }
+    return out;
+  }
+
+  // Vector QuantizeMX: each group of 8 partitions x 4 values (32 contraction
+  // values) shares one E8M0 scale chosen by Trainium3's policy.
+  void quantize_mx(int core, const Instruction& in) {
+    const AccessPattern& d = in.operands[0];
+    const AccessPattern& sc = in.operands[1];
+    const AccessPattern& src = in.operands[2];
+    const std::vector<float> x = read(core, src, "the quantize_mx source");
+    const std::size_t F = static_cast<std::size_t>(src.free_size()), C = F / 4;
+    const std::size_t groups = static_cast<std::size_t>(src.partitions) / 8;
+    std::vector<float> blocks(groups * C * num::kMxBlock);
+    for (std::size_t g = 0; g < groups; ++g)
+      for (std::size_t c = 0; c < C; ++c)
+        for (std::size_t pp = 0; pp < 8; ++pp)
+          for (std::size_t j = 0; j < 4; ++j)
+            blocks[(g * C + c) * num::kMxBlock + 4 * pp + j] = x[(8 * g + pp) * F + 4 * c + j];
+    std::vector<std::uint8_t> codes(blocks.size()), scales(groups * C);
+    num::CastOptions co;
+    co.rounding = opt.stochastic_rounding ? num::Rounding::stochastic : num::Rounding::nearest_even;
+    co.seed = opt.seed;
+    const num::MxFormat& mf = num::mx_format(d.dtype == DType::fp8_e4m3_x4 ? num::MxId::mxfp8_e4m3
+                                                                           : num::MxId::mxfp8_e5m2);
+    num::mx_quantize(mf, num::ScalePolicy::trn3, blocks, codes, scales, co, serial << 24);
+    const auto doffs = free_offsets(d), soffs = free_offsets(sc);
+    for (std::size_t g = 0; g < groups; ++g) {
+      auto [sb, sw] = row(core, sc, static_cast<int>(g));
+      for (std::size_t c = 0; c < C; ++c) sb[soffs[c]] = scales[g * C + c];
+      mark_written(sw, soffs, 1);
+      for (std::size_t pp = 0; pp < 8; ++pp) {
+        auto [db, dw] = row(core, d, static_cast<int>(8 * g + pp));
+        for (std::size_t c = 0; c < C; ++c)
+          std::memcpy(db + doffs[c], &codes[(g * C + c) * num::kMxBlock + 4 * pp], 4);
+        mark_written(dw, doffs, 4);
+      }
+    }
+  }
+
   void execute(int core, const Instruction& in) {
     const auto& ops = in.operands;
     const AccessPattern& d = ops[0];
     switch (in.op) {
       case Opcode::dma_copy: {
+        if (!in.accumulate && d.dtype == ops[1].dtype) {
+          copy_bytes(core, d, ops[1]);  // same type: the bytes move unchanged
+          break;
+        }
         std::vector<float> v = read(core, ops[1], "the DMA source");
         if (in.accumulate) {
           const std::vector<float> old = read(core, d, "the DMA accumulate destination");
@@ -223,12 +340,18 @@ struct Simulator::Impl {
         break;
       }
       case Opcode::load_stationary:
-        stationary[core].w = read(core, d, "load_stationary");
+        stationary[core].w = ops.size() == 2 ? read_mx(core, d, ops[1], "the MX stationary")
+                                             : read(core, d, "load_stationary");
+        break;
+      case Opcode::quantize_mx:
+        quantize_mx(core, in);
         break;
       case Opcode::multiply_moving: {
         const Stationary& st = stationary[core];
         const AccessPattern& mv = ops[1];
-        const std::vector<float> m = read(core, mv, "the moving tensor");
+        const std::vector<float> m = ops.size() == 3
+                                         ? read_mx(core, mv, ops[2], "the MX moving tensor")
+                                         : read(core, mv, "the moving tensor");
         const int n = static_cast<int>(mv.free_size());
         const bool fp32 = st.dtype == DType::fp32 || mv.dtype == DType::fp32;
         const auto offs = free_offsets(d);
@@ -352,7 +475,8 @@ struct Simulator::Impl {
     Stationary& st = stationary[core];
     const AccessPattern& d = in.operands[0];
     if (in.op == Opcode::load_stationary) {
-      st.k = d.partitions;
+      st.mx = in.operands.size() == 2;
+      st.k = d.partitions * (st.mx ? 4 : 1);
       st.m = static_cast<int>(d.free_size());
       st.dtype = d.dtype;
       st.loaded = true;
@@ -361,10 +485,16 @@ struct Simulator::Impl {
     if (in.op != Opcode::multiply_moving) return;
     const AccessPattern& mv = in.operands[1];
     if (!st.loaded) throw Error("multiply_moving without a load_stationary before it");
-    check_pairing(st, mv);
-    if (mv.partitions != st.k) {
-      throw Error(fmt::format("moving has {} partitions (contraction) but the stationary has {}",
-                              mv.partitions, st.k));
+    const bool mx = in.operands.size() == 3;
+    if (mx != st.mx) {
+      throw Error(
+          fmt::format("{} moving with {} stationary: MX operands pair only with MX operands",
+                      mx ? "an MX" : "a non-MX", st.mx ? "an MX" : "a non-MX"));
+    }
+    if (!mx) check_pairing(st, mv);
+    const int k = mv.partitions * (mx ? 4 : 1);
+    if (k != st.k) {
+      throw Error(fmt::format("moving has contraction {} but the stationary has {}", k, st.k));
     }
     if (d.partitions != st.m) {
       throw Error(fmt::format("output has {} partitions but the stationary has {} columns",
@@ -539,8 +669,9 @@ RunStats Simulator::run(const Options& opt) {
       }
       if (in.op == Opcode::multiply_moving) {
         const auto& mv = in.operands[1];
+        const double k = mv.partitions * (isa::is_x4(mv.dtype) ? 4.0 : 1.0);
         st.tensor_flops[std::string(isa::name(mv.dtype))] +=
-            2.0 * mv.partitions * static_cast<double>(mv.free_size()) * in.operands[0].partitions;
+            2.0 * k * static_cast<double>(mv.free_size()) * in.operands[0].partitions;
       }
     }
     ++st.engines[c][e].instructions;

@@ -11,7 +11,9 @@
 #include "arch/chip.h"
 #include "kernel/kernels.h"
 #include "num/convert.h"
+#include "num/mx.h"
 #include "sim/simulator.h"
+#include "util/error.h"
 
 namespace tern {
 namespace {
@@ -101,6 +103,58 @@ INSTANTIATE_TEST_SUITE_P(Shapes, MatmulKernel,
                                            Shape{96, 130, 140, DType::fp8_e5m2, "trn2"},
                                            Shape{100, 70, 33, DType::fp8_e4m3_legacy, "trn1"},
                                            Shape{640, 520, 256, DType::bf16, "trn1"}));
+
+// MXFP8 on trn3: BF16 inputs quantized on chip (groups of 32 along K, trn3
+// scales), multiplied by the MX matmul, checked against host MX quantization
+// + the same in-order FP32 accumulation.
+std::vector<float> mx_columns(const std::vector<float>& v, std::int64_t k, std::int64_t c,
+                              num::MxId id) {
+  const auto& f = num::mx_format(id);
+  std::vector<float> out(v.size()), col(k), deq(k);
+  std::vector<std::uint8_t> el(k), sc(k / 32);
+  for (std::int64_t j = 0; j < c; ++j) {
+    for (std::int64_t i = 0; i < k; ++i) col[i] = v[i * c + j];
+    num::mx_quantize(f, num::ScalePolicy::trn3, col, el, sc);
+    num::mx_dequantize(f, el, sc, deq);
+    for (std::int64_t i = 0; i < k; ++i) out[i * c + j] = deq[i];
+  }
+  return out;
+}
+
+TEST(Kernels, MxMatmulBitExact) {
+  const auto chip = arch::load_chip("trn3");
+  struct Case {
+    std::int64_t m, n, k;
+    DType dt;
+    int cores;
+  };
+  for (const Case c :
+       {Case{128, 512, 512, DType::fp8_e4m3_x4, 1}, Case{200, 130, 640, DType::fp8_e4m3_x4, 1},
+        Case{64, 600, 128, DType::fp8_e5m2_x4, 2}}) {
+    const isa::Program p = kernel::matmul_kernel(chip, {c.m, c.n, c.k, c.dt, DType::fp32, c.cores});
+    sim::Simulator sim(chip);
+    sim.load(p);
+    const auto at = as_dtype(random_values(c.k * c.m, 7, 3.0f), DType::bf16);
+    const auto b = as_dtype(random_values(c.k * c.n, 8, 0.01f), DType::bf16);
+    sim.write("at", at);
+    sim.write("b", b);
+    const auto st = sim.run();
+    const auto id = c.dt == DType::fp8_e5m2_x4 ? num::MxId::mxfp8_e5m2 : num::MxId::mxfp8_e4m3;
+    const auto want =
+        reference(mx_columns(at, c.k, c.m, id), mx_columns(b, c.k, c.n, id), c.m, c.n, c.k, false);
+    const auto got = sim.read("c");
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < want.size(); ++i)
+      bad += std::bit_cast<std::uint32_t>(got[i]) != std::bit_cast<std::uint32_t>(want[i]);
+    EXPECT_EQ(bad, 0u) << c.m << "x" << c.n << "x" << c.k;
+    EXPECT_DOUBLE_EQ(st.tensor_flops.at(std::string(isa::name(c.dt))), 2.0 * c.m * c.n * c.k);
+  }
+  EXPECT_THROW(kernel::matmul_kernel(chip, {128, 128, 100, DType::fp8_e4m3_x4, DType::fp32, 1}),
+               NotSupported);
+  EXPECT_THROW(kernel::matmul_kernel(arch::load_chip("trn2"),
+                                     {128, 128, 128, DType::fp8_e4m3_x4, DType::fp32, 1}),
+               NotSupported);
+}
 
 TEST(Kernels, AddMatchesHost) {
   const auto chip = arch::load_chip("trn3");

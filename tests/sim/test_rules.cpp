@@ -129,6 +129,42 @@ TEST(Rules, DtypePairingAndAvailability) {
                {"float8_e4m3 is not a trn3 (NeuronCore-v4) data type"});
 }
 
+TEST(Rules, MxOperands) {
+  const auto x4 = DType::fp8_e4m3_x4;
+  // x4 data is only for DMA, quantize_mx and the MX matmul.
+  expect_error(
+      trn3(),
+      single(trn3(), ins(Engine::vector, Opcode::tensor_copy,
+                         {sbuf(0, 128, 0, 8, x4), sbuf(0, 128, 64, 8, x4)})),
+      {"float8_e4m3fn_x4 is x4-packed: only dma_copy, quantize_mx and the MX matmul use it"});
+  // Scales must be [P/8, F].
+  expect_error(
+      trn3(),
+      single(trn3(), ins(Engine::tensor, Opcode::load_stationary,
+                         {sbuf(0, 128, 0, 128, x4), sbuf(0, 32, 4096, 128, DType::uint8)})),
+      {"the MX stationary scales are [32, 128], expected [16, 128]"});
+  // MX pairs only with MX.
+  isa::Program p = program(trn3());
+  add(p, ins(Engine::tensor, Opcode::load_stationary, {sbuf(0, 128, 0, 128, DType::bf16)}));
+  add(p, ins(Engine::tensor, Opcode::multiply_moving,
+             {psum(0, 128, 0, 512), sbuf(0, 128, 4096, 512, x4),
+              sbuf(0, 16, 8192, 512, DType::uint8)}));
+  expect_error(trn3(), p,
+               {"an MX moving with a non-MX stationary: MX operands pair only with MX operands"},
+               sim::Mode::timing);
+  // quantize_mx groups: partitions a multiple of 32.
+  expect_error(trn3(),
+               single(trn3(), ins(Engine::vector, Opcode::quantize_mx,
+                                  {sbuf(0, 16, 0, 8, x4), sbuf(0, 2, 4096, 8, DType::uint8),
+                                   sbuf(0, 16, 8192, 32, DType::bf16)})),
+               {"partitions must be a multiple of 32"});
+  const auto trn2 = arch::load_chip("trn2");
+  expect_error(trn2,
+               single(trn2, ins(Engine::sync, Opcode::dma_copy,
+                                {sbuf(0, 128, 0, 8, x4), sbuf(0, 128, 64, 8, x4)})),
+               {"float8_e4m3fn_x4 is not a trn2 (NeuronCore-v3) data type"});
+}
+
 TEST(Rules, AccumulateOntoUninitializedPsum) {
   kernel::Builder b(trn3());
   const auto w = b.sbuf(128, 128, DType::bf16);

@@ -59,6 +59,22 @@ TEST(Timing, OneMatmul) {
                    4 * (32 + 512) / ghz);
 }
 
+TEST(Timing, MxMatmulDoesFourTimesTheWorkPerCycle) {
+  const auto chip = arch::load_chip("trn3");
+  const double ghz = chip.tensor.clock.value();
+  isa::Program p = program(chip);
+  const auto x4 = DType::fp8_e4m3_x4;
+  add(p, ins(Engine::tensor, Opcode::load_stationary,
+             {sbuf(0, 128, 0, 128, x4), sbuf(0, 16, 2048, 128, DType::uint8)}));
+  add(p, ins(Engine::tensor, Opcode::multiply_moving,
+             {psum(0, 128, 0, 512), sbuf(0, 128, 4096, 512, x4),
+              sbuf(0, 16, 8192, 512, DType::uint8)}));
+  const auto st = run_timing(chip, p);
+  // Same cycles as a BF16 matmul of the same tile, contraction 4 x 128.
+  EXPECT_DOUBLE_EQ(st.latency_ns, (32 + 512) / ghz);
+  EXPECT_DOUBLE_EQ(st.tensor_flops.at("float8_e4m3fn_x4"), 2.0 * 512 * 128 * 512);
+}
+
 TEST(Timing, BackgroundWeightLoadHidesTheSecondLoad) {
   const auto chip = arch::load_chip("trn3");
   const double ghz = chip.tensor.clock.value();
