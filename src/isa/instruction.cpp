@@ -26,9 +26,11 @@ E parse_named(std::string_view s, const std::array<std::string_view, N>& names, 
 constexpr std::array<std::string_view, kEngines> kEngineNames = {"tensor", "vector", "scalar",
                                                                  "gpsimd", "sync"};
 constexpr std::array<std::string_view, static_cast<std::size_t>(Opcode::count_)> kOpNames = {
-    "dma_copy",      "load_stationary", "multiply_moving", "transpose", "tensor_tensor",
-    "tensor_scalar", "tensor_copy",     "tensor_reduce",   "memset",    "activation",
-    "iota",          "quantize_mx"};
+    "dma_copy",      "load_stationary", "multiply_moving", "transpose",     "tensor_tensor",
+    "tensor_scalar", "tensor_copy",     "tensor_reduce",   "memset",        "activation",
+    "iota",          "quantize_mx",     "reciprocal",      "bn_stats",      "bn_aggr",
+    "select",        "copy_predicated", "exponential",     "affine_select", "partition_reduce",
+    "dma_transpose"};
 constexpr std::array<std::string_view, static_cast<std::size_t>(AluOp::count_)> kAluNames = {
     "bypass", "add",      "subtract",  "multiply", "divide", "max",   "min",  "abs_max",
     "pow",    "is_equal", "not_equal", "is_gt",    "is_ge",  "is_lt", "is_le"};
@@ -144,6 +146,8 @@ std::string to_string(const Instruction& in) {
   if (in.alu1 != def.alu1) s += fmt::format(" op1={}", alu_name(in.alu1));
   if (in.imm0 != def.imm0 || std::signbit(in.imm0)) s += fmt::format(" imm0={}", in.imm0);
   if (in.imm1 != def.imm1 || std::signbit(in.imm1)) s += fmt::format(" imm1={}", in.imm1);
+  if (in.imm2 != def.imm2 || std::signbit(in.imm2)) s += fmt::format(" imm2={}", in.imm2);
+  if (in.imm3 != def.imm3 || std::signbit(in.imm3)) s += fmt::format(" imm3={}", in.imm3);
   if (in.func != def.func) s += fmt::format(" func={}", act_name(in.func));
   if (in.scale != def.scale) s += fmt::format(" scale={}", in.scale);
   if (in.accumulate) s += " acc=1";
@@ -201,6 +205,10 @@ Instruction parse_instruction(const std::string& line) {
       in.imm0 = number();
     else if (key == "imm1")
       in.imm1 = number();
+    else if (key == "imm2")
+      in.imm2 = number();
+    else if (key == "imm3")
+      in.imm3 = number();
     else if (key == "func")
       in.func = parse_act(val);
     else if (key == "scale")

@@ -35,6 +35,16 @@ enum class Opcode : std::uint8_t {
                     // and with accumulate=true a last [P,1] operand receiving the row sums
   iota,             // gpsimd: dst[p, i] = imm0 + imm1 * p + i
   quantize_mx,      // vector (v4): dst x4 [P, F/4], dst_scale [P/8, F/4] <- src [P, F], trn3 scales
+  reciprocal,       // vector: dst = 1 / src
+  bn_stats,         // vector: dst [P, 6] = (count, mean, M2) of the even- and odd-indexed elements
+  bn_aggr,          // vector: dst [P, 2] = (mean, variance) combining src [P, 6k] bn_stats groups
+  select,           // vector: dst = pred != 0 ? a : b (operands dst, pred, a, b)
+  copy_predicated,  // vector: dst = pred != 0 ? src : dst (operands dst, pred, src)
+  exponential,    // vector (v4): dst = exp(src - sub[p]); operands dst, src, [sub [P,1]], [row sums
+                  // if acc]
+  affine_select,  // gpsimd: dst = (imm0 + imm1 * p + imm2 * i) op0 0 ? src : imm3
+  partition_reduce,  // gpsimd: dst [1, F] = op0-reduction of src [P, F] over partitions
+  dma_transpose,     // DMA: dst [F, P] = src [P, F]^T (2-byte types)
   count_,
 };
 std::string_view opcode_name(Opcode op);
@@ -95,7 +105,7 @@ struct Instruction {
   Engine engine = Engine::vector;
   std::vector<AccessPattern> operands;  // destination(s) first
   AluOp alu0 = AluOp::bypass, alu1 = AluOp::bypass;
-  float imm0 = 0.0f, imm1 = 0.0f;
+  float imm0 = 0.0f, imm1 = 0.0f, imm2 = 0.0f, imm3 = 0.0f;
   ActFunc func = ActFunc::identity;
   float scale = 1.0f;
   bool accumulate = false;  // multiply_moving: add onto PSUM; dma_copy: add-reduce into dst

@@ -242,6 +242,8 @@ std::vector<std::uint8_t> to_binary(const Program& p) {
         w.u(static_cast<std::uint64_t>(in.alu1));
         w.f(in.imm0);
         w.f(in.imm1);
+        w.f(in.imm2);
+        w.f(in.imm3);
         w.u(static_cast<std::uint64_t>(in.func));
         w.f(in.scale);
         w.u((in.accumulate ? 1u : 0u) | (in.negate ? 2u : 0u));
@@ -321,6 +323,8 @@ Program parse_program_binary(const std::vector<std::uint8_t>& bytes) {
         in.alu1 = r.e<AluOp>(static_cast<std::uint64_t>(AluOp::count_), "ALU op");
         in.imm0 = r.f();
         in.imm1 = r.f();
+        in.imm2 = r.f();
+        in.imm3 = r.f();
         in.func = r.e<ActFunc>(static_cast<std::uint64_t>(ActFunc::count_), "function");
         in.scale = r.f();
         const std::uint64_t flags = r.u();

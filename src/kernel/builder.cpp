@@ -253,14 +253,18 @@ void Builder::emit(Instruction in, std::source_location loc) {
     case Opcode::dma_copy:
       read_dst = in.accumulate;
       break;
+    case Opcode::copy_predicated:
+      read_dst = true;  // unselected elements keep their value
+      break;
     case Opcode::quantize_mx:
       writes = 2;  // data and scales
       break;
     default:
       break;
   }
-  const int producer = in.op == Opcode::dma_copy ? kQueueSem0 + in.queue : engine_sem(in.engine);
-  if (in.op == Opcode::activation && in.accumulate) {
+  const bool dma = in.op == Opcode::dma_copy || in.op == Opcode::dma_transpose;
+  const int producer = dma ? kQueueSem0 + in.queue : engine_sem(in.engine);
+  if ((in.op == Opcode::activation || in.op == Opcode::exponential) && in.accumulate) {
     // The row sums (last operand) are written too: move them to the front.
     std::rotate(in.operands.rbegin(), in.operands.rbegin() + 1, in.operands.rend());
     writes = 2;
@@ -427,6 +431,74 @@ void Builder::iota(const Tensor& dst, float base, float per_partition, std::sour
   in.imm0 = base;
   in.imm1 = per_partition;
   emit(std::move(in), loc);
+}
+
+namespace {
+Instruction make(Opcode op, Engine e, std::vector<isa::AccessPattern> ops) {
+  Instruction in;
+  in.op = op;
+  in.engine = e;
+  in.operands = std::move(ops);
+  return in;
+}
+}  // namespace
+
+void Builder::reciprocal(const Tensor& dst, const Tensor& src, std::source_location loc) {
+  emit(make(Opcode::reciprocal, Engine::vector, {dst.ap, src.ap}), loc);
+}
+void Builder::bn_stats(const Tensor& dst, const Tensor& src, std::source_location loc) {
+  emit(make(Opcode::bn_stats, Engine::vector, {dst.ap, src.ap}), loc);
+}
+void Builder::bn_aggr(const Tensor& dst, const Tensor& src, std::source_location loc) {
+  emit(make(Opcode::bn_aggr, Engine::vector, {dst.ap, src.ap}), loc);
+}
+void Builder::select(const Tensor& dst, const Tensor& pred, const Tensor& a, const Tensor& b,
+                     std::source_location loc) {
+  emit(make(Opcode::select, Engine::vector, {dst.ap, pred.ap, a.ap, b.ap}), loc);
+}
+void Builder::copy_predicated(const Tensor& dst, const Tensor& pred, const Tensor& src,
+                              std::source_location loc) {
+  emit(make(Opcode::copy_predicated, Engine::vector, {dst.ap, pred.ap, src.ap}), loc);
+}
+void Builder::exponential(const Tensor& dst, const Tensor& src, const Tensor* subtract,
+                          const Tensor* row_sums, std::source_location loc) {
+  Instruction in = make(Opcode::exponential, Engine::vector, {dst.ap, src.ap});
+  if (subtract) in.operands.push_back(subtract->ap);
+  if (row_sums) {
+    in.operands.push_back(row_sums->ap);
+    in.accumulate = true;
+  }
+  emit(std::move(in), loc);
+}
+void Builder::affine_select(const Tensor& dst, const Tensor& src, float offset, float per_partition,
+                            float per_element, isa::AluOp cmp, float fill,
+                            std::source_location loc) {
+  Instruction in = make(Opcode::affine_select, Engine::gpsimd, {dst.ap, src.ap});
+  in.imm0 = offset;
+  in.imm1 = per_partition;
+  in.imm2 = per_element;
+  in.alu0 = cmp;
+  in.imm3 = fill;
+  emit(std::move(in), loc);
+}
+void Builder::partition_reduce(const Tensor& dst, const Tensor& src, isa::AluOp op,
+                               std::source_location loc) {
+  Instruction in = make(Opcode::partition_reduce, Engine::gpsimd, {dst.ap, src.ap});
+  in.alu0 = op;
+  emit(std::move(in), loc);
+}
+void Builder::dma_transpose(const Tensor& dst, const Tensor& src, int queue,
+                            std::source_location loc) {
+  Instruction in = make(Opcode::dma_transpose, Engine::sync, {dst.ap, src.ap});
+  if (queue < 0) {
+    queue = next_queue_;
+    next_queue_ = (next_queue_ + 1) % chip_.dma.queues_per_engine;
+  }
+  in.queue = queue;
+  emit(std::move(in), loc);
+}
+void Builder::vector_transpose(const Tensor& dst, const Tensor& src, std::source_location loc) {
+  emit(make(Opcode::transpose, Engine::vector, {dst.ap, src.ap}), loc);
 }
 
 isa::Program Builder::finish() {

@@ -94,6 +94,32 @@ class Builder {
   void iota(const Tensor& dst, float base, float per_partition,
             std::source_location loc = std::source_location::current());
 
+  void reciprocal(const Tensor& dst, const Tensor& src,
+                  std::source_location loc = std::source_location::current());
+  // dst [P, 6] statistics of src [P, <= 512]; bn_aggr folds [P, 6k] into (mean, variance).
+  void bn_stats(const Tensor& dst, const Tensor& src,
+                std::source_location loc = std::source_location::current());
+  void bn_aggr(const Tensor& dst, const Tensor& src,
+               std::source_location loc = std::source_location::current());
+  void select(const Tensor& dst, const Tensor& pred, const Tensor& a, const Tensor& b,
+              std::source_location loc = std::source_location::current());
+  void copy_predicated(const Tensor& dst, const Tensor& pred, const Tensor& src,
+                       std::source_location loc = std::source_location::current());
+  // v4 fast exp: dst = exp(src - subtract[p]), optional row sums.
+  void exponential(const Tensor& dst, const Tensor& src, const Tensor* subtract = nullptr,
+                   const Tensor* row_sums = nullptr,
+                   std::source_location loc = std::source_location::current());
+  // Keeps src where (offset + per_partition * p + per_element * i) cmp 0, else fill.
+  void affine_select(const Tensor& dst, const Tensor& src, float offset, float per_partition,
+                     float per_element, isa::AluOp cmp, float fill,
+                     std::source_location loc = std::source_location::current());
+  void partition_reduce(const Tensor& dst, const Tensor& src, isa::AluOp op,
+                        std::source_location loc = std::source_location::current());
+  void dma_transpose(const Tensor& dst, const Tensor& src, int queue = -1,
+                     std::source_location loc = std::source_location::current());
+  void vector_transpose(const Tensor& dst, const Tensor& src,
+                        std::source_location loc = std::source_location::current());
+
   // Emits a raw instruction (operands, parameters); waits and signals are
   // added by the builder.
   void emit(isa::Instruction in, std::source_location loc = std::source_location::current());

@@ -23,11 +23,13 @@ namespace {
 bool engine_allowed(Opcode op, Engine e) {
   switch (op) {
     case Opcode::dma_copy:  // any engine's queue may trigger a DMA, as on the hardware
+    case Opcode::dma_transpose:
       return e != Engine::tensor;
     case Opcode::load_stationary:
     case Opcode::multiply_moving:
-    case Opcode::transpose:
       return e == Engine::tensor;
+    case Opcode::transpose:  // Tensor engine (128 x 128) or Vector engine (32 x 32)
+      return e == Engine::tensor || e == Engine::vector;
     case Opcode::tensor_tensor:
     case Opcode::memset:
       return e == Engine::vector || e == Engine::gpsimd;
@@ -36,7 +38,16 @@ bool engine_allowed(Opcode op, Engine e) {
       return e == Engine::vector || e == Engine::scalar || e == Engine::gpsimd;
     case Opcode::tensor_reduce:
     case Opcode::quantize_mx:
+    case Opcode::reciprocal:
+    case Opcode::bn_stats:
+    case Opcode::bn_aggr:
+    case Opcode::select:
+    case Opcode::copy_predicated:
+    case Opcode::exponential:
       return e == Engine::vector;
+    case Opcode::affine_select:
+    case Opcode::partition_reduce:
+      return e == Engine::gpsimd;
     case Opcode::activation:
       return e == Engine::scalar;
     case Opcode::iota:
@@ -76,6 +87,19 @@ Arity arity(Opcode op) {
       return {1, 1};
     case Opcode::quantize_mx:
       return {3, 3};  // dst x4, dst_scale, src
+    case Opcode::reciprocal:
+    case Opcode::bn_stats:
+    case Opcode::bn_aggr:
+    case Opcode::affine_select:
+    case Opcode::partition_reduce:
+    case Opcode::dma_transpose:
+      return {2, 2};
+    case Opcode::select:
+      return {4, 4};  // dst, pred, a, b
+    case Opcode::copy_predicated:
+      return {3, 3};  // dst, pred, src
+    case Opcode::exponential:
+      return {2, 4};  // dst, src, [sub [P,1]], [row sums [P,1] if acc]
     case Opcode::count_:
       break;
   }
@@ -213,7 +237,7 @@ std::string check_instruction(const arch::ChipSpec& chip, const isa::Program& pr
     }
     // Engine-memory access rules.
     const bool is_tensor = in.engine == Engine::tensor;
-    if (in.op == Opcode::dma_copy) {
+    if (in.op == Opcode::dma_copy || in.op == Opcode::dma_transpose) {
       if (ap.mem == Mem::psum)
         return "DMA cannot access PSUM (DMA moves HBM <-> SBUF and SBUF <-> SBUF)";
     } else if (ap.mem == Mem::hbm) {
@@ -286,6 +310,17 @@ std::string check_instruction(const arch::ChipSpec& chip, const isa::Program& pr
     }
     case Opcode::transpose: {
       const auto& s = in.operands[1];
+      if (in.engine == Engine::vector) {
+        // The Vector engine transposes within 32 x 32 blocks.
+        if (s.partitions > 32 || s.free_size() > 32)
+          return fmt::format("the Vector engine transposes at most 32 x 32, got [{}, {}]",
+                             s.partitions, s.free_size());
+        if (d.partitions != s.free_size() || d.free_size() != s.partitions)
+          return fmt::format("destination is [{}, {}], the transpose of [{}, {}] is [{}, {}]",
+                             d.partitions, d.free_size(), s.partitions, s.free_size(),
+                             s.free_size(), s.partitions);
+        break;
+      }
       if (s.partitions > chip.tensor.rows || s.free_size() > chip.tensor.cols)
         return fmt::format("transposes [{}, {}], the PE array is {} x {}", s.partitions,
                            s.free_size(), chip.tensor.rows, chip.tensor.cols);
@@ -314,6 +349,70 @@ std::string check_instruction(const arch::ChipSpec& chip, const isa::Program& pr
         return fmt::format("quantize_mx destination is [{}, {}], expected [{}, {}] x4 values",
                            d.partitions, d.free_size(), src.partitions, src.free_size() / 4);
       if (auto e = mx_pair_rules(d, sc, "quantize_mx destination"); !e.empty()) return e;
+      break;
+    }
+    case Opcode::reciprocal:
+      if (auto e = same_shape(in.operands[1], "the source"); !e.empty()) return e;
+      break;
+    case Opcode::bn_stats: {
+      const auto& s = in.operands[1];
+      if (d.rows() != s.rows() || d.free_size() != 6)
+        return fmt::format("bn_stats writes [{}, 6], got [{}, {}]", s.rows(), d.rows(),
+                           d.free_size());
+      if (s.free_size() > 512)
+        return fmt::format(
+            "bn_stats reads at most 512 elements per partition (bn_stats_fmax), got {}",
+            s.free_size());
+      break;
+    }
+    case Opcode::bn_aggr: {
+      const auto& s = in.operands[1];
+      if (d.rows() != s.rows() || d.free_size() != 2 || s.free_size() % 6 != 0)
+        return fmt::format(
+            "bn_aggr reads [P, 6k] bn_stats groups into [P, 2], got [{}, {}] -> [{}, {}]", s.rows(),
+            s.free_size(), d.rows(), d.free_size());
+      break;
+    }
+    case Opcode::select:
+      for (int i = 1; i < 4; ++i)
+        if (auto e = same_shape(in.operands[i], i == 1 ? "the predicate" : "an input"); !e.empty())
+          return e;
+      break;
+    case Opcode::copy_predicated:
+      for (int i = 1; i < 3; ++i)
+        if (auto e = same_shape(in.operands[i], i == 1 ? "the predicate" : "the source");
+            !e.empty())
+          return e;
+      break;
+    case Opcode::exponential:
+      if (chip.core_version < 4) return "exponential is a NeuronCore-v4 Vector instruction";
+      if (auto e = same_shape(in.operands[1], "the source"); !e.empty()) return e;
+      for (int i = 2; i < nops; ++i)
+        if (in.operands[i].rows() != d.rows() || in.operands[i].free_size() != 1)
+          return fmt::format("operand {} must be a [{}, 1] column", i, d.rows());
+      break;
+    case Opcode::affine_select:
+      if (auto e = same_shape(in.operands[1], "the source"); !e.empty()) return e;
+      break;
+    case Opcode::partition_reduce: {
+      const auto& s = in.operands[1];
+      if (d.rows() != 1 || d.free_size() != s.free_size())
+        return fmt::format("partition_reduce reduces [{}, {}] into [1, {}], got [{}, {}]", s.rows(),
+                           s.free_size(), s.free_size(), d.rows(), d.free_size());
+      break;
+    }
+    case Opcode::dma_transpose: {
+      const auto& s = in.operands[1];
+      if (isa::size_bytes(s.dtype) != 2 || d.dtype != s.dtype)
+        return fmt::format("dma_transpose moves 2-byte types unchanged, got {} -> {}",
+                           isa::name(s.dtype), isa::name(d.dtype));
+      if (d.rows() != s.free_size() || d.free_size() != s.rows())
+        return fmt::format("destination is [{}, {}], the transpose of [{}, {}] is [{}, {}]",
+                           d.rows(), d.free_size(), s.rows(), s.free_size(), s.free_size(),
+                           s.rows());
+      if (in.queue < 0 || in.queue >= chip.dma.queues_per_engine)
+        return fmt::format("DMA queue {} does not exist (0..{})", in.queue,
+                           chip.dma.queues_per_engine - 1);
       break;
     }
     case Opcode::tensor_tensor:

@@ -44,6 +44,7 @@ double CostModel::cycles(const isa::Instruction& in, bool dependent) const {
     }
     case Opcode::transpose: {
       const auto& s = in.operands[1];
+      if (in.engine == Engine::vector) return std::max(min_ii, static_cast<double>(s.free_size()));
       return std::max(static_cast<double>(s.partitions),
                       std::min(64.0, static_cast<double>(s.free_size())));
     }
@@ -77,6 +78,22 @@ double CostModel::cycles(const isa::Instruction& in, bool dependent) const {
       break;
     case Opcode::quantize_mx:  // reads the source once: N = source elements per partition
       c = std::max(min_ii, static_cast<double>(in.operands[2].free_size()) * penalty);
+      break;
+    case Opcode::reciprocal:
+      c = std::max(min_ii, 8.0 * n * penalty);
+      break;
+    case Opcode::bn_stats:
+      c = std::max(min_ii, static_cast<double>(in.operands[1].free_size()) * penalty);
+      break;
+    case Opcode::bn_aggr:
+      c = std::max(min_ii, 13.0 * static_cast<double>(in.operands[1].free_size()) / 3.0 * penalty);
+      break;
+    case Opcode::exponential:  // the v4 fast exp: 4x the Scalar engine's rate
+      c = std::max(min_ii, n / 4.0 * penalty) + (in.accumulate ? min_ii : 0.0);
+      break;
+    case Opcode::affine_select:
+    case Opcode::partition_reduce:
+      c = 150.0 + static_cast<double>(in.operands[1].free_size());  // GpSimd ~150 + N
       break;
     case Opcode::iota:
       c = 150.0 + n;  // GpSimd ~150 + N (hardware.md section 3)

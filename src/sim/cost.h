@@ -30,7 +30,8 @@ class CostModel {
 class DmaModel {
  public:
   DmaModel(const arch::ChipSpec& chip, int cores);
-  // Issues the transfer at `issue_ns` on core `core`; returns its completion time.
+  // Issues the transfer (dma_copy or dma_transpose) at `issue_ns` on core `core`; returns its
+  // completion time.
   double transfer(int core, const isa::Instruction& in, double issue_ns);
   double busy_ns() const { return busy_; }
 

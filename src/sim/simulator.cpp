@@ -464,6 +464,137 @@ struct Simulator::Impl {
         write(core, d, v);
         break;
       }
+      case Opcode::reciprocal: {
+        std::vector<float> a = read(core, ops[1], "the source");
+        for (float& x : a) x = 1.0f / x;
+        write(core, d, a);
+        break;
+      }
+      case Opcode::bn_stats: {
+        // Per partition, for the even- and the odd-indexed elements: count,
+        // mean and M2 = sum (x - mean)^2, each summed in FP32 in index order.
+        const std::vector<float> a = read(core, ops[1], "the source");
+        const std::size_t f = static_cast<std::size_t>(ops[1].free_size());
+        std::vector<float> out(static_cast<std::size_t>(d.rows()) * 6);
+        for (std::size_t r = 0; r < static_cast<std::size_t>(d.rows()); ++r) {
+          for (std::size_t half = 0; half < 2; ++half) {
+            float n = 0, sum = 0, m2 = 0;
+            for (std::size_t i = half; i < f; i += 2) {
+              sum += a[r * f + i];
+              n += 1;
+            }
+            const float mean = n > 0 ? sum / n : 0.0f;
+            for (std::size_t i = half; i < f; i += 2) {
+              const float dlt = a[r * f + i] - mean;
+              m2 += dlt * dlt;
+            }
+            out[r * 6 + 3 * half] = n;
+            out[r * 6 + 3 * half + 1] = mean;
+            out[r * 6 + 3 * half + 2] = m2;
+          }
+        }
+        write(core, d, out);
+        break;
+      }
+      case Opcode::bn_aggr: {
+        // Chan et al.'s pairwise combination of (count, mean, M2) groups in
+        // order, in FP32; variance = M2 / count (population variance).
+        const std::vector<float> a = read(core, ops[1], "the bn_stats input");
+        const std::size_t f = static_cast<std::size_t>(ops[1].free_size());
+        std::vector<float> out(static_cast<std::size_t>(d.rows()) * 2);
+        for (std::size_t r = 0; r < static_cast<std::size_t>(d.rows()); ++r) {
+          float n = 0, mean = 0, m2 = 0;
+          for (std::size_t g = 0; g < f; g += 3) {
+            const float nb = a[r * f + g], mb = a[r * f + g + 1], m2b = a[r * f + g + 2];
+            if (nb == 0) continue;
+            const float total = n + nb;
+            const float delta = mb - mean;
+            mean = mean + delta * (nb / total);
+            m2 = m2 + m2b + delta * delta * (n * nb / total);
+            n = total;
+          }
+          out[r * 2] = mean;
+          out[r * 2 + 1] = n > 0 ? m2 / n : 0.0f;
+        }
+        write(core, d, out);
+        break;
+      }
+      case Opcode::select: {
+        const std::vector<float> pred = read(core, ops[1], "the predicate");
+        std::vector<float> a = read(core, ops[2], "input a");
+        const std::vector<float> b = read(core, ops[3], "input b");
+        for (std::size_t i = 0; i < a.size(); ++i)
+          if (pred[i] == 0.0f) a[i] = b[i];
+        write(core, d, a);
+        break;
+      }
+      case Opcode::copy_predicated: {
+        const std::vector<float> pred = read(core, ops[1], "the predicate");
+        const std::vector<float> src = read(core, ops[2], "the source");
+        std::vector<float> out =
+            read(core, d, "copy_predicated (the destination keeps unselected values)");
+        for (std::size_t i = 0; i < out.size(); ++i)
+          if (pred[i] != 0.0f) out[i] = src[i];
+        write(core, d, out);
+        break;
+      }
+      case Opcode::exponential: {
+        std::vector<float> a = read(core, ops[1], "the source");
+        const std::size_t f = static_cast<std::size_t>(d.free_size());
+        const bool has_sub = static_cast<int>(ops.size()) - (in.accumulate ? 1 : 0) > 2;
+        std::vector<float> sub;
+        if (has_sub) sub = read(core, ops[2], "the subtrahend");
+        std::vector<float> sums(static_cast<std::size_t>(d.rows()), 0.0f);
+        for (std::size_t r = 0; r < sums.size(); ++r) {
+          for (std::size_t i = 0; i < f; ++i) {
+            float& x = a[r * f + i];
+            x = std::exp(x - (has_sub ? sub[r] : 0.0f));
+            sums[r] += x;
+          }
+        }
+        write(core, d, a);
+        if (in.accumulate) write(core, ops.back(), sums);
+        break;
+      }
+      case Opcode::affine_select: {
+        std::vector<float> a = read(core, ops[1], "the source");
+        const std::size_t f = static_cast<std::size_t>(d.free_size());
+        for (std::size_t r = 0; r < static_cast<std::size_t>(d.rows()); ++r)
+          for (std::size_t i = 0; i < f; ++i) {
+            const float v = in.imm0 + in.imm1 * static_cast<float>(d.start_partition + r) +
+                            in.imm2 * static_cast<float>(i);
+            if (isa::apply_alu(in.alu0, v, 0.0f) == 0.0f) a[r * f + i] = in.imm3;
+          }
+        write(core, d, a);
+        break;
+      }
+      case Opcode::partition_reduce: {
+        const std::vector<float> a = read(core, ops[1], "the source");
+        const std::size_t f = static_cast<std::size_t>(d.free_size());
+        std::vector<float> out(a.begin(), a.begin() + static_cast<std::ptrdiff_t>(f));
+        for (std::size_t r = 1; r < static_cast<std::size_t>(ops[1].rows()); ++r)
+          for (std::size_t i = 0; i < f; ++i)
+            out[i] = isa::apply_alu(in.alu0, out[i], a[r * f + i]);
+        write(core, d, out);
+        break;
+      }
+      case Opcode::dma_transpose: {
+        const AccessPattern& src = ops[1];
+        const auto so = free_offsets(src), dof = free_offsets(d);
+        const int sz = isa::size_bytes(src.dtype);
+        for (int r = 0; r < src.rows(); ++r) {
+          auto [sb, sw] = row(core, src, r);
+          check_written(sw, src, r, so, "the DMA source");
+          for (std::size_t i = 0; i < so.size(); ++i) {
+            auto [db, dw] = row(core, d, static_cast<int>(i));
+            std::memcpy(db + dof[static_cast<std::size_t>(r)], sb + so[i],
+                        static_cast<std::size_t>(sz));
+            if (dw)
+              std::memset(dw + dof[static_cast<std::size_t>(r)], 1, static_cast<std::size_t>(sz));
+          }
+        }
+        break;
+      }
       case Opcode::count_:
         break;
     }
@@ -639,7 +770,7 @@ RunStats Simulator::run(const Options& opt) {
     const double start = bt;
     double end;
     std::string track(isa::engine_name(in.engine));
-    if (in.op == Opcode::dma_copy) {
+    if (in.op == Opcode::dma_copy || in.op == Opcode::dma_transpose) {
       end = dma.transfer(c, in, start);
       track = fmt::format("dma q{}", in.queue);
       st.dma_bytes += in.operands[0].bytes();

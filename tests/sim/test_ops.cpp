@@ -1,0 +1,206 @@
+// The Vector/GpSimd/DMA instructions beyond the basics, each against a
+// host computation: exact where the operation is exact in FP32, otherwise
+// within a stated tolerance of a double-precision reference.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "arch/chip.h"
+#include "kernel/builder.h"
+#include "num/convert.h"
+#include "sim/simulator.h"
+#include "util/error.h"
+
+namespace tern {
+namespace {
+
+using isa::DType;
+using kernel::Builder;
+using kernel::Tensor;
+
+struct Rig {
+  arch::ChipSpec chip = arch::load_chip("trn3");
+  Builder b{chip};
+  Tensor in, out;
+  std::vector<float> x;
+
+  // An fp32 input [p, f] of normal values loaded into an SBUF tile.
+  Tensor input(int p, int f, float scale = 1.0f, std::uint32_t seed = 1) {
+    in = b.hbm("in", {p, f}, DType::fp32, isa::TensorKind::input);
+    Tensor t = b.sbuf(p, f, DType::fp32);
+    b.dma_copy(t, in);
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> d(0.0f, scale);
+    x.resize(static_cast<std::size_t>(p) * f);
+    for (float& v : x) v = d(rng);
+    return t;
+  }
+  // Stores an SBUF tile [p, f] to the output and runs; returns the output.
+  std::vector<float> run(const Tensor& t) {
+    out = b.hbm("out", {t.rows(), t.cols()}, t.dtype(), isa::TensorKind::output);
+    b.dma_copy(out, t);
+    sim::Simulator s(chip);
+    s.load(b.finish());
+    s.write("in", x);
+    s.run();
+    return s.read("out");
+  }
+};
+
+TEST(Ops, ReciprocalIsExactFp32Division) {
+  Rig r;
+  const Tensor t = r.input(128, 64);
+  const Tensor o = r.b.sbuf(128, 64, DType::fp32);
+  r.b.reciprocal(o, t);
+  const auto y = r.run(o);
+  for (std::size_t i = 0; i < y.size(); ++i) ASSERT_EQ(y[i], 1.0f / r.x[i]);
+}
+
+TEST(Ops, BnStatsAndAggrGiveMeanAndVariance) {
+  Rig r;
+  const int P = 128, F = 1000;  // two bn_stats chunks of 500
+  const Tensor t = r.input(P, F, 3.0f);
+  const Tensor stats = r.b.sbuf(P, 12, DType::fp32);
+  r.b.bn_stats(stats.tile(0, P, 0, 6), t.tile(0, P, 0, 500));
+  r.b.bn_stats(stats.tile(0, P, 6, 6), t.tile(0, P, 500, 500));
+  const Tensor mv = r.b.sbuf(P, 2, DType::fp32);
+  r.b.bn_aggr(mv, stats);
+  const auto y = r.run(mv);
+  for (int p = 0; p < P; ++p) {
+    double mean = 0, var = 0;
+    for (int i = 0; i < F; ++i) mean += r.x[p * F + i];
+    mean /= F;
+    for (int i = 0; i < F; ++i) var += (r.x[p * F + i] - mean) * (r.x[p * F + i] - mean);
+    var /= F;
+    EXPECT_NEAR(y[p * 2], mean, 1e-5 * 3);
+    EXPECT_NEAR(y[p * 2 + 1], var, 1e-5 * var);
+  }
+}
+
+TEST(Ops, SelectAndPredicatedCopy) {
+  Rig r;
+  const Tensor t = r.input(64, 32);
+  const Tensor pred = r.b.sbuf(64, 32, DType::fp32);
+  r.b.tensor_scalar(pred, t, isa::AluOp::is_gt, 0.0f);  // pred = x > 0
+  const Tensor neg = r.b.sbuf(64, 32, DType::fp32);
+  r.b.tensor_scalar(neg, t, isa::AluOp::multiply, -1.0f);
+  const Tensor sel = r.b.sbuf(64, 32, DType::fp32);
+  r.b.select(sel, pred, t, neg);  // |x|
+  const Tensor acc = r.b.sbuf(64, 32, DType::fp32);
+  r.b.memset(acc, 7.0f);
+  r.b.copy_predicated(acc, pred, t);  // x where x > 0, else 7
+  const Tensor both = r.b.sbuf(64, 64, DType::fp32);
+  r.b.tensor_copy(both.tile(0, 64, 0, 32), sel);
+  r.b.tensor_copy(both.tile(0, 64, 32, 32), acc);
+  const auto y = r.run(both);
+  for (int p = 0; p < 64; ++p)
+    for (int i = 0; i < 32; ++i) {
+      const float v = r.x[p * 32 + i];
+      ASSERT_EQ(y[p * 64 + i], std::fabs(v));
+      ASSERT_EQ(y[p * 64 + 32 + i], v > 0 ? v : 7.0f);
+    }
+}
+
+TEST(Ops, ExponentialWithMaxSubtractAndRowSums) {
+  Rig r;
+  const int P = 128, F = 256;
+  const Tensor t = r.input(P, F, 2.0f);
+  const Tensor mx = r.b.sbuf(P, 1, DType::fp32);
+  r.b.tensor_reduce(mx, t, isa::AluOp::max);
+  const Tensor e = r.b.sbuf(P, F + 1, DType::fp32);
+  const Tensor ev = e.tile(0, P, 0, F), sums = e.tile(0, P, F, 1);
+  r.b.exponential(ev, t, &mx, &sums);
+  const auto y = r.run(e);
+  for (int p = 0; p < P; ++p) {
+    double m = -1e30, s = 0;
+    for (int i = 0; i < F; ++i) m = std::max<double>(m, r.x[p * F + i]);
+    for (int i = 0; i < F; ++i) {
+      const double want = std::exp(r.x[p * F + i] - m);
+      s += want;
+      ASSERT_NEAR(y[p * (F + 1) + i], want, 2e-7 * std::max(1.0, want));
+    }
+    EXPECT_NEAR(y[p * (F + 1) + F], s, 1e-5 * s);
+  }
+}
+
+TEST(Ops, AffineSelectMakesACausalMask) {
+  Rig r;
+  const Tensor t = r.input(128, 128);
+  const Tensor o = r.b.sbuf(128, 128, DType::fp32);
+  // keep where p - i >= 0, else -inf
+  r.b.affine_select(o, t, 0.0f, 1.0f, -1.0f, isa::AluOp::is_ge, -INFINITY);
+  const auto y = r.run(o);
+  for (int p = 0; p < 128; ++p)
+    for (int i = 0; i < 128; ++i) ASSERT_EQ(y[p * 128 + i], i <= p ? r.x[p * 128 + i] : -INFINITY);
+}
+
+TEST(Ops, PartitionReduce) {
+  Rig r;
+  const Tensor t = r.input(128, 40);
+  const Tensor o = r.b.sbuf(1, 80, DType::fp32);
+  r.b.partition_reduce(o.tile(0, 1, 0, 40), t, isa::AluOp::max);
+  r.b.partition_reduce(o.tile(0, 1, 40, 40), t, isa::AluOp::add);
+  const auto y = r.run(o);
+  for (int i = 0; i < 40; ++i) {
+    float m = r.x[i];
+    double s = 0;
+    for (int p = 0; p < 128; ++p) {
+      m = std::max(m, r.x[p * 40 + i]);
+      s += r.x[p * 40 + i];
+    }
+    EXPECT_EQ(y[i], m);
+    EXPECT_NEAR(y[40 + i], s, 1e-4);
+  }
+}
+
+TEST(Ops, TransposesOnVectorAndDma) {
+  Rig r;
+  const Tensor t = r.input(32, 32);
+  const Tensor v = r.b.sbuf(32, 32, DType::fp32);
+  r.b.vector_transpose(v, t);
+  const Tensor h = r.b.sbuf(32, 32, DType::bf16);
+  r.b.tensor_copy(h, t);
+  const Tensor d = r.b.sbuf(32, 32, DType::bf16);
+  r.b.dma_transpose(d, h);
+  const Tensor both = r.b.sbuf(32, 64, DType::fp32);
+  r.b.tensor_copy(both.tile(0, 32, 0, 32), v);
+  r.b.tensor_copy(both.tile(0, 32, 32, 32), d);
+  const auto y = r.run(both);
+  for (int p = 0; p < 32; ++p)
+    for (int i = 0; i < 32; ++i) {
+      ASSERT_EQ(y[p * 64 + i], r.x[i * 32 + p]);
+      const float bf = num::round_to(num::format(num::FormatId::bf16), r.x[i * 32 + p]);
+      ASSERT_EQ(y[p * 64 + 32 + i], bf);
+    }
+}
+
+TEST(Ops, RulesOfTheNewInstructions) {
+  const auto chip = arch::load_chip("trn3");
+  Builder b(chip);
+  const Tensor big = b.sbuf(64, 64, DType::fp32);
+  const Tensor o = b.sbuf(64, 64, DType::fp32);
+  b.memset(big, 1.0f);
+  b.vector_transpose(o, big);
+  sim::Simulator s(chip);
+  try {
+    s.load(b.finish());
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("the Vector engine transposes at most 32 x 32, got [64, 64]"),
+        std::string::npos)
+        << e.what();
+  }
+  const auto trn2 = arch::load_chip("trn2");
+  Builder c(trn2);
+  const Tensor a = c.sbuf(128, 8, DType::fp32);
+  c.memset(a, 0.0f);
+  c.exponential(a, a);
+  sim::Simulator s2(trn2);
+  EXPECT_THROW(s2.load(c.finish()), Error);
+}
+
+}  // namespace
+}  // namespace tern
