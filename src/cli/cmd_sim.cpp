@@ -132,7 +132,7 @@ void add_bench(CLI::App& app) {
     std::string arch = "trn3", dtype = "bf16", out = "fp32", trace, mode = "auto", check = "auto",
                 save;
     std::int64_t m = 4096, n = 4096, k = 4096;
-    int cores = 1;
+    int cores = 1, lnc = 1;
     bool json = false;
   };
   auto a = std::make_shared<A>();
@@ -148,7 +148,10 @@ void add_bench(CLI::App& app) {
                   "mxfp8 / mxfp8_e5m2 (trn3: BF16 inputs quantized on chip)")
       ->capture_default_str();
   cmd->add_option("--out", a->out, "Output dtype: fp32 or bf16")->capture_default_str();
-  cmd->add_option("--cores", a->cores, "NeuronCores to spread M over")->capture_default_str();
+  cmd->add_option("--cores", a->cores, "Logical NeuronCores to spread M over")
+      ->capture_default_str();
+  cmd->add_option("--lnc", a->lnc, "Physical cores per logical core: 1, or 2 (v3+)")
+      ->capture_default_str();
   cmd->add_option("--mode", a->mode, "auto (data when small enough), both, functional or timing")
       ->capture_default_str();
   cmd->add_option("--check", a->check, "Check C against the host reference: auto, yes, no")
@@ -162,8 +165,9 @@ void add_bench(CLI::App& app) {
     const std::string dt = a->dtype == "mxfp8" || a->dtype == "mxfp8_e4m3" ? "fp8_e4m3_x4"
                            : a->dtype == "mxfp8_e5m2"                      ? "fp8_e5m2_x4"
                                                                            : a->dtype;
-    kernel::MatmulSpec spec{a->m,    a->n, a->k, isa::parse_dtype(dt), isa::parse_dtype(a->out),
-                            a->cores};
+    kernel::MatmulSpec spec{
+        a->m,  a->n, a->k, isa::parse_dtype(dt), isa::parse_dtype(a->out), a->cores * a->lnc,
+        a->lnc};
     const bool mx = isa::is_x4(spec.in);
     const auto t0 = std::chrono::steady_clock::now();
     const isa::Program p = kernel::matmul_kernel(chip, spec);
@@ -229,14 +233,15 @@ void add_bench(CLI::App& app) {
                                  : spec.in == isa::DType::fp16 ? "fp16"
                                                                : "bf16";
     const double flops = 2.0 * work;
-    const double bound_ns = flops / (chip.tensor_peak_per_core(peak_key).value() * a->cores) * 1e9;
+    const double bound_ns =
+        flops / (chip.tensor_peak_per_core(peak_key).value() * spec.cores) * 1e9;
     const double host_s = std::chrono::duration<double>(t2 - t1).count();
     const double build_s = std::chrono::duration<double>(t1 - t0).count();
     if (a->json) {
       json j = profile::to_json(sum);
-      j["kernel"] = {{"name", "matmul"},  {"m", a->m},         {"n", a->n},
-                     {"k", a->k},         {"dtype", a->dtype}, {"out", a->out},
-                     {"cores", a->cores}, {"arch", chip.name}};
+      j["kernel"] = {{"name", "matmul"},    {"m", a->m},         {"n", a->n},
+                     {"k", a->k},           {"dtype", a->dtype}, {"out", a->out},
+                     {"cores", spec.cores}, {"lnc", a->lnc},     {"arch", chip.name}};
       j["peak_bound_ns"] = bound_ns;
       j["latency_over_bound"] = st.latency_ns / bound_ns;
       j["tflops"] = flops / st.latency_ns / 1e3;
@@ -250,10 +255,10 @@ void add_bench(CLI::App& app) {
       std::printf("%s\n", j.dump(2).c_str());
       return;
     }
-    std::printf("matmul %lld x %lld x %lld %s -> %s on %s, %d core%s (%s)\n",
+    std::printf("matmul %lld x %lld x %lld %s -> %s on %s, %d physical core%s%s (%s)\n",
                 static_cast<long long>(a->m), static_cast<long long>(a->n),
                 static_cast<long long>(a->k), a->dtype.c_str(), a->out.c_str(), chip.name.c_str(),
-                a->cores, a->cores == 1 ? "" : "s",
+                spec.cores, spec.cores == 1 ? "" : "s", a->lnc == 2 ? " at LNC=2" : "",
                 opt.mode == sim::Mode::timing ? "timing only" : "functional + timing");
     std::printf("%s", profile::to_text(sum).c_str());
     std::printf(

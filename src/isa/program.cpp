@@ -38,8 +38,8 @@ constexpr char kMagic[8] = {'T', 'E', 'R', 'N', 'P', 'R', 'O', 'G'};
 // ------------------------------------------------------------------ text
 
 std::string to_text(const Program& p) {
-  std::string s = fmt::format("tern-program {}\narch {}\nsemaphores {}\n", kProgramVersion, p.arch,
-                              p.semaphores);
+  std::string s = fmt::format("tern-program {}\narch {}\nsemaphores {}\nlnc {}\n", kProgramVersion,
+                              p.arch, p.semaphores, p.lnc);
   for (const auto& t : p.tensors) {
     std::string shape;
     for (auto d : t.shape) shape += (shape.empty() ? "" : ",") + std::to_string(d);
@@ -80,6 +80,8 @@ Program parse_program_text(const std::string& text) {
         ls >> p.arch;
       } else if (word == "semaphores") {
         ls >> p.semaphores;
+      } else if (word == "lnc") {
+        ls >> p.lnc;
       } else if (word == "hbm") {
         HbmTensor t;
         std::string shape, dt, kind;
@@ -209,6 +211,7 @@ std::vector<std::uint8_t> to_binary(const Program& p) {
   Writer w;
   w.s(p.arch);
   w.u(static_cast<std::uint64_t>(p.semaphores));
+  w.u(static_cast<std::uint64_t>(p.lnc));
   w.u(p.tensors.size());
   for (const auto& t : p.tensors) {
     w.s(t.name);
@@ -288,6 +291,7 @@ Program parse_program_binary(const std::vector<std::uint8_t>& bytes) {
   Program p;
   p.arch = r.s();
   p.semaphores = static_cast<int>(r.u());
+  p.lnc = static_cast<int>(r.u());
   for (std::uint64_t n = r.count(5); n--;) {
     HbmTensor t;
     t.name = r.s();

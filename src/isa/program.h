@@ -35,6 +35,10 @@ struct CoreProgram {
 struct Program {
   std::string arch = "trn3";  // chip the program was built for
   int semaphores = 0;         // per core
+  // Logical NeuronCore configuration (v3+): with lnc = 2 every pair of
+  // physical cores forms one logical core (a launch grid of 2: program ids
+  // 0 and 1 on the two physical cores); cores must be a multiple of lnc.
+  int lnc = 1;
   std::vector<HbmTensor> tensors;
   std::vector<CoreProgram> cores;
 

@@ -59,11 +59,15 @@ int engine_sem(Engine e) {
 constexpr int kQueueSem0 = 4;  // DMA queue q: 4 + q
 }  // namespace
 
-Builder::Builder(const arch::ChipSpec& chip, int cores) : chip_(chip) {
+Builder::Builder(const arch::ChipSpec& chip, int cores, int lnc) : chip_(chip) {
+  if (lnc != 1 && lnc != 2) throw Error(fmt::format("lnc must be 1 or 2, got {}", lnc));
+  if (cores % lnc != 0)
+    throw Error(fmt::format("LNC={} needs an even number of cores, got {}", lnc, cores));
   if (cores < 1 || cores > chip.cores) {
     throw Error(fmt::format("a kernel for {} cores, but {} has {}", cores, chip.name, chip.cores));
   }
   prog_.arch = chip.name;
+  prog_.lnc = lnc;
   prog_.semaphores = kQueueSem0 + chip.dma.queues_per_engine;
   prog_.cores.resize(cores);
   sbuf_allocs_.resize(cores);

@@ -33,7 +33,9 @@ struct Tensor {
 
 class Builder {
  public:
-  explicit Builder(const arch::ChipSpec& chip, int cores = 1);
+  // `cores` physical cores; lnc = 2 groups them in pairs into logical cores
+  // (v3+), like a kernel launched with a grid of 2.
+  explicit Builder(const arch::ChipSpec& chip, int cores = 1, int lnc = 1);
 
   // Row-major HBM tensor [rows, cols] (or any shape: the last dim is
   // contiguous, the rest folds into rows).

@@ -40,7 +40,7 @@ isa::Program mx_matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
   if (s.k % 128 != 0) {
     throw NotSupported(fmt::format("MX matmul with K = {}: K must be a multiple of 128", s.k));
   }
-  Builder b(chip, s.cores);
+  Builder b(chip, s.cores, s.lnc);
   const Tensor at = b.hbm("at", {s.k, s.m}, DType::bf16, isa::TensorKind::input);
   const Tensor bt = b.hbm("b", {s.k, s.n}, DType::bf16, isa::TensorKind::input);
   const Tensor ct = b.hbm("c", {s.m, s.n}, s.out, isa::TensorKind::output);
@@ -156,7 +156,7 @@ isa::Program matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
     throw NotSupported(fmt::format(
         "matmul with {} inputs (bf16, fp16, fp32, tf32, fp8 and MXFP8 x4 are)", isa::name(s.in)));
   }
-  Builder b(chip, s.cores);
+  Builder b(chip, s.cores, s.lnc);
   const Tensor at = b.hbm("at", {s.k, s.m}, s.in, isa::TensorKind::input);
   const Tensor bt = b.hbm("b", {s.k, s.n}, s.in, isa::TensorKind::input);
   const Tensor ct = b.hbm("c", {s.m, s.n}, s.out, isa::TensorKind::output);

@@ -13,7 +13,8 @@ struct MatmulSpec {
   std::int64_t m = 512, n = 512, k = 512;
   isa::DType in = isa::DType::bf16;   // dtype of both inputs
   isa::DType out = isa::DType::fp32;  // dtype of C
-  int cores = 1;                      // M blocks are spread over this many cores
+  int cores = 1;                      // physical cores; M blocks are spread over them
+  int lnc = 1;                        // 2: the cores pair up into logical cores (v3+)
 };
 
 // C[M, N] = A[M, K] @ B[K, N] with A given transposed in HBM ("at", [K, M],

@@ -39,6 +39,15 @@ void Simulator::load(const isa::Program& p) {
     throw Error(fmt::format("the program uses {} cores but {} has {}", p.cores.size(), chip_.name,
                             chip_.cores));
   }
+  if (p.lnc != 1 && p.lnc != 2) throw Error(fmt::format("lnc must be 1 or 2, got {}", p.lnc));
+  if (p.lnc == 2 && chip_.core_version < 3) {
+    throw Error(fmt::format("LNC=2 needs NeuronCore-v3 or later; {} is {}", chip_.name,
+                            chip_.core_generation));
+  }
+  if (p.cores.size() % static_cast<std::size_t>(p.lnc) != 0) {
+    throw Error(fmt::format("LNC={} groups physical cores in pairs, but the program has {} cores",
+                            p.lnc, p.cores.size()));
+  }
   if (p.arch != chip_.name) {
     throw Error(fmt::format("the program was built for {} but the simulated chip is {}", p.arch,
                             chip_.name));

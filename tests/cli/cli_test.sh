@@ -145,6 +145,8 @@ expect_json 'j["mode"] == "timing" and j["check"] is None and j["latency_over_bo
 expect_ok "latency is [0-9.]+x the bound" bench matmul --m 256 --n 512 --k 256
 expect_ok "result check: bit-exact" bench matmul --m 256 --n 512 --k 256
 expect_json 'j["cores"] == 2 and j["check"]["bit_exact"]' bench matmul --m 600 --n 256 --k 128 --cores 2 --json
+expect_json 'j["kernel"]["cores"] == 2 and j["kernel"]["lnc"] == 2 and j["check"]["bit_exact"]' bench matmul --lnc 2 --m 384 --n 256 --k 128 --json
+expect_err "LNC=2 needs NeuronCore-v3 or later" bench matmul --arch trn1 --lnc 2 --m 8 --n 8 --k 8
 expect_json 'j["check"]["bit_exact"] and j["kernel"]["dtype"] == "mxfp8"' bench matmul --m 256 --n 300 --k 384 --dtype mxfp8 --json
 expect_err "not supported: MX matmul on trn2" bench matmul --arch trn2 --dtype mxfp8 --m 8 --n 8 --k 128
 expect_err "K must be a multiple of 128" bench matmul --dtype mxfp8 --m 8 --n 8 --k 100

@@ -37,6 +37,7 @@ isa::Program sample() {
   in.signals = {2};
   in.loc = "my kernel.py:12";
   p.cores[1].streams[2].push_back(in);
+  p.lnc = 2;
   return p;
 }
 

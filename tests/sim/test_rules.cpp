@@ -228,6 +228,17 @@ TEST(Rules, SemaphoresAndQueuesMustExist) {
   expect_error(trn2, single(trn2, d), {"DMA priority 2 does not exist on trn2"});
 }
 
+TEST(Rules, LogicalCores) {
+  isa::Program p = program(trn3());
+  p.lnc = 2;  // one physical core cannot pair up
+  expect_error(trn3(), p, {"LNC=2 groups physical cores in pairs, but the program has 1 cores"});
+  const auto trn1 = arch::load_chip("trn1");
+  isa::Program q = program(trn1);
+  q.cores.resize(2);
+  q.lnc = 2;
+  expect_error(trn1, q, {"LNC=2 needs NeuronCore-v3 or later; trn1 is NeuronCore-v2"});
+}
+
 TEST(Rules, BuilderAllocations) {
   kernel::Builder b(trn3());
   b.sbuf(128, 60000, DType::fp32);  // 240,000 of 262,144 bytes per partition
