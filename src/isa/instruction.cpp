@@ -154,6 +154,7 @@ std::string to_string(const Instruction& in) {
   if (in.negate) s += " negate=1";
   if (in.queue != def.queue) s += fmt::format(" queue={}", in.queue);
   if (in.priority != def.priority) s += fmt::format(" priority={}", in.priority);
+  if (in.perf == isa::PerfMode::double_row) s += " perf=double_row";
   for (const auto& w : in.waits) s += fmt::format(" wait={}>={}", w.sem, w.value);
   for (int sig : in.signals) s += fmt::format(" signal={}", sig);
   if (!in.loc.empty()) s += " @" + in.loc;
@@ -219,7 +220,11 @@ Instruction parse_instruction(const std::string& line) {
       in.negate = integer() != 0;
     else if (key == "queue")
       in.queue = integer();
-    else if (key == "priority")
+    else if (key == "perf") {
+      if (val != "double_row" && val != "none")
+        throw Error(fmt::format("perf '{}': expected none or double_row in '{}'", val, line));
+      in.perf = val == "double_row" ? PerfMode::double_row : PerfMode::none;
+    } else if (key == "priority")
       in.priority = integer();
     else if (key == "signal")
       in.signals.push_back(integer());

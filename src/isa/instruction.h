@@ -94,6 +94,16 @@ ActFunc parse_act(std::string_view s);
 // f(x) in FP32 (host libm; see docs/sim.md).
 float apply_act(ActFunc f, float x);
 
+// Tensor engine performance modes (nki matmul_perf_mode).
+enum class PerfMode : std::uint8_t {
+  none,
+  // FP8 on NeuronCore-v3+: two contraction rows per PE, K = 2P per
+  // instruction at the cost of one. tern's operand layout: the stationary
+  // [P, 2M] holds rows k < P in columns [0, M) and rows P + k in [M, 2M);
+  // the moving [P, 2N] likewise; the output is [M, N].
+  double_row,
+};
+
 struct SemWait {
   int sem = 0;
   std::int64_t value = 0;  // start only once semaphore `sem` >= value
@@ -108,10 +118,11 @@ struct Instruction {
   float imm0 = 0.0f, imm1 = 0.0f, imm2 = 0.0f, imm3 = 0.0f;
   ActFunc func = ActFunc::identity;
   float scale = 1.0f;
-  bool accumulate = false;  // multiply_moving: add onto PSUM; dma_copy: add-reduce into dst
-  bool negate = false;      // tensor_reduce
-  int queue = 0;            // dma_copy: DMA queue id
-  int priority = 0;         // dma_copy: priority class (v4)
+  bool accumulate = false;         // multiply_moving: add onto PSUM; dma_copy: add-reduce into dst
+  bool negate = false;             // tensor_reduce
+  int queue = 0;                   // dma_copy: DMA queue id
+  int priority = 0;                // dma_copy: priority class (v4)
+  PerfMode perf = PerfMode::none;  // load_stationary / multiply_moving
   std::vector<SemWait> waits;
   std::vector<int> signals;  // semaphores incremented by one at completion
   std::string loc;           // kernel source location, when the builder recorded one

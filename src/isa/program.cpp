@@ -252,6 +252,7 @@ std::vector<std::uint8_t> to_binary(const Program& p) {
         w.u((in.accumulate ? 1u : 0u) | (in.negate ? 2u : 0u));
         w.i(in.queue);
         w.i(in.priority);
+        w.u(static_cast<std::uint64_t>(in.perf));
         w.u(in.waits.size());
         for (const auto& wt : in.waits) {
           w.i(wt.sem);
@@ -336,6 +337,7 @@ Program parse_program_binary(const std::vector<std::uint8_t>& bytes) {
         in.negate = flags & 2u;
         in.queue = static_cast<int>(r.i());
         in.priority = static_cast<int>(r.i());
+        in.perf = r.e<PerfMode>(2, "performance mode");
         for (std::uint64_t k = r.count(2); k--;) {
           SemWait wt;
           wt.sem = static_cast<int>(r.i());

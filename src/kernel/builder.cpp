@@ -306,8 +306,10 @@ std::vector<isa::AccessPattern> aps(std::initializer_list<const Tensor*> ts) {
 
 void Builder::emit_matmul(const Tensor& dst, const Tensor& stationary,
                           const Tensor* stationary_scale, const Tensor& moving,
-                          const Tensor* moving_scale, bool accumulate, std::source_location loc) {
+                          const Tensor* moving_scale, bool accumulate, isa::PerfMode perf,
+                          std::source_location loc) {
   Instruction mm;
+  mm.perf = perf;
   mm.op = Opcode::multiply_moving;
   mm.engine = Engine::tensor;
   // The stationary operands are listed for dependencies only, then dropped.
@@ -323,6 +325,7 @@ void Builder::emit_matmul(const Tensor& dst, const Tensor& stationary,
   ls.engine = Engine::tensor;
   ls.operands = aps({&stationary, stationary_scale});
   ls.loc = mm.loc;
+  ls.perf = perf;
   ls.waits = std::move(mm.waits);
   mm.waits.clear();
   auto& stream = prog_.cores[core_].streams[static_cast<int>(Engine::tensor)];
@@ -331,14 +334,15 @@ void Builder::emit_matmul(const Tensor& dst, const Tensor& stationary,
 }
 
 void Builder::matmul(const Tensor& dst, const Tensor& stationary, const Tensor& moving,
-                     bool accumulate, std::source_location loc) {
-  emit_matmul(dst, stationary, nullptr, moving, nullptr, accumulate, loc);
+                     bool accumulate, isa::PerfMode perf, std::source_location loc) {
+  emit_matmul(dst, stationary, nullptr, moving, nullptr, accumulate, perf, loc);
 }
 
 void Builder::matmul_mx(const Tensor& dst, const Tensor& stationary, const Tensor& stationary_scale,
                         const Tensor& moving, const Tensor& moving_scale, bool accumulate,
                         std::source_location loc) {
-  emit_matmul(dst, stationary, &stationary_scale, moving, &moving_scale, accumulate, loc);
+  emit_matmul(dst, stationary, &stationary_scale, moving, &moving_scale, accumulate,
+              isa::PerfMode::none, loc);
 }
 
 void Builder::quantize_mx(const Tensor& dst, const Tensor& dst_scale, const Tensor& src,

@@ -65,7 +65,10 @@ class Builder {
                 isa::Engine engine = isa::Engine::sync,
                 std::source_location loc = std::source_location::current());
   // dst_psum[M, N] (+)= stationary[K, M]^T @ moving[K, N]: load_stationary + multiply_moving.
+  // perf = double_row (FP8, v3+): stationary [K, 2M] and moving [K, 2N] hold
+  // contraction rows [0, K) and [K, 2K) side by side (see isa::PerfMode).
   void matmul(const Tensor& dst, const Tensor& stationary, const Tensor& moving, bool accumulate,
+              isa::PerfMode perf = isa::PerfMode::none,
               std::source_location loc = std::source_location::current());
   // MX matmul (v4): x4 data with E8M0 scales [P/8, F]; contraction 4P.
   void matmul_mx(const Tensor& dst, const Tensor& stationary, const Tensor& stationary_scale,
@@ -143,7 +146,7 @@ class Builder {
                std::source_location loc);
   void emit_matmul(const Tensor& dst, const Tensor& stationary, const Tensor* stationary_scale,
                    const Tensor& moving, const Tensor* moving_scale, bool accumulate,
-                   std::source_location loc);
+                   isa::PerfMode perf, std::source_location loc);
   void record(isa::Instruction& in, int producer, std::size_t first_read, bool read_dst);
 
   const arch::ChipSpec& chip_;

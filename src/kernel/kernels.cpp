@@ -181,15 +181,30 @@ isa::Program matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
   const std::int64_t MB = ceil_div(s.m, BM);
   for (int core = 0; core < s.cores; ++core) {
     b.set_core(core);
+    // K tiles are allocated in pairs side by side ([TK, 2 x width]) so that
+    // an FP8 pair can feed one double-row matmul; a_sets[s][kt] is the half.
     std::vector<Tensor> a_sets[2], b_sets[2];
     for (auto& set : a_sets) set.resize(static_cast<std::size_t>(KT));
     for (auto& set : b_sets) set.resize(static_cast<std::size_t>(KT));
-    for (std::int64_t kt = 0; kt < KT; ++kt) {
-      for (auto& set : a_sets)
-        set[kt] = b.sbuf(static_cast<int>(std::min(TK, s.k - kt * TK)), BM, s.in);
-      for (auto& set : b_sets)
-        set[kt] = b.sbuf(static_cast<int>(std::min(TK, s.k - kt * TK)), TN, s.in);
+    for (std::int64_t kt = 0; kt < KT; kt += 2) {
+      const int rows = static_cast<int>(std::min(TK, s.k - kt * TK));
+      const bool pair = kt + 1 < KT;
+      for (auto* sets : {a_sets, b_sets}) {
+        const std::int64_t w = sets == a_sets ? BM : TN;
+        for (int set = 0; set < 2; ++set) {
+          const Tensor t = b.sbuf(rows, (pair ? 2 : 1) * w, s.in);
+          sets[set][kt] = t.tile(0, rows, 0, w);
+          if (pair)
+            sets[set][kt + 1] =
+                t.tile(0, static_cast<int>(std::min(TK, s.k - (kt + 1) * TK)), w, w);
+        }
+      }
     }
+    // Double row (FP8, v3+): a pair of full K tiles in one instruction.
+    const bool double_row = isa::is_fp8(s.in) && chip.core_version >= 3;
+    auto pair_view = [](const Tensor& first, std::int64_t width, std::int64_t c0, std::int64_t n) {
+      return first.with_dims({{width, 2}, {1, n}}, c0);
+    };
     constexpr int kPsum = 4, kOut = 4;
     std::vector<Tensor> ps, outs;
     for (int i = 0; i < kPsum; ++i) ps.push_back(b.psum(static_cast<int>(TM), TN, DType::fp32));
@@ -238,6 +253,12 @@ isa::Program matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
         pi = (pi + 1) % kPsum;
         for (std::int64_t kt = 0; kt < KT; ++kt) {
           const int tk = static_cast<int>(std::min(TK, s.k - kt * TK));
+          if (double_row && kt + 1 < KT && s.k - (kt + 1) * TK >= TK) {
+            b.matmul(p, pair_view(a_sets[st.a_set][kt], BM, mi * TM, tm),
+                     pair_view(b_sets[st.b_set][kt], TN, 0, tn), kt > 0, isa::PerfMode::double_row);
+            ++kt;
+            continue;
+          }
           b.matmul(p, a_sets[st.a_set][kt].tile(0, tk, mi * TM, tm),
                    b_sets[st.b_set][kt].tile(0, tk, 0, tn), kt > 0);
         }

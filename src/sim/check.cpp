@@ -194,6 +194,17 @@ std::string mx_pair_rules(const AccessPattern& data, const AccessPattern& scale,
   return {};
 }
 
+// FP8 double-row matmul: NeuronCore-v3+ and FP8 operands only.
+std::string double_row_rules(const arch::ChipSpec& chip, const isa::Instruction& in) {
+  if (chip.core_version < 3)
+    return fmt::format("double-row matmul needs NeuronCore-v3 or later; {} is {}", chip.name,
+                       chip.core_generation);
+  const auto& data = in.op == Opcode::load_stationary ? in.operands[0] : in.operands[1];
+  if (!isa::is_fp8(data.dtype))
+    return fmt::format("double-row matmul takes FP8 operands, got {}", isa::name(data.dtype));
+  return {};
+}
+
 bool supports_type(const arch::ChipSpec& chip, DType d) {
   if (isa::is_x4(d)) return chip.core_version >= 4;  // MX on NeuronCore-v4
   // OCP E4M3 arrived with NeuronCore-v4; the IEEE-like E4M3 is the v2/v3 type.
@@ -282,6 +293,13 @@ std::string check_instruction(const arch::ChipSpec& chip, const isa::Program& pr
       if (d.partitions > chip.tensor.rows)
         return fmt::format("stationary has {} partitions (contraction), the PE array has {} rows",
                            d.partitions, chip.tensor.rows);
+      if (in.perf == isa::PerfMode::double_row) {
+        if (auto e = double_row_rules(chip, in); !e.empty()) return e;
+        if (d.free_size() % 2 != 0 || d.free_size() / 2 > chip.tensor.stationary_fmax)
+          return fmt::format("a double-row stationary is [P, 2M] with M <= {}, got free size {}",
+                             chip.tensor.stationary_fmax, d.free_size());
+        break;
+      }
       if (d.free_size() > chip.tensor.stationary_fmax)
         return fmt::format("stationary free size {} exceeds the tile limit {}", d.free_size(),
                            chip.tensor.stationary_fmax);
@@ -297,10 +315,19 @@ std::string check_instruction(const arch::ChipSpec& chip, const isa::Program& pr
       if (mv.partitions > chip.tensor.rows)
         return fmt::format("moving has {} partitions (contraction), the PE array has {} rows",
                            mv.partitions, chip.tensor.rows);
-      if (mv.free_size() > chip.tensor.moving_fmax)
+      const bool dr = in.perf == isa::PerfMode::double_row;
+      if (dr) {
+        if (auto e = double_row_rules(chip, in); !e.empty()) return e;
+        if (mv.free_size() % 2 != 0 || mv.free_size() / 2 > chip.tensor.moving_fmax)
+          return fmt::format("a double-row moving tensor is [P, 2N] with N <= {}, got free size {}",
+                             chip.tensor.moving_fmax, mv.free_size());
+        if (d.free_size() * 2 != mv.free_size())
+          return fmt::format("double-row output free size {} is not half the moving free size {}",
+                             d.free_size(), mv.free_size());
+      } else if (mv.free_size() > chip.tensor.moving_fmax)
         return fmt::format("moving free size {} exceeds the tile limit {}", mv.free_size(),
                            chip.tensor.moving_fmax);
-      if (d.free_size() != mv.free_size())
+      if (!dr && d.free_size() != mv.free_size())
         return fmt::format("output free size {} differs from moving free size {}", d.free_size(),
                            mv.free_size());
       if (d.dtype != DType::fp32 && !(d.dtype == DType::bf16 && chip.core_version >= 4))

@@ -37,9 +37,10 @@ double CostModel::cycles(const isa::Instruction& in, bool dependent) const {
     case Opcode::multiply_moving: {
       const auto& mv = in.operands[1];
       const double fp32 = mv.dtype == DType::fp32 ? 4.0 : 1.0;
-      // max(min(64, N_stationary), N_moving), N_stationary = output partitions.
+      // max(min(64, N_stationary), N_moving), N_stationary = output partitions,
+      // N_moving = output columns (a double-row tile streams 2 rows per column).
       return std::max(std::min(64.0, static_cast<double>(d.partitions)),
-                      static_cast<double>(mv.free_size())) *
+                      static_cast<double>(d.free_size())) *
              fp32;
     }
     case Opcode::transpose: {

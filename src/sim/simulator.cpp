@@ -117,8 +117,8 @@ struct Simulator::Impl {
   std::uint64_t serial = 0;  // instructions executed, numbers SR streams
 
   struct Stationary {
-    int k = 0, m = 0;  // contraction (4x partitions for MX) and columns
-    bool mx = false;
+    int k = 0, m = 0;  // contraction (4x partitions for MX, 2x for double row) and columns
+    bool mx = false, double_row = false;
     DType dtype = DType::bf16;
     std::vector<float> w;  // [k][m]
     bool loaded = false;
@@ -219,6 +219,19 @@ struct Simulator::Impl {
         }
       }
     }
+  }
+
+  // A double-row operand [P, 2F] (rows k < P in columns [0, F), rows P + k in
+  // [F, 2F)) as the logical [2P, F] matrix.
+  static std::vector<float> unfold_rows(const std::vector<float>& v, int p) {
+    const std::size_t f2 = v.size() / static_cast<std::size_t>(p), f = f2 / 2;
+    std::vector<float> out(v.size());
+    for (std::size_t r = 0; r < static_cast<std::size_t>(p); ++r)
+      for (std::size_t h = 0; h < 2; ++h)
+        std::copy_n(
+            v.begin() + static_cast<std::ptrdiff_t>(r * f2 + h * f), f,
+            out.begin() + static_cast<std::ptrdiff_t>((h * static_cast<std::size_t>(p) + r) * f));
+    return out;
   }
 
   // Checks that row r of `ap` was written at the given element offsets.
@@ -351,6 +364,8 @@ struct Simulator::Impl {
       case Opcode::load_stationary:
         stationary[core].w = ops.size() == 2 ? read_mx(core, d, ops[1], "the MX stationary")
                                              : read(core, d, "load_stationary");
+        if (in.perf == isa::PerfMode::double_row)
+          stationary[core].w = unfold_rows(stationary[core].w, d.partitions);
         break;
       case Opcode::quantize_mx:
         quantize_mx(core, in);
@@ -358,10 +373,11 @@ struct Simulator::Impl {
       case Opcode::multiply_moving: {
         const Stationary& st = stationary[core];
         const AccessPattern& mv = ops[1];
-        const std::vector<float> m = ops.size() == 3
-                                         ? read_mx(core, mv, ops[2], "the MX moving tensor")
-                                         : read(core, mv, "the moving tensor");
-        const int n = static_cast<int>(mv.free_size());
+        std::vector<float> m = ops.size() == 3 ? read_mx(core, mv, ops[2], "the MX moving tensor")
+                                               : read(core, mv, "the moving tensor");
+        const bool dr = in.perf == isa::PerfMode::double_row;
+        if (dr) m = unfold_rows(m, mv.partitions);
+        const int n = static_cast<int>(mv.free_size()) / (dr ? 2 : 1);
         const bool fp32 = st.dtype == DType::fp32 || mv.dtype == DType::fp32;
         const auto offs = free_offsets(d);
         if (d.dtype == DType::fp32 && contiguous(offs, 4)) {
@@ -616,8 +632,9 @@ struct Simulator::Impl {
     const AccessPattern& d = in.operands[0];
     if (in.op == Opcode::load_stationary) {
       st.mx = in.operands.size() == 2;
-      st.k = d.partitions * (st.mx ? 4 : 1);
-      st.m = static_cast<int>(d.free_size());
+      st.double_row = in.perf == isa::PerfMode::double_row;
+      st.k = d.partitions * (st.mx ? 4 : st.double_row ? 2 : 1);
+      st.m = static_cast<int>(d.free_size()) / (st.double_row ? 2 : 1);
       st.dtype = d.dtype;
       st.loaded = true;
       return;
@@ -631,8 +648,14 @@ struct Simulator::Impl {
           fmt::format("{} moving with {} stationary: MX operands pair only with MX operands",
                       mx ? "an MX" : "a non-MX", st.mx ? "an MX" : "a non-MX"));
     }
+    const bool dr = in.perf == isa::PerfMode::double_row;
+    if (dr != st.double_row) {
+      throw Error(fmt::format("a {} multiply after a {} weight load: both must use perf=double_row",
+                              dr ? "double-row" : "normal",
+                              st.double_row ? "double-row" : "normal"));
+    }
     if (!mx) check_pairing(st, mv);
-    const int k = mv.partitions * (mx ? 4 : 1);
+    const int k = mv.partitions * (mx ? 4 : dr ? 2 : 1);
     if (k != st.k) {
       throw Error(fmt::format("moving has contraction {} but the stationary has {}", k, st.k));
     }
@@ -809,9 +832,10 @@ RunStats Simulator::run(const Options& opt) {
       }
       if (in.op == Opcode::multiply_moving) {
         const auto& mv = in.operands[1];
-        const double k = mv.partitions * (isa::is_x4(mv.dtype) ? 4.0 : 1.0);
+        const bool dr = in.perf == isa::PerfMode::double_row;
+        const double k = mv.partitions * (isa::is_x4(mv.dtype) ? 4.0 : dr ? 2.0 : 1.0);
         st.tensor_flops[std::string(isa::name(mv.dtype))] +=
-            2.0 * k * static_cast<double>(mv.free_size()) * in.operands[0].partitions;
+            2.0 * k * static_cast<double>(in.operands[0].free_size()) * in.operands[0].partitions;
       }
     }
     ++st.engines[c][e].instructions;

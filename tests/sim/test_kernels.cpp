@@ -93,16 +93,18 @@ TEST_P(MatmulKernel, BitExactAgainstHostReference) {
   EXPECT_DOUBLE_EQ(st.tensor_flops.at(std::string(isa::name(s.dt))), 2.0 * s.m * s.n * s.k);
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, MatmulKernel,
-                         ::testing::Values(Shape{128, 512, 128, DType::bf16, "trn3"},
-                                           Shape{200, 600, 300, DType::bf16, "trn3"},
-                                           Shape{1, 1, 1, DType::bf16, "trn3"},
-                                           Shape{129, 513, 257, DType::fp32, "trn3"},
-                                           Shape{77, 45, 130, DType::fp16, "trn2"},
-                                           Shape{64, 100, 200, DType::fp8_e4m3, "trn3"},
-                                           Shape{96, 130, 140, DType::fp8_e5m2, "trn2"},
-                                           Shape{100, 70, 33, DType::fp8_e4m3_legacy, "trn1"},
-                                           Shape{640, 520, 256, DType::bf16, "trn1"}));
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, MatmulKernel,
+    ::testing::Values(
+        Shape{128, 512, 128, DType::bf16, "trn3"}, Shape{200, 600, 300, DType::bf16, "trn3"},
+        Shape{1, 1, 1, DType::bf16, "trn3"}, Shape{129, 513, 257, DType::fp32, "trn3"},
+        Shape{77, 45, 130, DType::fp16, "trn2"}, Shape{64, 100, 200, DType::fp8_e4m3, "trn3"},
+        Shape{96, 130, 140, DType::fp8_e5m2, "trn2"},
+        Shape{100, 70, 33, DType::fp8_e4m3_legacy, "trn1"},
+        Shape{640, 520, 256, DType::bf16, "trn1"},
+        // K = 640: two double-row FP8 pairs and one single K tile.
+        Shape{130, 300, 640, DType::fp8_e4m3, "trn3"},
+        Shape{64, 512, 512, DType::fp8_e5m2, "trn2"}));
 
 // MXFP8 on trn3: BF16 inputs quantized on chip (groups of 32 along K, trn3
 // scales), multiplied by the MX matmul, checked against host MX quantization

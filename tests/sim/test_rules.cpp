@@ -228,6 +228,21 @@ TEST(Rules, SemaphoresAndQueuesMustExist) {
   expect_error(trn2, single(trn2, d), {"DMA priority 2 does not exist on trn2"});
 }
 
+TEST(Rules, DoubleRow) {
+  auto ls = ins(Engine::tensor, Opcode::load_stationary, {sbuf(0, 128, 0, 256, DType::bf16)});
+  ls.perf = isa::PerfMode::double_row;
+  expect_error(trn3(), single(trn3(), ls), {"double-row matmul takes FP8 operands, got bfloat16"});
+  const auto trn1 = arch::load_chip("trn1");
+  ls.operands = {sbuf(0, 128, 0, 256, DType::fp8_e5m2)};
+  expect_error(trn1, single(trn1, ls),
+               {"double-row matmul needs NeuronCore-v3 or later; trn1 is NeuronCore-v2"});
+  isa::Program p = program(trn3());
+  add(p, ls);
+  add(p, ins(Engine::tensor, Opcode::multiply_moving,
+             {psum(0, 128, 0, 512), sbuf(0, 128, 4096, 512, DType::fp8_e5m2)}));
+  expect_error(trn3(), p, {"a normal multiply after a double-row weight load"}, sim::Mode::timing);
+}
+
 TEST(Rules, LogicalCores) {
   isa::Program p = program(trn3());
   p.lnc = 2;  // one physical core cannot pair up

@@ -75,6 +75,23 @@ TEST(Timing, MxMatmulDoesFourTimesTheWorkPerCycle) {
   EXPECT_DOUBLE_EQ(st.tensor_flops.at("float8_e4m3fn_x4"), 2.0 * 512 * 128 * 512);
 }
 
+TEST(Timing, Fp8DoubleRowDoublesTheWorkPerCycle) {
+  const auto chip = arch::load_chip("trn2");
+  const double ghz = chip.tensor.clock.value();
+  isa::Program p = program(chip);
+  auto ls = ins(Engine::tensor, Opcode::load_stationary, {sbuf(0, 128, 0, 256, DType::fp8_e5m2)});
+  ls.perf = isa::PerfMode::double_row;
+  auto mm = ins(Engine::tensor, Opcode::multiply_moving,
+                {psum(0, 128, 0, 512), sbuf(0, 128, 4096, 1024, DType::fp8_e5m2)});
+  mm.perf = isa::PerfMode::double_row;
+  add(p, ls);
+  add(p, mm);
+  const auto st = run_timing(chip, p);
+  // Loading 2 x 128 weight columns: 64 cycles; the multiply: 512 cycles for K = 256.
+  EXPECT_DOUBLE_EQ(st.latency_ns, (64 + 512) / ghz);
+  EXPECT_DOUBLE_EQ(st.tensor_flops.at("float8_e5m2"), 2.0 * 256 * 128 * 512);
+}
+
 TEST(Timing, BackgroundWeightLoadHidesTheSecondLoad) {
   const auto chip = arch::load_chip("trn3");
   const double ghz = chip.tensor.clock.value();
