@@ -46,7 +46,7 @@ ChipSpec load_chip_file(const std::filesystem::path& file) {
   const auto& root = r.root();
   r.check_keys("", root,
                {"schema", "chip", "hbm", "sbuf", "psum", "tensor", "vector", "scalar", "gpsimd",
-                "dma", "costs", "neuronlink", "published"});
+                "dma", "costs", "sequencer", "neuronlink", "published"});
   r.integer("schema", 1, 1);
   r.check_keys(
       "chip", r.table("chip"),
@@ -73,6 +73,7 @@ ChipSpec load_chip_file(const std::filesystem::path& file) {
   r.check_keys("costs", r.table("costs"),
                {"min_ii_cycles", "access_start_cycles", "static_overhead_cycles"});
   r.check_keys("neuronlink", r.table("neuronlink"), {"version", "bandwidth_gbps"});
+  r.check_keys("sequencer", r.table("sequencer"), {"registers", "op_cycles", "sync_clock_ghz"});
 
   ChipSpec c;
   c.source = file;
@@ -140,6 +141,9 @@ ChipSpec load_chip_file(const std::filesystem::path& file) {
   c.costs.access_start = Cycles(r.integer("costs.access_start_cycles", 0, 1 << 20));
   c.costs.static_overhead = Cycles(r.integer("costs.static_overhead_cycles", 0, 1 << 20));
 
+  c.sequencer.registers = static_cast<int>(r.integer("sequencer.registers", 1, 4096));
+  c.sequencer.op_cycles = Cycles(r.integer("sequencer.op_cycles", 0, 1 << 20));
+  c.sequencer.sync_clock = gigahertz(r.number("sequencer.sync_clock_ghz", 0));
   c.neuronlink_version = r.string("neuronlink.version");
   c.neuronlink_bandwidth = gigabytes_per_second(r.number("neuronlink.bandwidth_gbps", 0));
 

@@ -46,6 +46,13 @@ struct DmaSpec {
   int priority_classes = 1;
 };
 
+// The engines' instruction sequencers (registers, branches, loops).
+struct SequencerSpec {
+  int registers = 0;     // 32-bit registers per engine
+  Cycles op_cycles;      // a register op or branch, in the engine's cycles
+  Frequency sync_clock;  // the Sync engine's sequencer clock
+};
+
 struct CostSpec {
   Cycles min_ii;           // minimum initiation interval
   Cycles access_start;     // cycles to start a tensor access
@@ -74,6 +81,7 @@ struct ChipSpec {
   int gpsimd_width_bits = 0;
   DmaSpec dma;
   CostSpec costs;
+  SequencerSpec sequencer;
   std::string neuronlink_version;
   Bandwidth neuronlink_bandwidth;
   // Published chip-level figures (validation only, never used to compute).

@@ -67,11 +67,21 @@ bool AccessPattern::contiguous_inner() const {
   return dims.size() <= first || dims.back().stride == 1;
 }
 
+AccessPattern resolve(const AccessPattern& ap, std::int64_t reg_value) {
+  AccessPattern r = ap;
+  if (r.offset_reg >= 0) r.offset += r.reg_stride * reg_value;
+  r.offset_reg = -1;
+  r.reg_stride = 0;
+  return r;
+}
+
 std::string to_string(const AccessPattern& ap) {
   std::string s(mem_name(ap.mem));
   if (ap.mem != Mem::hbm)
     s += fmt::format("[{}:{}]", ap.start_partition, ap.start_partition + ap.partitions);
-  s += fmt::format("+{} [", ap.offset);
+  s += fmt::format("+{}", ap.offset);
+  if (ap.offset_reg >= 0) s += fmt::format("+r{}*{}", ap.offset_reg, ap.reg_stride);
+  s += " [";
   for (std::size_t i = 0; i < ap.dims.size(); ++i) {
     s += fmt::format("{}[{},{}]", i ? "," : "", ap.dims[i].stride, ap.dims[i].count);
   }
@@ -117,6 +127,13 @@ AccessPattern parse_access(const std::string& text) {
   }
   if (*p++ != '+') return fail("expected +offset");
   integer(ap.offset);
+  if (p[0] == '+' && p[1] == 'r') {
+    p += 2;
+    integer(v);
+    ap.offset_reg = static_cast<int>(v);
+    if (*p++ != '*') return fail("expected +rN*stride");
+    integer(ap.reg_stride);
+  }
   skip();
   if (*p++ != '[') return fail("expected a [[stride,count],...] pattern");
   while (*p == '[' || *p == ',') {

@@ -35,6 +35,10 @@ struct AccessPattern {
   int start_partition = 0;  // SBUF/PSUM
   int partitions = 1;       // SBUF/PSUM; for HBM, dims[0].count
   std::vector<Dim> dims;    // free pattern (HBM: row dim first, then free)
+  // Register addressing: the effective offset is offset + reg_stride x the
+  // value of register `offset_reg` of the issuing engine (-1: none), bytes.
+  int offset_reg = -1;
+  std::int64_t reg_stride = 0;
 
   // Rows: partitions for SBUF/PSUM, dims[0].count for HBM.
   int rows() const;
@@ -56,7 +60,11 @@ struct AccessPattern {
   bool operator==(const AccessPattern&) const = default;
 };
 
-// Readable form, e.g. sbuf[0:128]+1024 [[1,512]] bfloat16 and
+// The pattern with its register term resolved (offset_reg cleared).
+AccessPattern resolve(const AccessPattern& ap, std::int64_t reg_value);
+
+// Readable form, e.g. sbuf[0:128]+1024 [[1,512]] bfloat16 (with a register
+// term: sbuf[0:128]+1024+r3*2048 ...) and
 // hbm+4096 [[512,128],[1,512]] float32. parse_access() reads it back.
 std::string to_string(const AccessPattern& ap);
 AccessPattern parse_access(const std::string& text);

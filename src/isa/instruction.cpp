@@ -30,7 +30,7 @@ constexpr std::array<std::string_view, static_cast<std::size_t>(Opcode::count_)>
     "tensor_scalar", "tensor_copy",     "tensor_reduce",   "memset",        "activation",
     "iota",          "quantize_mx",     "reciprocal",      "bn_stats",      "bn_aggr",
     "select",        "copy_predicated", "exponential",     "affine_select", "partition_reduce",
-    "dma_transpose"};
+    "dma_transpose", "reg_set",         "reg_alu",         "branch"};
 constexpr std::array<std::string_view, static_cast<std::size_t>(AluOp::count_)> kAluNames = {
     "bypass", "add",      "subtract",  "multiply", "divide", "max",   "min",  "abs_max",
     "pow",    "is_equal", "not_equal", "is_gt",    "is_ge",  "is_lt", "is_le"};
@@ -155,7 +155,14 @@ std::string to_string(const Instruction& in) {
   if (in.queue != def.queue) s += fmt::format(" queue={}", in.queue);
   if (in.priority != def.priority) s += fmt::format(" priority={}", in.priority);
   if (in.perf == isa::PerfMode::double_row) s += " perf=double_row";
-  for (const auto& w : in.waits) s += fmt::format(" wait={}>={}", w.sem, w.value);
+  if (in.rd >= 0) s += fmt::format(" rd={}", in.rd);
+  if (in.ra >= 0) s += fmt::format(" ra={}", in.ra);
+  if (in.rb >= 0) s += fmt::format(" rb={}", in.rb);
+  if (in.target >= 0) s += fmt::format(" target={}", in.target);
+  for (const auto& w : in.waits) {
+    s += fmt::format(" wait={}>={}", w.sem, w.value);
+    if (w.reg >= 0) s += fmt::format("+r{}", w.reg);
+  }
   for (int sig : in.signals) s += fmt::format(" signal={}", sig);
   if (!in.loc.empty()) s += " @" + in.loc;
   return s;
@@ -226,14 +233,24 @@ Instruction parse_instruction(const std::string& line) {
       in.perf = val == "double_row" ? PerfMode::double_row : PerfMode::none;
     } else if (key == "priority")
       in.priority = integer();
+    else if (key == "rd")
+      in.rd = integer();
+    else if (key == "ra")
+      in.ra = integer();
+    else if (key == "rb")
+      in.rb = integer();
+    else if (key == "target")
+      in.target = integer();
     else if (key == "signal")
       in.signals.push_back(integer());
     else if (key == "wait") {
       const auto ge = val.find(">=");
       if (ge == std::string::npos)
         throw Error(fmt::format("expected wait=SEM>=VALUE in '{}'", line));
-      in.waits.push_back(
-          {std::atoi(val.substr(0, ge).c_str()), std::atoll(val.substr(ge + 2).c_str())});
+      SemWait w{std::atoi(val.substr(0, ge).c_str()), std::atoll(val.substr(ge + 2).c_str()), -1};
+      if (const auto plus = val.find("+r", ge); plus != std::string::npos)
+        w.reg = std::atoi(val.c_str() + plus + 2);
+      in.waits.push_back(w);
     } else {
       throw Error(fmt::format("unknown instruction field '{}' in '{}'", key, line));
     }

@@ -45,6 +45,11 @@ enum class Opcode : std::uint8_t {
   affine_select,  // gpsimd: dst = (imm0 + imm1 * p + imm2 * i) op0 0 ? src : imm3
   partition_reduce,  // gpsimd: dst [1, F] = op0-reduction of src [P, F] over partitions
   dma_transpose,     // DMA: dst [F, P] = src [P, F]^T (2-byte types)
+  // The engine's sequencer (any engine): 32-bit integer registers, ALU ops,
+  // branches. No operands.
+  reg_set,  // r[rd] = imm0
+  reg_alu,  // r[rd] = r[ra] op0 (rb >= 0 ? r[rb] : imm0)
+  branch,   // if (ra < 0 || r[ra] op0 imm0) jump to instruction `target` of this stream
   count_,
 };
 std::string_view opcode_name(Opcode op);
@@ -106,7 +111,8 @@ enum class PerfMode : std::uint8_t {
 
 struct SemWait {
   int sem = 0;
-  std::int64_t value = 0;  // start only once semaphore `sem` >= value
+  std::int64_t value = 0;  // start only once semaphore `sem` >= value (+ r[reg])
+  int reg = -1;            // register of the waiting engine added to value (loops), or -1
   bool operator==(const SemWait&) const = default;
 };
 
@@ -123,6 +129,8 @@ struct Instruction {
   int queue = 0;                   // dma_copy: DMA queue id
   int priority = 0;                // dma_copy: priority class (v4)
   PerfMode perf = PerfMode::none;  // load_stationary / multiply_moving
+  int rd = -1, ra = -1, rb = -1;   // registers of reg_set / reg_alu / branch
+  int target = -1;                 // branch: index in this engine's stream
   std::vector<SemWait> waits;
   std::vector<int> signals;  // semaphores incremented by one at completion
   std::string loc;           // kernel source location, when the builder recorded one

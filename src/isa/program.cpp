@@ -235,6 +235,8 @@ std::vector<std::uint8_t> to_binary(const Program& p) {
           w.i(ap.offset);
           w.i(ap.start_partition);
           w.i(ap.partitions);
+          w.i(ap.offset_reg);
+          w.i(ap.reg_stride);
           w.u(ap.dims.size());
           for (const auto& d : ap.dims) {
             w.i(d.stride);
@@ -253,10 +255,15 @@ std::vector<std::uint8_t> to_binary(const Program& p) {
         w.i(in.queue);
         w.i(in.priority);
         w.u(static_cast<std::uint64_t>(in.perf));
+        w.i(in.rd);
+        w.i(in.ra);
+        w.i(in.rb);
+        w.i(in.target);
         w.u(in.waits.size());
         for (const auto& wt : in.waits) {
           w.i(wt.sem);
           w.i(wt.value);
+          w.i(wt.reg);
         }
         w.u(in.signals.size());
         for (int s : in.signals) w.i(s);
@@ -316,6 +323,8 @@ Program parse_program_binary(const std::vector<std::uint8_t>& bytes) {
           ap.offset = r.i();
           ap.start_partition = static_cast<int>(r.i());
           ap.partitions = static_cast<int>(r.i());
+          ap.offset_reg = static_cast<int>(r.i());
+          ap.reg_stride = r.i();
           for (std::uint64_t d = r.count(2); d--;) {
             Dim dim;
             dim.stride = r.i();
@@ -338,10 +347,15 @@ Program parse_program_binary(const std::vector<std::uint8_t>& bytes) {
         in.queue = static_cast<int>(r.i());
         in.priority = static_cast<int>(r.i());
         in.perf = r.e<PerfMode>(2, "performance mode");
+        in.rd = static_cast<int>(r.i());
+        in.ra = static_cast<int>(r.i());
+        in.rb = static_cast<int>(r.i());
+        in.target = static_cast<int>(r.i());
         for (std::uint64_t k = r.count(2); k--;) {
           SemWait wt;
           wt.sem = static_cast<int>(r.i());
           wt.value = r.i();
+          wt.reg = static_cast<int>(r.i());
           in.waits.push_back(wt);
         }
         for (std::uint64_t k = r.count(1); k--;) in.signals.push_back(static_cast<int>(r.i()));

@@ -191,6 +191,13 @@ void Builder::release(const Tensor& t) {
 // written, the rest read (plus extra reads of written operands, e.g.
 // accumulate).
 void Builder::record(Instruction& in, int producer, std::size_t first_read, bool read_dst) {
+  for (const auto& ap : in.operands) {
+    if (ap.offset_reg >= 0) {
+      throw NotSupported(
+          "automatic semaphores for register-addressed operands (a loop's addresses are known only "
+          "at run time): emit loop code with explicit waits and signals through Builder::emit_raw");
+    }
+  }
   auto& acc = accesses_[core_];
   const int consumer = static_cast<int>(in.engine);
   auto box = [](const AccessPattern& ap, bool write, int prod, std::int64_t seq) {
@@ -507,6 +514,14 @@ void Builder::dma_transpose(const Tensor& dst, const Tensor& src, int queue,
 }
 void Builder::vector_transpose(const Tensor& dst, const Tensor& src, std::source_location loc) {
   emit(make(Opcode::transpose, Engine::vector, {dst.ap, src.ap}), loc);
+}
+
+void Builder::emit_raw(isa::Instruction in, std::source_location loc) {
+  if (in.loc.empty()) in.loc = loc_string(loc);
+  for (int sg : in.signals) {
+    if (sg >= 0 && sg < prog_.semaphores) ++signals_[core_][sg];
+  }
+  prog_.cores[core_].streams[static_cast<int>(in.engine)].push_back(std::move(in));
 }
 
 isa::Program Builder::finish() {

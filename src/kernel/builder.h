@@ -129,6 +129,12 @@ class Builder {
   // added by the builder.
   void emit(isa::Instruction in, std::source_location loc = std::source_location::current());
 
+  // Appends an instruction exactly as given: no dependency tracking, no
+  // added waits or signals (loops, hand-synchronized code). Its signals still
+  // count, so later automatic waits on the same semaphores stay right only if
+  // the raw code signals once per emitted instruction.
+  void emit_raw(isa::Instruction in, std::source_location loc = std::source_location::current());
+
   isa::Program finish();
 
  private:

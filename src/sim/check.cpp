@@ -52,6 +52,10 @@ bool engine_allowed(Opcode op, Engine e) {
       return e == Engine::scalar;
     case Opcode::iota:
       return e == Engine::gpsimd;
+    case Opcode::reg_set:
+    case Opcode::reg_alu:
+    case Opcode::branch:
+      return true;  // every engine has a sequencer
     case Opcode::count_:
       break;
   }
@@ -85,6 +89,10 @@ Arity arity(Opcode op) {
       return {2, 4};  // dst, src, [bias [P,1]], [row sums [P,1] if acc]
     case Opcode::iota:
       return {1, 1};
+    case Opcode::reg_set:
+    case Opcode::reg_alu:
+    case Opcode::branch:
+      return {0, 0};
     case Opcode::quantize_mx:
       return {3, 3};  // dst x4, dst_scale, src
     case Opcode::reciprocal:
@@ -110,6 +118,11 @@ std::string operand_rules(const arch::ChipSpec& chip, const isa::Program& prog,
                           const AccessPattern& ap, int idx) {
   const std::string name = idx == 0 ? "destination" : fmt::format("operand {}", idx);
   if (ap.dims.empty()) return fmt::format("{} has no access pattern dims", name);
+  if (ap.offset_reg >= chip.sequencer.registers)
+    return fmt::format("{} is addressed by register r{} but engines have {}", name, ap.offset_reg,
+                       chip.sequencer.registers);
+  // A register-addressed operand is checked once its address is known (at run time).
+  if (ap.offset_reg >= 0) return {};
   for (const auto& d : ap.dims) {
     if (d.count < 1) return fmt::format("{} has a dim of count {} (need >= 1)", name, d.count);
   }
@@ -471,7 +484,21 @@ std::string check_instruction(const arch::ChipSpec& chip, const isa::Program& pr
   for (const auto& w : in.waits) {
     if (w.sem < 0 || w.sem >= prog.semaphores)
       return fmt::format("waits on semaphore {} but the program has {}", w.sem, prog.semaphores);
+    if (w.reg >= chip.sequencer.registers)
+      return fmt::format("waits with register r{} but engines have {}", w.reg,
+                         chip.sequencer.registers);
   }
+  const int nregs = chip.sequencer.registers;
+  auto bad_reg = [&](int r, bool required) { return (required && r < 0) || r >= nregs; };
+  if (in.op == Opcode::reg_set && bad_reg(in.rd, true))
+    return fmt::format("reg_set needs a destination register 0..{}, got r{}", nregs - 1, in.rd);
+  if (in.op == Opcode::reg_alu &&
+      (bad_reg(in.rd, true) || bad_reg(in.ra, true) || bad_reg(in.rb, false)))
+    return fmt::format("reg_alu registers must be 0..{} (rd={}, ra={}, rb={})", nregs - 1, in.rd,
+                       in.ra, in.rb);
+  if (in.op == Opcode::branch && (bad_reg(in.ra, false) || in.target < 0))
+    return fmt::format("branch needs a target and a register 0..{} or none, got ra={} target={}",
+                       nregs - 1, in.ra, in.target);
   for (int s : in.signals) {
     if (s < 0 || s >= prog.semaphores)
       return fmt::format("signals semaphore {} but the program has {}", s, prog.semaphores);

@@ -21,6 +21,9 @@ bool strided(const isa::AccessPattern& ap) {
 }  // namespace
 
 double CostModel::cycles(const isa::Instruction& in, bool dependent) const {
+  if (in.op == Opcode::reg_set || in.op == Opcode::reg_alu || in.op == Opcode::branch) {
+    return static_cast<double>(chip_.sequencer.op_cycles.value());  // the engine's sequencer
+  }
   const double min_ii = static_cast<double>(chip_.costs.min_ii.value());
   const auto& d = in.operands[0];
   double n = static_cast<double>(d.free_size());
@@ -123,6 +126,9 @@ double CostModel::duration_ns(const isa::Instruction& in, bool dependent) const 
       break;
     case Engine::gpsimd:
       ghz = chip_.gpsimd.clock.value();
+      break;
+    case Engine::sync:
+      ghz = chip_.sequencer.sync_clock.value();
       break;
     default:
       break;

@@ -58,6 +58,12 @@ void Simulator::load(const isa::Program& p) {
         if (const std::string e = check_instruction(chip_, p, stream[i]); !e.empty()) {
           throw Error(fmt::format("{}: {}", where(static_cast<int>(c), stream[i], i), e));
         }
+        if (stream[i].op == Opcode::branch &&
+            static_cast<std::size_t>(stream[i].target) > stream.size()) {
+          throw Error(fmt::format(
+              "{}: branch target {} is past the end of the {}-instruction stream",
+              where(static_cast<int>(c), stream[i], i), stream[i].target, stream.size()));
+        }
       }
     }
   }
@@ -345,6 +351,7 @@ struct Simulator::Impl {
   }
 
   void execute(int core, const Instruction& in) {
+    if (in.operands.empty()) return;  // sequencer instructions: handled by the scheduler
     const auto& ops = in.operands;
     const AccessPattern& d = ops[0];
     switch (in.op) {
@@ -620,6 +627,9 @@ struct Simulator::Impl {
         }
         break;
       }
+      case Opcode::reg_set:
+      case Opcode::reg_alu:
+      case Opcode::branch:
       case Opcode::count_:
         break;
     }
@@ -628,6 +638,7 @@ struct Simulator::Impl {
   // The Tensor engine's weight state: shapes and dtype pairing are checked
   // in every mode (they need no data).
   void tensor_state(int core, const Instruction& in) {
+    if (in.op != Opcode::load_stationary && in.op != Opcode::multiply_moving) return;
     Stationary& st = stationary[core];
     const AccessPattern& d = in.operands[0];
     if (in.op == Opcode::load_stationary) {
@@ -695,6 +706,59 @@ bool overlap(const Box& a, const Box& b) {
   return a.mem == b.mem && a.r0 < b.r1 && b.r0 < a.r1 && a.b0 < b.b1 && b.b0 < a.b1;
 }
 
+// Runs a register instruction; returns whether a branch is taken.
+bool sequencer(std::vector<std::int32_t>& r, const Instruction& in) {
+  auto reg = [&](int i) -> std::int64_t { return r[static_cast<std::size_t>(i)]; };
+  auto alu = [&](std::int64_t a, std::int64_t b) -> std::int64_t {
+    switch (in.alu0) {
+      case isa::AluOp::bypass:
+        return a;
+      case isa::AluOp::add:
+        return a + b;
+      case isa::AluOp::subtract:
+        return a - b;
+      case isa::AluOp::multiply:
+        return a * b;
+      case isa::AluOp::divide:
+        if (b == 0) throw Error("register division by zero");
+        return a / b;
+      case isa::AluOp::max:
+        return std::max(a, b);
+      case isa::AluOp::min:
+        return std::min(a, b);
+      case isa::AluOp::is_equal:
+        return a == b;
+      case isa::AluOp::not_equal:
+        return a != b;
+      case isa::AluOp::is_gt:
+        return a > b;
+      case isa::AluOp::is_ge:
+        return a >= b;
+      case isa::AluOp::is_lt:
+        return a < b;
+      case isa::AluOp::is_le:
+        return a <= b;
+      default:
+        throw NotSupported(fmt::format("register op {}", isa::alu_name(in.alu0)));
+    }
+  };
+  const auto imm = static_cast<std::int64_t>(in.imm0);
+  switch (in.op) {
+    case Opcode::reg_set:
+      r[static_cast<std::size_t>(in.rd)] = static_cast<std::int32_t>(imm);
+      return false;
+    case Opcode::reg_alu:
+      // 32-bit registers: the result wraps around like the hardware's.
+      r[static_cast<std::size_t>(in.rd)] = static_cast<std::int32_t>(
+          static_cast<std::uint32_t>(alu(reg(in.ra), in.rb >= 0 ? reg(in.rb) : imm)));
+      return false;
+    case Opcode::branch:
+      return in.ra < 0 || alu(reg(in.ra), imm) != 0;
+    default:
+      return false;
+  }
+}
+
 std::string detail(const Instruction& in) {
   std::string s;
   for (std::size_t i = 0; i < in.operands.size(); ++i) {
@@ -729,21 +793,30 @@ RunStats Simulator::run(const Options& opt) {
 
   const CostModel cost(chip_);
   struct EngineState {
-    std::size_t next = 0;
+    std::size_t pc = 0;  // next instruction of the stream
     double free_at = 0;
     double ls_end = 0, mm_start = 0, mm_end = 0;  // Tensor engine: background weight load
+    std::vector<std::int32_t> regs;               // the sequencer's registers
+    bool has_prev = false;                        // the previous executed instruction's
+    Box prev_dst{};                               // destination (static-overhead rule)
   };
   std::vector<std::array<EngineState, isa::kEngines>> eng(ncores);
+  for (auto& core : eng)
+    for (auto& es : core) es.regs.assign(static_cast<std::size_t>(chip_.sequencer.registers), 0);
   std::vector<std::vector<std::vector<double>>> sem(ncores,
                                                     std::vector<std::vector<double>>(p.semaphores));
   DmaModel dma(chip_, ncores);
 
-  auto wait_ready = [&](int c, const Instruction& in, double& t) {
+  auto target_of = [&](int c, int e, const isa::SemWait& w) {
+    return w.value + (w.reg >= 0 ? eng[c][e].regs[static_cast<std::size_t>(w.reg)] : 0);
+  };
+  auto wait_ready = [&](int c, int e, const Instruction& in, double& t) {
     for (const auto& w : in.waits) {
+      const std::int64_t v = target_of(c, e, w);
       const auto& times = sem[c][w.sem];
-      if (w.value <= 0) continue;
-      if (static_cast<std::int64_t>(times.size()) < w.value) return false;
-      t = std::max(t, times[static_cast<std::size_t>(w.value - 1)]);
+      if (v <= 0) continue;
+      if (static_cast<std::int64_t>(times.size()) < v) return false;
+      t = std::max(t, times[static_cast<std::size_t>(v - 1)]);
     }
     return true;
   };
@@ -756,37 +829,41 @@ RunStats Simulator::run(const Options& opt) {
       else
         t = std::max(es.mm_end, es.ls_end);
     }
-    return wait_ready(c, in, t);
+    return wait_ready(c, e, in, t);
   };
 
-  const std::size_t total = p.instruction_count();
-  for (std::size_t done = 0; done < total; ++done) {
+  std::int64_t executed = 0;
+  while (true) {
     int bc = -1, be = -1;
     double bt = std::numeric_limits<double>::infinity();
+    bool remaining = false;
     for (int c = 0; c < ncores; ++c) {
       for (int e = 0; e < isa::kEngines; ++e) {
         const auto& stream = p.cores[c].streams[e];
-        if (eng[c][e].next >= stream.size()) continue;
+        if (eng[c][e].pc >= stream.size()) continue;
+        remaining = true;
         double t;
-        if (earliest(c, e, stream[eng[c][e].next], t) && t < bt) {
+        if (earliest(c, e, stream[eng[c][e].pc], t) && t < bt) {
           bt = t;
           bc = c;
           be = e;
         }
       }
     }
+    if (!remaining) break;
     if (bc < 0) {  // every remaining instruction waits for a signal that never comes
       std::string blocked;
       for (int c = 0; c < ncores; ++c) {
         for (int e = 0; e < isa::kEngines; ++e) {
           const auto& stream = p.cores[c].streams[e];
-          if (eng[c][e].next >= stream.size()) continue;
-          const Instruction& in = stream[eng[c][e].next];
+          if (eng[c][e].pc >= stream.size()) continue;
+          const Instruction& in = stream[eng[c][e].pc];
           for (const auto& w : in.waits) {
-            if (static_cast<std::int64_t>(sem[c][w.sem].size()) < w.value) {
+            const std::int64_t v = target_of(c, e, w);
+            if (static_cast<std::int64_t>(sem[c][w.sem].size()) < v) {
               blocked += fmt::format("{}{} waits for semaphore {} >= {} (it only reaches {})",
-                                     blocked.empty() ? "" : "; ", where(c, in, eng[c][e].next),
-                                     w.sem, w.value, sem[c][w.sem].size());
+                                     blocked.empty() ? "" : "; ", where(c, in, eng[c][e].pc), w.sem,
+                                     v, sem[c][w.sem].size());
               break;
             }
           }
@@ -794,15 +871,51 @@ RunStats Simulator::run(const Options& opt) {
       }
       throw Error("deadlock: " + blocked);
     }
+    if (++executed > opt.max_instructions) {
+      throw Error(
+          fmt::format("stopped after {} instructions (Options::max_instructions): a loop "
+                      "that never ends?",
+                      opt.max_instructions));
+    }
     const int c = bc, e = be;
     EngineState& es = eng[c][e];
-    const std::size_t index = es.next++;
+    const std::size_t index = es.pc;
     const auto& stream = p.cores[c].streams[e];
-    const Instruction& in = stream[index];
+    std::size_t next_pc = index + 1;
+    // Register-addressed operands take this moment's register values, and
+    // are checked now that their addresses are known.
+    Instruction resolved;
+    const Instruction* inp = &stream[index];
+    if (std::any_of(inp->operands.begin(), inp->operands.end(),
+                    [](const AccessPattern& ap) { return ap.offset_reg >= 0; })) {
+      resolved = *inp;
+      for (auto& ap : resolved.operands) {
+        if (ap.offset_reg >= 0)
+          ap = isa::resolve(ap, es.regs[static_cast<std::size_t>(ap.offset_reg)]);
+      }
+      if (const std::string err = check_instruction(chip_, p, resolved); !err.empty()) {
+        throw Error(fmt::format("{}: {}", where(c, resolved, index), err));
+      }
+      inp = &resolved;
+    }
+    const Instruction& in = *inp;
     const double start = bt;
     double end;
     std::string track(isa::engine_name(in.engine));
-    if (in.op == Opcode::dma_copy || in.op == Opcode::dma_transpose) {
+    if (in.op == Opcode::reg_set || in.op == Opcode::reg_alu || in.op == Opcode::branch) {
+      end = start + cost.duration_ns(in, false);
+      try {
+        if (sequencer(es.regs, in)) next_pc = static_cast<std::size_t>(in.target);
+      } catch (const Error& err) {
+        throw Error(fmt::format("{}: {}", where(c, in, index), err.what()));
+      }
+      if (e == static_cast<int>(Engine::tensor)) {
+        es.mm_end = end;
+        es.ls_end = std::max(es.ls_end, end);
+      } else {
+        es.free_at = end;
+      }
+    } else if (in.op == Opcode::dma_copy || in.op == Opcode::dma_transpose) {
       end = dma.transfer(c, in, start);
       track = fmt::format("dma q{}", in.queue);
       st.dma_bytes += in.operands[0].bytes();
@@ -812,11 +925,12 @@ RunStats Simulator::run(const Options& opt) {
     } else {
       // A same-engine dependency on the previous instruction pays the static overhead.
       bool dependent = false;
-      if (index > 0 && e != static_cast<int>(Engine::tensor)) {
-        const Box w = box(stream[index - 1].operands[0]);
+      if (es.has_prev && e != static_cast<int>(Engine::tensor)) {
         for (std::size_t i = 1; i < in.operands.size(); ++i)
-          dependent |= overlap(w, box(in.operands[i]));
+          dependent |= overlap(es.prev_dst, box(in.operands[i]));
       }
+      es.has_prev = true;
+      es.prev_dst = box(in.operands[0]);
       const double dur = cost.duration_ns(in, dependent);
       end = start + dur;
       if (in.op == Opcode::load_stationary) {
@@ -838,6 +952,7 @@ RunStats Simulator::run(const Options& opt) {
             2.0 * k * static_cast<double>(in.operands[0].free_size()) * in.operands[0].partitions;
       }
     }
+    es.pc = next_pc;
     ++st.engines[c][e].instructions;
     for (const auto& ap : in.operands) {
       if (ap.mem == Mem::sbuf) st.sbuf_high_water = std::max(st.sbuf_high_water, ap.max_byte());
@@ -859,7 +974,7 @@ RunStats Simulator::run(const Options& opt) {
       st.events.push_back(
           {c, track, std::string(isa::opcode_name(in.op)), start, end - start, detail(in)});
   }
-  st.instructions = static_cast<std::int64_t>(total);
+  st.instructions = executed;
   st.dma_engine_busy_ns = dma.busy_ns();
   return st;
 }

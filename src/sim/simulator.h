@@ -34,6 +34,9 @@ struct Options {
   bool trace = false;                // record events for the profile
   bool stochastic_rounding = false;  // engine output casts round stochastically
   std::uint64_t seed = 0;            // stochastic rounding stream
+  // A program that loops forever stops with an error after this many
+  // executed instructions.
+  std::int64_t max_instructions = 2'000'000'000;
 };
 
 // One span on a timeline track (engine or DMA queue of a core).
