@@ -3,6 +3,7 @@
 #include <array>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -32,8 +33,9 @@ constexpr std::array<std::string_view, static_cast<std::size_t>(Opcode::count_)>
     "select",        "copy_predicated", "exponential",     "affine_select", "partition_reduce",
     "dma_transpose", "reg_set",         "reg_alu",         "branch"};
 constexpr std::array<std::string_view, static_cast<std::size_t>(AluOp::count_)> kAluNames = {
-    "bypass", "add",      "subtract",  "multiply", "divide", "max",   "min",  "abs_max",
-    "pow",    "is_equal", "not_equal", "is_gt",    "is_ge",  "is_lt", "is_le"};
+    "bypass",  "add",         "subtract",   "multiply",    "divide",     "max",        "min",
+    "abs_max", "pow",         "is_equal",   "not_equal",   "is_gt",      "is_ge",      "is_lt",
+    "is_le",   "bitwise_and", "bitwise_or", "bitwise_xor", "shift_left", "shift_right"};
 constexpr std::array<std::string_view, static_cast<std::size_t>(ActFunc::count_)> kActNames = {
     "identity", "exp",  "log",   "tanh", "sigmoid", "gelu",      "gelu_tanh",
     "silu",     "relu", "rsqrt", "sqrt", "square",  "reciprocal"};
@@ -97,10 +99,70 @@ float apply_alu(AluOp op, float a, float b) {
       return a < b ? 1.0f : 0.0f;
     case AluOp::is_le:
       return a <= b ? 1.0f : 0.0f;
+    case AluOp::bitwise_and:
+    case AluOp::bitwise_or:
+    case AluOp::bitwise_xor:
+    case AluOp::shift_left:
+    case AluOp::shift_right:  // integer tensors only (rejected before a run)
+      return std::numeric_limits<float>::quiet_NaN();
     case AluOp::count_:
       break;
   }
   return a;
+}
+
+bool is_bitwise(AluOp op) {
+  return op == AluOp::bitwise_and || op == AluOp::bitwise_or || op == AluOp::bitwise_xor ||
+         op == AluOp::shift_left || op == AluOp::shift_right;
+}
+
+std::int64_t apply_alu_int(AluOp op, std::int64_t a, std::int64_t b, bool is_signed) {
+  const auto ua = static_cast<std::uint64_t>(a);
+  const int sh = static_cast<int>(b & 63);
+  switch (op) {
+    case AluOp::bypass:
+      return a;
+    case AluOp::add:
+      return static_cast<std::int64_t>(ua + static_cast<std::uint64_t>(b));
+    case AluOp::subtract:
+      return static_cast<std::int64_t>(ua - static_cast<std::uint64_t>(b));
+    case AluOp::multiply:
+      return static_cast<std::int64_t>(ua * static_cast<std::uint64_t>(b));
+    case AluOp::divide:
+      return b == 0 ? 0 : a / b;
+    case AluOp::max:
+      return std::max(a, b);
+    case AluOp::min:
+      return std::min(a, b);
+    case AluOp::abs_max:
+      return std::max(a < 0 ? -a : a, b < 0 ? -b : b);
+    case AluOp::is_equal:
+      return a == b;
+    case AluOp::not_equal:
+      return a != b;
+    case AluOp::is_gt:
+      return a > b;
+    case AluOp::is_ge:
+      return a >= b;
+    case AluOp::is_lt:
+      return a < b;
+    case AluOp::is_le:
+      return a <= b;
+    case AluOp::bitwise_and:
+      return a & b;
+    case AluOp::bitwise_or:
+      return a | b;
+    case AluOp::bitwise_xor:
+      return a ^ b;
+    case AluOp::shift_left:
+      return static_cast<std::int64_t>(ua << sh);
+    case AluOp::shift_right:
+      return is_signed ? (a >> sh) : static_cast<std::int64_t>(ua >> sh);
+    case AluOp::pow:
+    case AluOp::count_:
+      break;
+  }
+  throw NotSupported(fmt::format("integer {}", alu_name(op)));
 }
 
 float apply_act(ActFunc f, float x) {

@@ -71,9 +71,18 @@ enum class AluOp : std::uint8_t {
   is_ge,
   is_lt,
   is_le,
+  // Integer tensors only (computed on the exact integers; see docs/sim.md).
+  bitwise_and,
+  bitwise_or,
+  bitwise_xor,
+  shift_left,
+  shift_right,  // logical for unsigned types, arithmetic for signed
   count_,
 };
 std::string_view alu_name(AluOp op);
+bool is_bitwise(AluOp op);
+// a op b on integers (comparisons give 1 / 0); divide truncates, by zero gives 0.
+std::int64_t apply_alu_int(AluOp op, std::int64_t a, std::int64_t b, bool is_signed);
 AluOp parse_alu(std::string_view s);
 // a op b in FP32 (comparisons give 1.0 / 0.0).
 float apply_alu(AluOp op, float a, float b);

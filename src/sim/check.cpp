@@ -456,6 +456,11 @@ std::string check_instruction(const arch::ChipSpec& chip, const isa::Program& pr
       break;
     }
     case Opcode::tensor_tensor:
+      if (isa::is_bitwise(in.alu0))
+        for (const auto& ap : in.operands)
+          if (isa::is_float(ap.dtype))
+            return fmt::format("{} takes integer tensors, got {}", isa::alu_name(in.alu0),
+                               isa::name(ap.dtype));
       if (in.operands[1].mem == Mem::psum && in.operands[2].mem == Mem::psum)
         return "tensor_tensor cannot read both inputs from PSUM";
       if (auto e = same_shape(in.operands[1], "input a"); !e.empty()) return e;
@@ -463,6 +468,12 @@ std::string check_instruction(const arch::ChipSpec& chip, const isa::Program& pr
       break;
     case Opcode::tensor_scalar:
     case Opcode::tensor_copy:
+      for (isa::AluOp op : {in.alu0, in.alu1})
+        if (isa::is_bitwise(op) && in.op == Opcode::tensor_scalar)
+          for (const auto& ap : in.operands)
+            if (isa::is_float(ap.dtype))
+              return fmt::format("{} takes integer tensors, got {}", isa::alu_name(op),
+                                 isa::name(ap.dtype));
       if (auto e = same_shape(in.operands[1], "the source"); !e.empty()) return e;
       break;
     case Opcode::tensor_reduce:

@@ -227,6 +227,78 @@ struct Simulator::Impl {
     }
   }
 
+  static bool int_type(DType t) { return !isa::is_float(t) && !isa::is_x4(t); }
+  static bool signed_int(DType t) {
+    return t == DType::int8 || t == DType::int16 || t == DType::int32;
+  }
+  static bool all_int(const Instruction& in) {
+    return std::all_of(in.operands.begin(), in.operands.end(),
+                       [](const AccessPattern& ap) { return int_type(ap.dtype); });
+  }
+
+  // Integer tensors as exact 64-bit integers (no FP32 detour).
+  std::vector<std::int64_t> read_int(int core, const AccessPattern& ap, const char* what) {
+    const auto offs = free_offsets(ap);
+    std::vector<std::int64_t> v(static_cast<std::size_t>(ap.rows()) * offs.size());
+    for (int r = 0; r < ap.rows(); ++r) {
+      auto [base, written] = row(core, ap, r);
+      check_written(written, ap, r, offs, what);
+      for (std::size_t i = 0; i < offs.size(); ++i) {
+        const std::uint8_t* q = base + offs[i];
+        std::int64_t x = 0;
+        switch (ap.dtype) {
+          case DType::int8:
+            x = static_cast<std::int8_t>(*q);
+            break;
+          case DType::uint8:
+            x = *q;
+            break;
+          case DType::int16: {
+            std::int16_t t;
+            std::memcpy(&t, q, 2);
+            x = t;
+            break;
+          }
+          case DType::uint16: {
+            std::uint16_t t;
+            std::memcpy(&t, q, 2);
+            x = t;
+            break;
+          }
+          case DType::int32: {
+            std::int32_t t;
+            std::memcpy(&t, q, 4);
+            x = t;
+            break;
+          }
+          default: {
+            std::uint32_t t;
+            std::memcpy(&t, q, 4);
+            x = t;
+            break;
+          }
+        }
+        v[static_cast<std::size_t>(r) * offs.size() + i] = x;
+      }
+    }
+    return v;
+  }
+
+  // Stores the low bits of each value (two's complement wrap-around).
+  void write_int(int core, const AccessPattern& ap, const std::vector<std::int64_t>& v) {
+    const auto offs = free_offsets(ap);
+    const int sz = isa::size_bytes(ap.dtype);
+    for (int r = 0; r < ap.rows(); ++r) {
+      auto [base, written] = row(core, ap, r);
+      for (std::size_t i = 0; i < offs.size(); ++i) {
+        const auto x = static_cast<std::uint64_t>(v[static_cast<std::size_t>(r) * offs.size() + i]);
+        std::memcpy(base + offs[i], &x,
+                    static_cast<std::size_t>(sz));  // little endian: the low bytes
+      }
+      mark_written(written, offs, sz);
+    }
+  }
+
   // A double-row operand [P, 2F] (rows k < P in columns [0, F), rows P + k in
   // [F, 2F)) as the logical [2P, F] matrix.
   static std::vector<float> unfold_rows(const std::vector<float>& v, int p) {
@@ -435,6 +507,15 @@ struct Simulator::Impl {
         break;
       }
       case Opcode::tensor_tensor: {
+        if (all_int(in)) {  // integer tensors: exact integer arithmetic
+          auto a = read_int(core, ops[1], "input a");
+          const auto b = read_int(core, ops[2], "input b");
+          const bool sgn = signed_int(ops[1].dtype);
+          for (std::size_t i = 0; i < a.size(); ++i)
+            a[i] = isa::apply_alu_int(in.alu0, a[i], b[i], sgn);
+          write_int(core, d, a);
+          break;
+        }
         std::vector<float> a = read(core, ops[1], "input a");
         const std::vector<float> b = read(core, ops[2], "input b");
         for (std::size_t i = 0; i < a.size(); ++i) a[i] = isa::apply_alu(in.alu0, a[i], b[i]);
@@ -442,6 +523,16 @@ struct Simulator::Impl {
         break;
       }
       case Opcode::tensor_scalar: {
+        if (all_int(in)) {
+          auto a = read_int(core, ops[1], "the source");
+          const bool sgn = signed_int(ops[1].dtype);
+          const auto i0 = static_cast<std::int64_t>(in.imm0),
+                     i1 = static_cast<std::int64_t>(in.imm1);
+          for (auto& x : a)
+            x = isa::apply_alu_int(in.alu1, isa::apply_alu_int(in.alu0, x, i0, sgn), i1, sgn);
+          write_int(core, d, a);
+          break;
+        }
         std::vector<float> a = read(core, ops[1], "the source");
         for (float& x : a)
           x = isa::apply_alu(in.alu1, isa::apply_alu(in.alu0, x, in.imm0), in.imm1);
@@ -449,6 +540,10 @@ struct Simulator::Impl {
         break;
       }
       case Opcode::tensor_copy:
+        if (all_int(in)) {
+          write_int(core, d, read_int(core, ops[1], "the source"));
+          break;
+        }
         write(core, d, read(core, ops[1], "the source"));
         break;
       case Opcode::tensor_reduce: {
@@ -709,38 +804,8 @@ bool overlap(const Box& a, const Box& b) {
 // Runs a register instruction; returns whether a branch is taken.
 bool sequencer(std::vector<std::int32_t>& r, const Instruction& in) {
   auto reg = [&](int i) -> std::int64_t { return r[static_cast<std::size_t>(i)]; };
-  auto alu = [&](std::int64_t a, std::int64_t b) -> std::int64_t {
-    switch (in.alu0) {
-      case isa::AluOp::bypass:
-        return a;
-      case isa::AluOp::add:
-        return a + b;
-      case isa::AluOp::subtract:
-        return a - b;
-      case isa::AluOp::multiply:
-        return a * b;
-      case isa::AluOp::divide:
-        if (b == 0) throw Error("register division by zero");
-        return a / b;
-      case isa::AluOp::max:
-        return std::max(a, b);
-      case isa::AluOp::min:
-        return std::min(a, b);
-      case isa::AluOp::is_equal:
-        return a == b;
-      case isa::AluOp::not_equal:
-        return a != b;
-      case isa::AluOp::is_gt:
-        return a > b;
-      case isa::AluOp::is_ge:
-        return a >= b;
-      case isa::AluOp::is_lt:
-        return a < b;
-      case isa::AluOp::is_le:
-        return a <= b;
-      default:
-        throw NotSupported(fmt::format("register op {}", isa::alu_name(in.alu0)));
-    }
+  auto alu = [&](std::int64_t a, std::int64_t b) {
+    return isa::apply_alu_int(in.alu0, a, b, true);
   };
   const auto imm = static_cast<std::int64_t>(in.imm0);
   switch (in.op) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -174,6 +175,71 @@ TEST(Ops, TransposesOnVectorAndDma) {
       const float bf = num::round_to(num::format(num::FormatId::bf16), r.x[i * 32 + p]);
       ASSERT_EQ(y[p * 64 + 32 + i], bf);
     }
+}
+
+TEST(Ops, IntegerOpsAreExactOnGpSimdAndVector) {
+  const auto chip = arch::load_chip("trn3");
+  Builder b(chip);
+  const Tensor in = b.hbm("in", {128, 4}, DType::int32, isa::TensorKind::input);
+  const Tensor out = b.hbm("out", {128, 6}, DType::int32, isa::TensorKind::output);
+  const Tensor u = b.hbm("u8", {128, 1}, DType::uint8, isa::TensorKind::output);
+  const Tensor t = b.sbuf(128, 4, DType::int32);
+  b.dma_copy(t, in);
+  const Tensor o = b.sbuf(128, 6, DType::int32);
+  const Tensor a = t.tile(0, 128, 0, 1), c = t.tile(0, 128, 1, 1);
+  b.tensor_tensor(o.tile(0, 128, 0, 1), a, c, isa::AluOp::bitwise_xor, isa::Engine::gpsimd);
+  b.tensor_tensor(o.tile(0, 128, 1, 1), a, c, isa::AluOp::add, isa::Engine::gpsimd);
+  b.tensor_scalar(o.tile(0, 128, 2, 1), a, isa::AluOp::shift_right, 3.0f);
+  b.tensor_scalar(o.tile(0, 128, 3, 1), a, isa::AluOp::bitwise_and, 255.0f, isa::AluOp::shift_left,
+                  4.0f);
+  b.tensor_tensor(o.tile(0, 128, 4, 1), a, c, isa::AluOp::max, isa::Engine::vector);
+  b.tensor_copy(o.tile(0, 128, 5, 1), c, isa::Engine::gpsimd);
+  b.dma_copy(out, o);
+  const Tensor w = b.sbuf(128, 1, DType::uint8);
+  b.tensor_scalar(w, a, isa::AluOp::add, 1.0f);  // wraps into the 8-bit destination
+  b.dma_copy(u, w);
+  sim::Simulator s(chip);
+  s.load(b.finish());
+  std::vector<std::uint8_t> bytes(128 * 4 * 4);
+  std::vector<std::int32_t> x(128 * 4);
+  for (int p = 0; p < 128; ++p) {
+    x[p * 4] =
+        static_cast<std::int32_t>(0x7654321u * static_cast<std::uint32_t>(p + 1) -
+                                  (p % 2 ? 0x40000000u : 0u));  // beyond FP32's exact integers
+    x[p * 4 + 1] = 123457 * p - 999;
+  }
+  std::memcpy(bytes.data(), x.data(), bytes.size());
+  s.write_bytes("in", bytes);
+  s.run();
+  const auto raw = s.read_bytes("out");
+  std::vector<std::int32_t> y(128 * 6);
+  std::memcpy(y.data(), raw.data(), raw.size());
+  const auto u8 = s.read_bytes("u8");
+  for (int p = 0; p < 128; ++p) {
+    const std::int32_t va = x[p * 4], vc = x[p * 4 + 1];
+    EXPECT_EQ(y[p * 6 + 0], va ^ vc);
+    EXPECT_EQ(y[p * 6 + 1], static_cast<std::int32_t>(static_cast<std::uint32_t>(va) +
+                                                      static_cast<std::uint32_t>(vc)));
+    EXPECT_EQ(y[p * 6 + 2], va >> 3);  // arithmetic for int32
+    EXPECT_EQ(y[p * 6 + 3],
+              static_cast<std::int32_t>((static_cast<std::uint32_t>(va) & 255u) << 4));
+    EXPECT_EQ(y[p * 6 + 4], std::max(va, vc));
+    EXPECT_EQ(y[p * 6 + 5], vc);
+    EXPECT_EQ(u8[p], static_cast<std::uint8_t>(static_cast<std::uint32_t>(va) + 1u));
+  }
+  // Bitwise ops on floats are refused.
+  Builder f(chip);
+  const Tensor ft = f.sbuf(128, 4, DType::fp32);
+  f.memset(ft, 1.0f);
+  f.tensor_scalar(ft, ft, isa::AluOp::bitwise_and, 1.0f);
+  sim::Simulator s2(chip);
+  try {
+    s2.load(f.finish());
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("bitwise_and takes integer tensors, got float32"),
+              std::string::npos);
+  }
 }
 
 TEST(Ops, RulesOfTheNewInstructions) {
