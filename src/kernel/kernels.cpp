@@ -88,29 +88,28 @@ isa::Program mx_matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
     for (int i = 0; i < kPsum; ++i) ps.push_back(b.psum(static_cast<int>(TM), TN, DType::fp32));
     for (int i = 0; i < kOut; ++i) outs.push_back(b.sbuf(static_cast<int>(TM), TN, s.out));
     int si = 0, pi = 0, oi = 0, set = 0;
-    // A's columns are quantized once, just before the first N tile uses them.
-    auto prepare_a = [&](std::int64_t m0) {
-      const std::int64_t tm = std::min(TM, s.m - m0);
+    // Loads columns [c0, c0 + nc) of a BF16 [K, C] HBM tensor K tile by K
+    // tile through the staging buffers and quantizes them into columns
+    // [q0, q0 + nc) of the x4 tiles q and their scales qs.
+    auto quantize_columns = [&](const Tensor& hbm, std::vector<Tensor>& stage, std::int64_t c0,
+                                std::int64_t nc, std::vector<Tensor>& q, std::vector<Tensor>& qs,
+                                std::int64_t q0) {
       for (std::int64_t kt = 0; kt < KT; ++kt) {
         const int parts = static_cast<int>(std::min(TKL, s.k - kt * TKL) / 4);
-        const Tensor src = a_src[si].tile(0, parts, 0, 4 * tm);
+        const Tensor src = stage[si].tile(0, parts, 0, 4 * nc);
         si = (si + 1) % kStage;
-        b.dma_copy(src, interleave4(at, kt * TKL, parts, m0, tm));
-        b.quantize_mx(aq[kt].tile(0, parts, m0, tm), as[kt].tile(0, parts / 8, m0, tm), src);
+        b.dma_copy(src, interleave4(hbm, kt * TKL, parts, c0, nc));
+        b.quantize_mx(q[kt].tile(0, parts, q0, nc), qs[kt].tile(0, parts / 8, q0, nc), src);
       }
     };
-    // B column tiles are quantized one step ahead of the matmuls that use
-    // them (double-buffered), so quantization overlaps the Tensor engine.
+    // A's columns are quantized once, just before the first N tile uses them;
+    // B column tiles one step ahead of the matmuls that use them
+    // (double-buffered), so quantization overlaps the Tensor engine.
+    auto prepare_a = [&](std::int64_t m0) {
+      quantize_columns(at, a_src, m0, std::min(TM, s.m - m0), aq, as, m0);
+    };
     auto prepare_b = [&](std::int64_t n0, int which) {
-      const std::int64_t tn = std::min(TN, s.n - n0);
-      for (std::int64_t kt = 0; kt < KT; ++kt) {
-        const int parts = static_cast<int>(std::min(TKL, s.k - kt * TKL) / 4);
-        const Tensor src = b_src[si].tile(0, parts, 0, 4 * tn);
-        si = (si + 1) % kStage;
-        b.dma_copy(src, interleave4(bt, kt * TKL, parts, n0, tn));
-        b.quantize_mx(bq[which][kt].tile(0, parts, 0, tn), bs[which][kt].tile(0, parts / 8, 0, tn),
-                      src);
-      }
+      quantize_columns(bt, b_src, n0, std::min(TN, s.n - n0), bq[which], bs[which], 0);
     };
     prepare_b(0, 0);
     for (std::int64_t n0 = 0; n0 < s.n; n0 += TN) {
