@@ -94,6 +94,12 @@ bool decode_run(DType d, const std::uint8_t* p, std::size_t n, float* out) {
 }
 }  // namespace
 
+bool is_run(std::span<const std::int64_t> offs, int sz) {
+  for (std::size_t i = 1; i < offs.size(); ++i)
+    if (offs[i] - offs[i - 1] != sz) return false;
+  return true;
+}
+
 void decode_row(DType d, const std::uint8_t* base, std::span<const std::int64_t> offs, float* out) {
   const std::size_t n = offs.size();
   if (isa::is_x4(d)) {
@@ -103,8 +109,7 @@ void decode_row(DType d, const std::uint8_t* base, std::span<const std::int64_t>
                     isa::name(d)));
   }
   const int sz = isa::size_bytes(d);
-  if (n > 0 && offs.back() - offs.front() == static_cast<std::int64_t>(n - 1) * sz &&
-      decode_run(d, base + offs.front(), n, out)) {
+  if (n > 0 && is_run(offs, sz) && decode_run(d, base + offs.front(), n, out)) {
     return;
   }
   switch (d) {

@@ -14,6 +14,10 @@
 
 namespace tern::sim {
 
+// Whether the offsets are one ascending run of adjacent elements of `sz`
+// bytes (then a row is a plain block of memory).
+bool is_run(std::span<const std::int64_t> offs, int sz);
+
 // src: n elements of `d`, each at byte offset offs[i] from base.
 void decode_row(isa::DType d, const std::uint8_t* base, std::span<const std::int64_t> offs,
                 float* out);

@@ -158,10 +158,7 @@ struct Simulator::Impl {
   }
 
   // Whether the free offsets are one contiguous run of elements.
-  static bool contiguous(const std::vector<std::int64_t>& offs, int sz) {
-    return offs.empty() ||
-           offs.back() - offs.front() == static_cast<std::int64_t>(offs.size() - 1) * sz;
-  }
+  static bool contiguous(const std::vector<std::int64_t>& offs, int sz) { return is_run(offs, sz); }
 
   [[noreturn]] static void uninitialized(const char* what, const AccessPattern& ap, int r,
                                          std::int64_t byte) {

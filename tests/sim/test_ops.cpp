@@ -242,6 +242,37 @@ TEST(Ops, IntegerOpsAreExactOnGpSimdAndVector) {
   }
 }
 
+TEST(Ops, PermutedAccessPatternsAreNotMistakenForBlocks) {
+  // A free pattern that visits a contiguous range out of order ([c][j] over
+  // a [4][c] layout) must not take the block-copy fast paths.
+  const auto chip = arch::load_chip("trn3");
+  Builder b(chip);
+  const Tensor in = b.hbm("in", {4, 64}, DType::bf16, isa::TensorKind::input);
+  const Tensor out = b.hbm("out", {1, 512}, DType::fp32, isa::TensorKind::output);
+  const Tensor same = b.sbuf(1, 256, DType::bf16), cast = b.sbuf(1, 256, DType::fp32);
+  Tensor perm = in;  // one row: element (c, j) = in[j][c]
+  perm.ap.dims = {{256, 1}, {1, 64}, {64, 4}};
+  perm.ap.partitions = 1;
+  b.dma_copy(same, perm);  // same type: bytes
+  b.dma_copy(cast, perm);  // with a cast: decode
+  const Tensor both = b.sbuf(1, 512, DType::fp32);
+  b.tensor_copy(both.tile(0, 1, 0, 256), same);
+  b.tensor_copy(both.tile(0, 1, 256, 256), cast);
+  b.dma_copy(out, both);
+  sim::Simulator s(chip);
+  s.load(b.finish());
+  std::vector<float> x(256);
+  for (int i = 0; i < 256; ++i) x[i] = static_cast<float>(i);
+  s.write("in", x);
+  s.run();
+  const auto y = s.read("out");
+  for (int c = 0; c < 64; ++c)
+    for (int j = 0; j < 4; ++j) {
+      ASSERT_EQ(y[c * 4 + j], x[j * 64 + c]);
+      ASSERT_EQ(y[256 + c * 4 + j], x[j * 64 + c]);
+    }
+}
+
 TEST(Ops, RulesOfTheNewInstructions) {
   const auto chip = arch::load_chip("trn3");
   Builder b(chip);
