@@ -275,7 +275,9 @@ std::string check_instruction(const arch::ChipSpec& chip, const isa::Program& pr
       return "GpSimd cannot access PSUM";
     }
   }
-  const auto& d = in.operands[0];
+  // Sequencer instructions have no operands: their rules are the register checks below.
+  static const AccessPattern kNone{};
+  const auto& d = nops > 0 ? in.operands[0] : kNone;
   auto same_shape = [&](const AccessPattern& x, const char* what) -> std::string {
     if (x.rows() != d.rows() || x.free_size() != d.free_size()) {
       return fmt::format("{} is [{}, {}] but the destination is [{}, {}]", what, x.rows(),
