@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The CLI tour of README.md, run as written (usage: cli_tour.sh [path/to/tern]).
+set -euo pipefail
+TERN=${1:-./build/tern}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+"$TERN" info
+"$TERN" info --arch trn2 --json >/dev/null
+"$TERN" info --list
+"$TERN" info --system trn3-ultraserver-gen2 >/dev/null
+"$TERN" num formats >/dev/null
+"$TERN" num decode e4m3 0x7e
+"$TERN" num encode e4m3 300.5
+"$TERN" num encode e4m3 465 --sat
+"$TERN" num encode bf16 1.001 --round sr --seed 1
+"$TERN" num mx --format mxfp8-e4m3 --policy rceil 485 1 2 3 >/dev/null
+"$TERN" bench matmul | tail -3
+"$TERN" bench matmul --m 512 --n 512 --k 512 --trace "$work/mm.json" | tail -2
+"$TERN" bench matmul --m 512 --n 512 --k 512 --save "$work/mm.tern" >/dev/null
+"$TERN" run "$work/mm.tern" | head -2
+echo "cli tour: ok"
