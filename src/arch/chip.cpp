@@ -59,9 +59,10 @@ ChipSpec load_chip_file(const std::filesystem::path& file) {
                 "moving_fmax_v4_fp32", "moving_fmax_v4_bf16", "rate"});
   r.check_keys("tensor.rate", r.table("tensor.rate"),
                {"bf16", "fp16", "tf32", "fp32", "fp8", "mxfp8", "mxfp4", "sparse"});
-  for (const char* e : {"vector", "scalar"}) {
-    r.check_keys(e, r.table(e), {"clock_ghz", "lanes", "fp32_flops_per_lane_cycle"});
-  }
+  r.check_keys(
+      "vector", r.table("vector"),
+      {"clock_ghz", "lanes", "fp32_flops_per_lane_cycle", "bn_stats_fmax", "transpose_max"});
+  r.check_keys("scalar", r.table("scalar"), {"clock_ghz", "lanes", "fp32_flops_per_lane_cycle"});
   r.check_keys(
       "gpsimd", r.table("gpsimd"),
       {"clock_ghz", "lanes", "fp32_flops_per_lane_cycle", "simd_cores", "simd_width_bits"});
@@ -71,7 +72,8 @@ ChipSpec load_chip_file(const std::filesystem::path& file) {
        "fixed_cost_ns", "descriptor_gen_ns", "overhead_bound_bytes_per_partition",
        "efficient_bytes_per_partition", "saturating_bytes_per_partition", "priority_classes"});
   r.check_keys("costs", r.table("costs"),
-               {"min_ii_cycles", "access_start_cycles", "static_overhead_cycles"});
+               {"min_ii_cycles", "access_start_cycles", "static_overhead_cycles",
+                "gpsimd_fixed_cycles", "stride_penalty_bytes"});
   r.check_keys("neuronlink", r.table("neuronlink"), {"version", "bandwidth_gbps"});
   r.check_keys("sequencer", r.table("sequencer"), {"registers", "op_cycles", "sync_clock_ghz"});
 
@@ -114,6 +116,8 @@ ChipSpec load_chip_file(const std::filesystem::path& file) {
   if (!c.supports("bf16")) r.fail("tensor.rate.bf16", "a number > 0", nullptr);
 
   c.vector = read_engine(r, "vector");
+  c.bn_stats_fmax = static_cast<int>(r.integer("vector.bn_stats_fmax", 1, 1 << 16));
+  c.vector_transpose_max = static_cast<int>(r.integer("vector.transpose_max", 1, 1024));
   c.scalar = read_engine(r, "scalar");
   c.gpsimd.clock = gigahertz(r.number("gpsimd.clock_ghz", 0));
   c.gpsimd.lanes = static_cast<int>(r.integer("gpsimd.lanes", 1, 4096));
@@ -140,6 +144,8 @@ ChipSpec load_chip_file(const std::filesystem::path& file) {
   c.costs.min_ii = Cycles(r.integer("costs.min_ii_cycles", 0, 1 << 20));
   c.costs.access_start = Cycles(r.integer("costs.access_start_cycles", 0, 1 << 20));
   c.costs.static_overhead = Cycles(r.integer("costs.static_overhead_cycles", 0, 1 << 20));
+  c.costs.gpsimd_fixed = Cycles(r.integer("costs.gpsimd_fixed_cycles", 0, 1 << 20));
+  c.costs.stride_penalty = Bytes(r.integer("costs.stride_penalty_bytes", 1, 1 << 20));
 
   c.sequencer.registers = static_cast<int>(r.integer("sequencer.registers", 1, 4096));
   c.sequencer.op_cycles = Cycles(r.integer("sequencer.op_cycles", 0, 1 << 20));

@@ -57,6 +57,8 @@ struct CostSpec {
   Cycles min_ii;           // minimum initiation interval
   Cycles access_start;     // cycles to start a tensor access
   Cycles static_overhead;  // dependent back-to-back Vector/Scalar instruction overhead
+  Cycles gpsimd_fixed;     // fixed part of iota / affine_select (~150 + N)
+  Bytes stride_penalty;    // innermost stride at which SBUF/PSUM access halves
 };
 
 struct ChipSpec {
@@ -77,6 +79,8 @@ struct ChipSpec {
 
   TensorSpec tensor;
   EngineSpec vector, scalar, gpsimd;
+  int bn_stats_fmax = 0;         // Vector bn_stats: elements per partition
+  int vector_transpose_max = 0;  // Vector transpose: partitions and elements
   int gpsimd_cores = 0;
   int gpsimd_width_bits = 0;
   DmaSpec dma;

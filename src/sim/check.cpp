@@ -354,8 +354,9 @@ std::string check_instruction(const arch::ChipSpec& chip, const isa::Program& pr
       const auto& s = in.operands[1];
       if (in.engine == Engine::vector) {
         // The Vector engine transposes within 32 x 32 blocks.
-        if (s.partitions > 32 || s.free_size() > 32)
-          return fmt::format("the Vector engine transposes at most 32 x 32, got [{}, {}]",
+        const int lim = chip.vector_transpose_max;
+        if (s.partitions > lim || s.free_size() > lim)
+          return fmt::format("the Vector engine transposes at most {} x {}, got [{}, {}]", lim, lim,
                              s.partitions, s.free_size());
         if (d.partitions != s.free_size() || d.free_size() != s.partitions)
           return fmt::format("destination is [{}, {}], the transpose of [{}, {}] is [{}, {}]",
@@ -401,10 +402,10 @@ std::string check_instruction(const arch::ChipSpec& chip, const isa::Program& pr
       if (d.rows() != s.rows() || d.free_size() != 6)
         return fmt::format("bn_stats writes [{}, 6], got [{}, {}]", s.rows(), d.rows(),
                            d.free_size());
-      if (s.free_size() > 512)
+      if (s.free_size() > chip.bn_stats_fmax)
         return fmt::format(
-            "bn_stats reads at most 512 elements per partition (bn_stats_fmax), got {}",
-            s.free_size());
+            "bn_stats reads at most {} elements per partition (bn_stats_fmax), got {}",
+            chip.bn_stats_fmax, s.free_size());
       break;
     }
     case Opcode::bn_aggr: {

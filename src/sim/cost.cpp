@@ -11,11 +11,11 @@ using isa::Mem;
 using isa::Opcode;
 
 namespace {
-bool strided(const isa::AccessPattern& ap) {
+bool strided(const isa::AccessPattern& ap, std::int64_t penalty_bytes) {
   // SBUF/PSUM deliver one element per partition per cycle while the
   // innermost stride is under 16 bytes; a larger stride halves that.
   if (ap.mem == Mem::hbm || ap.dims.empty()) return false;
-  return std::abs(ap.dims.back().stride) * isa::size_bytes(ap.dtype) >= 16 &&
+  return std::abs(ap.dims.back().stride) * isa::size_bytes(ap.dtype) >= penalty_bytes &&
          ap.dims.back().count > 1;
 }
 }  // namespace
@@ -25,10 +25,11 @@ double CostModel::cycles(const isa::Instruction& in, bool dependent) const {
     return static_cast<double>(chip_.sequencer.op_cycles.value());  // the engine's sequencer
   }
   const double min_ii = static_cast<double>(chip_.costs.min_ii.value());
+  const double gpsimd = static_cast<double>(chip_.costs.gpsimd_fixed.value());
   const auto& d = in.operands[0];
   double n = static_cast<double>(d.free_size());
   bool any_strided = false;
-  for (const auto& ap : in.operands) any_strided |= strided(ap);
+  for (const auto& ap : in.operands) any_strided |= strided(ap, chip_.costs.stride_penalty.value());
   const double penalty = any_strided ? 2.0 : 1.0;
   double c = 0;
   switch (in.op) {
@@ -42,7 +43,7 @@ double CostModel::cycles(const isa::Instruction& in, bool dependent) const {
       const double fp32 = mv.dtype == DType::fp32 ? 4.0 : 1.0;
       // max(min(64, N_stationary), N_moving), N_stationary = output partitions,
       // N_moving = output columns (a double-row tile streams 2 rows per column).
-      return std::max(std::min(64.0, static_cast<double>(d.partitions)),
+      return std::max(std::min(min_ii, static_cast<double>(d.partitions)),
                       static_cast<double>(d.free_size())) *
              fp32;
     }
@@ -50,7 +51,7 @@ double CostModel::cycles(const isa::Instruction& in, bool dependent) const {
       const auto& s = in.operands[1];
       if (in.engine == Engine::vector) return std::max(min_ii, static_cast<double>(s.free_size()));
       return std::max(static_cast<double>(s.partitions),
-                      std::min(64.0, static_cast<double>(s.free_size())));
+                      std::min(min_ii, static_cast<double>(s.free_size())));
     }
     case Opcode::tensor_tensor: {
       const auto& a = in.operands[1];
@@ -97,10 +98,10 @@ double CostModel::cycles(const isa::Instruction& in, bool dependent) const {
       break;
     case Opcode::affine_select:
     case Opcode::partition_reduce:
-      c = 150.0 + static_cast<double>(in.operands[1].free_size());  // GpSimd ~150 + N
+      c = gpsimd + static_cast<double>(in.operands[1].free_size());  // GpSimd ~150 + N
       break;
     case Opcode::iota:
-      c = 150.0 + n;  // GpSimd ~150 + N (hardware.md section 3)
+      c = gpsimd + n;  // GpSimd ~150 + N (hardware.md section 3)
       break;
     case Opcode::tensor_scalar:
     case Opcode::tensor_copy:
