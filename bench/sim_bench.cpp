@@ -70,7 +70,8 @@ int main() {
     b = s.read("b");
     sim::Options o;
     o.mode = sim::Mode::functional;
-    s.run(o);  // warm: first-touch page faults of the simulated memories
+    o.threads = 1;  // one thread each, like OpenBLAS here
+    s.run(o);       // warm: first-touch page faults of the simulated memories
     const double ts = median_seconds(5, [&] { s.run(o); });
     const double tb = median_seconds(5, [&] {
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n,

@@ -61,6 +61,7 @@ void add_run(CLI::App& app) {
     std::string program, arch, trace, mode = "both";
     std::vector<std::string> inputs, outputs;
     std::uint64_t seed = 0;
+    int threads = 0;
     bool json = false;
   };
   auto a = std::make_shared<A>();
@@ -76,6 +77,9 @@ void add_run(CLI::App& app) {
                   "NAME=FILE: raw bytes of an input tensor in its dtype (others: random)");
   cmd->add_option("--output", a->outputs, "NAME=FILE: write an output tensor's raw bytes");
   cmd->add_option("--seed", a->seed, "Seed of the random inputs")->capture_default_str();
+  cmd->add_option("--threads", a->threads,
+                  "Host threads for the functional model (0: all cores; same bits for any)")
+      ->capture_default_str();
   cmd->add_flag("--json", a->json, "Print the summary as JSON");
   cmd->callback([a] {
     const isa::Program p = isa::load_program(a->program);
@@ -83,6 +87,7 @@ void add_run(CLI::App& app) {
     sim::Options opt;
     opt.mode = sim::parse_mode(a->mode);
     opt.trace = !a->trace.empty();
+    opt.threads = a->threads;
     sim::Simulator s(chip);
     s.load(p);
     std::vector<std::string> given;

@@ -3,7 +3,10 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
+#include <algorithm>
 #include <cmath>
+#include <thread>
+#include <vector>
 
 #include "sim/matmul_host.h"
 
@@ -23,8 +26,8 @@ HWY_INLINE V Step(V w, V x, V acc) {
 }
 
 template <bool kFp32>
-void Kernel(const float* w, const float* x, std::ptrdiff_t ldx, float* acc, std::ptrdiff_t lda,
-            int K, int M, int N) {
+void Kernel(const float* w, std::ptrdiff_t ldw, const float* x, std::ptrdiff_t ldx, float* acc,
+            std::ptrdiff_t lda, int K, int M, int N) {
   const hn::ScalableTag<float> d;
   const int L = static_cast<int>(hn::Lanes(d));
   int m = 0;
@@ -41,7 +44,7 @@ void Kernel(const float* w, const float* x, std::ptrdiff_t ldx, float* acc, std:
       auto c30 = hn::LoadU(d, a3 + n), c31 = hn::LoadU(d, a3 + n + L);
       for (int k = 0; k < K; ++k) {
         const float* xr = x + static_cast<std::ptrdiff_t>(k) * ldx + n;
-        const float* wr = w + static_cast<std::ptrdiff_t>(k) * M + m;
+        const float* wr = w + static_cast<std::ptrdiff_t>(k) * ldw + m;
         const auto x0 = hn::LoadU(d, xr), x1 = hn::LoadU(d, xr + L);
         auto wv = hn::Set(d, wr[0]);
         c00 = Step<kFp32>(wv, x0, c00);
@@ -70,7 +73,7 @@ void Kernel(const float* w, const float* x, std::ptrdiff_t ldx, float* acc, std:
       for (int nn = n; nn < N; ++nn) {
         float c = ar[nn];
         for (int k = 0; k < K; ++k) {
-          const float wk = w[static_cast<std::ptrdiff_t>(k) * M + m + r];
+          const float wk = w[static_cast<std::ptrdiff_t>(k) * ldw + m + r];
           const float xk = x[static_cast<std::ptrdiff_t>(k) * ldx + nn];
           c = kFp32 ? c + wk * xk : std::fma(wk, xk, c);
         }
@@ -84,7 +87,7 @@ void Kernel(const float* w, const float* x, std::ptrdiff_t ldx, float* acc, std:
     for (; n + L <= N; n += L) {
       auto c = hn::LoadU(d, ar + n);
       for (int k = 0; k < K; ++k) {
-        c = Step<kFp32>(hn::Set(d, w[static_cast<std::ptrdiff_t>(k) * M + m]),
+        c = Step<kFp32>(hn::Set(d, w[static_cast<std::ptrdiff_t>(k) * ldw + m]),
                         hn::LoadU(d, x + static_cast<std::ptrdiff_t>(k) * ldx + n), c);
       }
       hn::StoreU(c, d, ar + n);
@@ -92,7 +95,7 @@ void Kernel(const float* w, const float* x, std::ptrdiff_t ldx, float* acc, std:
     for (; n < N; ++n) {
       float c = ar[n];
       for (int k = 0; k < K; ++k) {
-        const float wk = w[static_cast<std::ptrdiff_t>(k) * M + m];
+        const float wk = w[static_cast<std::ptrdiff_t>(k) * ldw + m];
         const float xk = x[static_cast<std::ptrdiff_t>(k) * ldx + n];
         c = kFp32 ? c + wk * xk : std::fma(wk, xk, c);
       }
@@ -101,21 +104,21 @@ void Kernel(const float* w, const float* x, std::ptrdiff_t ldx, float* acc, std:
   }
 }
 
-void MatmulAccumulate(const float* w, const float* x, std::ptrdiff_t ldx, float* acc,
-                      std::ptrdiff_t lda, int k, int m, int n, bool fp32) {
+void MatmulAccumulate(const float* w, std::ptrdiff_t ldw, const float* x, std::ptrdiff_t ldx,
+                      float* acc, std::ptrdiff_t lda, int k, int m, int n, bool fp32) {
   if (fp32) {
-    Kernel<true>(w, x, ldx, acc, lda, k, m, n);
+    Kernel<true>(w, ldw, x, ldx, acc, lda, k, m, n);
     return;
   }
 #if HWY_NATIVE_FMA
-  Kernel<false>(w, x, ldx, acc, lda, k, m, n);
+  Kernel<false>(w, ldw, x, ldx, acc, lda, k, m, n);
 #else
   // No fused multiply-add on this target: the exact scalar path.
   for (int mm = 0; mm < m; ++mm)
     for (int nn = 0; nn < n; ++nn) {
       float c = acc[static_cast<std::ptrdiff_t>(mm) * lda + nn];
       for (int kk = 0; kk < k; ++kk)
-        c = std::fma(w[static_cast<std::ptrdiff_t>(kk) * m + mm],
+        c = std::fma(w[static_cast<std::ptrdiff_t>(kk) * ldw + mm],
                      x[static_cast<std::ptrdiff_t>(kk) * ldx + nn], c);
       acc[static_cast<std::ptrdiff_t>(mm) * lda + nn] = c;
     }
@@ -130,8 +133,25 @@ HWY_AFTER_NAMESPACE();
 namespace tern::sim {
 HWY_EXPORT(MatmulAccumulate);
 void matmul_accumulate(const float* w, const float* x, std::ptrdiff_t ldx, float* acc,
-                       std::ptrdiff_t lda, int k, int m, int n, bool fp32) {
-  HWY_DYNAMIC_DISPATCH(MatmulAccumulate)(w, x, ldx, acc, lda, k, m, n, fp32);
+                       std::ptrdiff_t lda, int k, int m, int n, bool fp32, int threads) {
+  // Output rows are independent: split them over threads. Each row's sum
+  // keeps its contraction order, so the bits do not depend on the split.
+  const long long work = static_cast<long long>(k) * m * n;
+  const int t = std::max(1, std::min({threads, m, static_cast<int>(work >> 20) + 1}));
+  if (t == 1) {
+    HWY_DYNAMIC_DISPATCH(MatmulAccumulate)(w, m, x, ldx, acc, lda, k, m, n, fp32);
+    return;
+  }
+  std::vector<std::thread> pool;
+  const int chunk = (m + t - 1) / t;
+  for (int m0 = 0; m0 < m; m0 += chunk) {
+    const int rows = std::min(chunk, m - m0);
+    pool.emplace_back([=] {
+      HWY_DYNAMIC_DISPATCH(MatmulAccumulate)
+      (w + m0, m, x, ldx, acc + static_cast<std::ptrdiff_t>(m0) * lda, lda, k, rows, n, fp32);
+    });
+  }
+  for (auto& th : pool) th.join();
 }
 }  // namespace tern::sim
 #endif

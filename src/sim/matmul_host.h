@@ -13,7 +13,10 @@ namespace tern::sim {
 
 // w: [k][m] contiguous; x: [k][n] with row stride ldx; acc: [m][n] with
 // row stride ldacc (floats).
+// Output rows are spread over up to `threads` host threads (small products
+// stay on one); the bits are the same for any thread count.
 void matmul_accumulate(const float* w, const float* x, std::ptrdiff_t ldx, float* acc,
-                       std::ptrdiff_t ldacc, int k, int m, int n, bool fp32_products);
+                       std::ptrdiff_t ldacc, int k, int m, int n, bool fp32_products,
+                       int threads = 1);
 
 }  // namespace tern::sim

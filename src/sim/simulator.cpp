@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -131,7 +132,12 @@ struct Simulator::Impl {
   };
   std::vector<Stationary> stationary;
 
-  Impl(Simulator& sim, const Options& o) : s(sim), opt(o) {}
+  int threads = 1;  // host threads for the Tensor engine's arithmetic
+
+  Impl(Simulator& sim, const Options& o) : s(sim), opt(o) {
+    threads = o.threads > 0 ? o.threads
+                            : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  }
 
   // ---- functional model
 
@@ -481,7 +487,7 @@ struct Simulator::Impl {
           }
           float* acc = reinterpret_cast<float*>(ps.row(d.start_partition) + first);
           matmul_accumulate(st.w.data(), m.data(), n, acc, ps.bytes_per_partition() / 4, st.k, st.m,
-                            n, fp32);
+                            n, fp32, threads);
           for (int r = 0; r < d.partitions; ++r) {
             std::memset(ps.written_row(d.start_partition + r) + first, 1,
                         static_cast<std::size_t>(n) * 4);
@@ -495,7 +501,7 @@ struct Simulator::Impl {
         } else {
           acc.assign(static_cast<std::size_t>(st.m) * n, 0.0f);
         }
-        matmul_accumulate(st.w.data(), m.data(), n, acc.data(), n, st.k, st.m, n, fp32);
+        matmul_accumulate(st.w.data(), m.data(), n, acc.data(), n, st.k, st.m, n, fp32, threads);
         write(core, d, acc);
         break;
       }

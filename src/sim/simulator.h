@@ -37,6 +37,9 @@ struct Options {
   // A program that loops forever stops with an error after this many
   // executed instructions.
   std::int64_t max_instructions = 2'000'000'000;
+  // Host threads for the functional model's matmul arithmetic (0: all the
+  // host's cores). Results are bit-identical for any value.
+  int threads = 0;
 };
 
 // One span on a timeline track (engine or DMA queue of a core).

@@ -158,6 +158,30 @@ TEST(Kernels, MxMatmulBitExact) {
                NotSupported);
 }
 
+TEST(Kernels, SameBitsForAnyHostThreadCount) {
+  const auto chip = arch::load_chip("trn3");
+  for (DType dt : {DType::bf16, DType::fp32}) {
+    const isa::Program p = kernel::matmul_kernel(chip, {256, 512, 640, dt, DType::fp32, 1});
+    const auto at = as_dtype(random_values(640 * 256, 11), dt),
+               b = as_dtype(random_values(640 * 512, 12), dt);
+    std::vector<float> first;
+    for (int threads : {1, 2, 3, 8}) {
+      sim::Simulator sim(chip);
+      sim.load(p);
+      sim.write("at", at);
+      sim.write("b", b);
+      sim::Options o;
+      o.threads = threads;
+      sim.run(o);
+      const auto c = sim.read("c");
+      if (first.empty()) first = c;
+      for (std::size_t i = 0; i < c.size(); ++i)
+        ASSERT_EQ(std::bit_cast<std::uint32_t>(c[i]), std::bit_cast<std::uint32_t>(first[i]))
+            << threads;
+    }
+  }
+}
+
 TEST(Kernels, AddMatchesHost) {
   const auto chip = arch::load_chip("trn3");
   for (DType dt : {DType::fp32, DType::bf16}) {
