@@ -16,6 +16,7 @@ packages=(
   libmpfr-dev        # test oracle for the number formats
   python3            # /usr/bin/python3: JSON checks in the CLI tests
   python3-jsonschema # trace schema check
+  python3-dev pybind11-dev python3-numpy python3-pytest  # the tern Python package and its tests
 )
 
 missing=()

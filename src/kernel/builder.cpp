@@ -112,7 +112,7 @@ Tensor Builder::alloc(Mem mem, int partitions, std::int64_t free, DType dtype,
   const std::int64_t cap =
       ps ? chip_.psum_partition_bytes.value() : chip_.sbuf_partition_bytes.value();
   if (partitions < 1 || partitions > maxp) {
-    throw Error(fmt::format("{}: a {} tile of {} partitions ({} has {})", loc_string(loc),
+    throw Error(fmt::format("{}: a {} tile of {} partitions ({} has {})", location(loc),
                             isa::mem_name(mem), partitions, chip_.name, maxp));
   }
   std::int64_t bytes = free * isa::size_bytes(dtype);
@@ -135,7 +135,7 @@ Tensor Builder::alloc(Mem mem, int partitions, std::int64_t free, DType dtype,
     throw Error(
         fmt::format("{}: {} allocation of {} bytes per partition does not fit: {} of {} bytes "
                     "per partition are in use (capacity)",
-                    loc_string(loc), isa::mem_name(mem), bytes, used, cap));
+                    location(loc), isa::mem_name(mem), bytes, used, cap));
   }
   allocs.push_back({at, at + bytes});
   Tensor t;
@@ -251,7 +251,7 @@ void Builder::record(Instruction& in, int producer, std::size_t first_read, bool
 }
 
 void Builder::emit(Instruction in, std::source_location loc) {
-  if (in.loc.empty()) in.loc = loc_string(loc);
+  if (in.loc.empty()) in.loc = location(loc);
   std::size_t writes = 1;
   bool read_dst = false;
   switch (in.op) {
@@ -322,7 +322,7 @@ void Builder::emit_matmul(const Tensor& dst, const Tensor& stationary,
   // The stationary operands are listed for dependencies only, then dropped.
   mm.operands = aps({&dst, &moving, moving_scale, &stationary, stationary_scale});
   mm.accumulate = accumulate;
-  mm.loc = loc_string(loc);
+  mm.loc = location(loc);
   record(mm, engine_sem(Engine::tensor), 1, accumulate);
   mm.operands.resize(moving_scale ? 3 : 2);
   // The weight load goes first and carries the waits; it signals nothing
@@ -517,11 +517,15 @@ void Builder::vector_transpose(const Tensor& dst, const Tensor& src, std::source
 }
 
 void Builder::emit_raw(isa::Instruction in, std::source_location loc) {
-  if (in.loc.empty()) in.loc = loc_string(loc);
+  if (in.loc.empty()) in.loc = location(loc);
   for (int sg : in.signals) {
     if (sg >= 0 && sg < prog_.semaphores) ++signals_[core_][sg];
   }
   prog_.cores[core_].streams[static_cast<int>(in.engine)].push_back(std::move(in));
+}
+
+std::string Builder::location(const std::source_location& loc) const {
+  return location_override_.empty() ? loc_string(loc) : location_override_;
 }
 
 isa::Program Builder::finish() {

@@ -135,6 +135,11 @@ class Builder {
   // the raw code signals once per emitted instruction.
   void emit_raw(isa::Instruction in, std::source_location loc = std::source_location::current());
 
+  // Records `where` ("kernel.py:12") as the source location of the next
+  // instructions instead of the C++ caller's (frontends that trace kernels
+  // written in another language); empty restores the default.
+  void set_location(std::string where) { location_override_ = std::move(where); }
+
   isa::Program finish();
 
  private:
@@ -164,6 +169,8 @@ class Builder {
   std::vector<std::vector<std::int64_t>> signals_;             // [core][sem] count
   std::vector<std::vector<std::vector<std::int64_t>>> known_;  // [core][engine][sem] waited
   int next_queue_ = 0;
+  std::string location_override_;
+  std::string location(const std::source_location& loc) const;
 };
 
 }  // namespace tern::kernel

@@ -1,0 +1,9 @@
+"""tern: a Trainium3-class training system in software.
+
+The C++ layers live in tern._core (hardware descriptions, the kernel
+builder, the simulator); tern.nki runs NKI kernels written in Python on the
+simulated chip, with time.
+"""
+from tern import _core  # noqa: F401
+
+__all__ = ["nki"]

@@ -1,0 +1,63 @@
+"""The tracing state of the kernel being built (one at a time)."""
+import inspect
+import os
+
+from tern import _core
+
+_current = None
+
+
+def current():
+    """The active trace; NKI calls outside a @nki.jit kernel are errors."""
+    if _current is None:
+        raise RuntimeError("nki calls are only valid inside a kernel run by @nki.jit or nki.simulate")
+    return _current
+
+
+def target_name(explicit=None):
+    """The target chip: explicit, else NEURON_PLATFORM_TARGET_OVERRIDE, else trn3."""
+    name = explicit or os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE") or "trn3"
+    if name not in ("trn1", "trn2", "trn3"):
+        raise ValueError(f"unknown NKI target '{name}': expected trn1, trn2 or trn3")
+    return name
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def kernel_location():
+    """file:line of the innermost caller outside the tern package."""
+    for frame in inspect.stack(context=0)[1:]:
+        path = os.path.abspath(frame.filename)
+        if not path.startswith(_PACKAGE_DIR):
+            return f"{os.path.basename(path)}:{frame.lineno}"
+    return "?"
+
+
+class Trace:
+    def __init__(self, chip, programs):
+        self.chip = chip
+        self.builder = _core.Builder(chip, programs, 1)
+        self.programs = programs
+        self.program_id = 0
+        self.hbm_outputs = []  # (name, ndarray) in creation order
+        self.hbm_by_order = {}  # creation index -> ndarray, shared by all programs
+        self.hbm_counter = 0
+        self.matmul_targets = set()  # PSUM regions already written by a matmul
+
+    def __enter__(self):
+        global _current
+        if _current is not None:
+            raise RuntimeError("a kernel is already being traced")
+        _current = self
+        return self
+
+    def __exit__(self, *exc):
+        global _current
+        _current = None
+        return False
+
+    def at(self):
+        """Points the builder at the kernel line making the current call."""
+        self.builder.set_location(kernel_location())
+        return self.builder

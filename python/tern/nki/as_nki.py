@@ -1,0 +1,4 @@
+"""`import tern.nki.as_nki` once, then unmodified kernels' `import nki` use tern."""
+from tern import nki
+
+nki.install()

@@ -1,0 +1,255 @@
+// tern._core: the C++ layers for Python (pybind11). A thin, explicit API:
+// hardware descriptions, the kernel builder and the simulator. The NKI
+// frontend (python/tern/nki) is written on top of it.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "arch/chip.h"
+#include "isa/program.h"
+#include "kernel/builder.h"
+#include "profile/profile.h"
+#include "sim/simulator.h"
+#include "util/error.h"
+
+namespace py = pybind11;
+using namespace tern;
+
+namespace {
+
+using kernel::Builder;
+using kernel::Tensor;
+
+py::dict summary_dict(const sim::RunStats& st, const arch::ChipSpec& chip) {
+  const auto s = profile::summarize(st, chip);
+  return py::module_::import("json").attr("loads")(profile::to_json(s).dump());
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "tern's C++ layers: hardware descriptions, the kernel builder, the simulator";
+
+  // Every tern::Error becomes a Python exception with the same message;
+  // "not supported" ones become NotImplementedError.
+  static py::exception<Error> tern_error(m, "TernError", PyExc_RuntimeError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const NotSupported& e) {
+      PyErr_SetString(PyExc_NotImplementedError, e.what());
+    } catch (const Error& e) {
+      tern_error(e.what());
+    }
+  });
+
+  py::class_<arch::ChipSpec>(m, "Chip")
+      .def_readonly("name", &arch::ChipSpec::name)
+      .def_readonly("core_version", &arch::ChipSpec::core_version)
+      .def_readonly("cores", &arch::ChipSpec::cores)
+      .def_readonly("sbuf_partitions", &arch::ChipSpec::sbuf_partitions)
+      .def_readonly("bn_stats_fmax", &arch::ChipSpec::bn_stats_fmax)
+      .def_property_readonly("sbuf_partition_bytes",
+                             [](const arch::ChipSpec& c) { return c.sbuf_partition_bytes.value(); })
+      .def_property_readonly("psum_partition_bytes",
+                             [](const arch::ChipSpec& c) { return c.psum_partition_bytes.value(); })
+      .def_property_readonly("psum_banks", [](const arch::ChipSpec& c) { return c.psum_banks; })
+      .def_property_readonly("psum_bank_bytes",
+                             [](const arch::ChipSpec& c) { return c.psum_bank_bytes().value(); })
+      .def_property_readonly("stationary_fmax",
+                             [](const arch::ChipSpec& c) { return c.tensor.stationary_fmax; })
+      .def_property_readonly("moving_fmax",
+                             [](const arch::ChipSpec& c) { return c.tensor.moving_fmax; })
+      .def("tensor_peak_per_core", [](const arch::ChipSpec& c, const std::string& d) {
+        return c.tensor_peak_per_core(d).value();
+      });
+  m.def("load_chip", &arch::load_chip, py::arg("name"), "A chip description by name or path");
+
+  py::class_<isa::Dim>(m, "Dim")
+      .def(py::init([](std::int64_t stride, std::int64_t count) {
+        return isa::Dim{stride, count};
+      }))
+      .def_readwrite("stride", &isa::Dim::stride)
+      .def_readwrite("count", &isa::Dim::count);
+
+  py::class_<isa::AccessPattern>(m, "AccessPattern")
+      .def_property_readonly(
+          "mem", [](const isa::AccessPattern& a) { return std::string(isa::mem_name(a.mem)); })
+      .def_property_readonly(
+          "dtype", [](const isa::AccessPattern& a) { return std::string(isa::name(a.dtype)); })
+      .def_readwrite("offset", &isa::AccessPattern::offset)
+      .def_readwrite("start_partition", &isa::AccessPattern::start_partition)
+      .def_readwrite("partitions", &isa::AccessPattern::partitions)
+      .def_readwrite("dims", &isa::AccessPattern::dims)
+      .def("__repr__", [](const isa::AccessPattern& a) { return isa::to_string(a); });
+
+  py::class_<Tensor>(m, "Tensor")
+      .def_readwrite("ap", &Tensor::ap)
+      .def("tile", &Tensor::tile)
+      .def("with_dims", &Tensor::with_dims, py::arg("dims"), py::arg("extra_offset_elems") = 0)
+      // A new view: partitions [p0, p0 + np) (rows for HBM), `offset_elems`
+      // added, the free pattern replaced by `dims` [(stride, count), ...].
+      // For HBM, `row_stride` (elements) is the stride of the first dim.
+      .def(
+          "view",
+          [](const Tensor& t, int p0, int np, std::int64_t offset_elems,
+             const std::vector<std::pair<std::int64_t, std::int64_t>>& dims,
+             std::int64_t row_stride) {
+            Tensor v = t;
+            const int sz = isa::size_bytes(t.ap.dtype);
+            std::vector<isa::Dim> free;
+            for (auto [stride, count] : dims) free.push_back({stride, count});
+            if (t.ap.mem == isa::Mem::hbm) {
+              v.ap.offset += (p0 * row_stride + offset_elems) * sz;
+              free.insert(free.begin(), isa::Dim{row_stride, np});
+              v.ap.partitions = np;
+            } else {
+              v.ap.start_partition += p0;
+              v.ap.partitions = np;
+              v.ap.offset += offset_elems * sz;
+            }
+            v.ap.dims = std::move(free);
+            return v;
+          },
+          py::arg("p0"), py::arg("np"), py::arg("offset_elems"), py::arg("dims"),
+          py::arg("row_stride") = 0)
+      .def("__repr__", [](const Tensor& t) { return isa::to_string(t.ap); });
+
+  py::enum_<isa::Engine>(m, "Engine")
+      .value("tensor", isa::Engine::tensor)
+      .value("vector", isa::Engine::vector)
+      .value("scalar", isa::Engine::scalar)
+      .value("gpsimd", isa::Engine::gpsimd)
+      .value("sync", isa::Engine::sync);
+
+  m.def("alu_op", [](const std::string& s) { return static_cast<int>(isa::parse_alu(s)); });
+  m.def("act_func", [](const std::string& s) { return static_cast<int>(isa::parse_act(s)); });
+  m.def("dtype_names", [] {
+    std::vector<std::string> v;
+    for (int i = 0; i < static_cast<int>(isa::DType::count_); ++i)
+      v.emplace_back(isa::name(static_cast<isa::DType>(i)));
+    return v;
+  });
+  m.def("dtype_size", [](const std::string& d) { return isa::size_bytes(isa::parse_dtype(d)); });
+
+  auto alu = [](int v) { return static_cast<isa::AluOp>(v); };
+  py::class_<Builder>(m, "Builder")
+      .def(py::init([](const arch::ChipSpec& chip, int cores, int lnc) {
+             return new Builder(chip, cores, lnc);
+           }),
+           py::arg("chip"), py::arg("cores") = 1, py::arg("lnc") = 1, py::keep_alive<1, 2>())
+      .def("set_location", &Builder::set_location)
+      .def("set_core", &Builder::set_core)
+      .def("hbm",
+           [](Builder& b, const std::string& name, std::vector<std::int64_t> shape,
+              const std::string& dt, bool output) {
+             return b.hbm(name, std::move(shape), isa::parse_dtype(dt),
+                          output ? isa::TensorKind::output : isa::TensorKind::input);
+           })
+      .def("sbuf", [](Builder& b, int p, std::int64_t f,
+                      const std::string& dt) { return b.sbuf(p, f, isa::parse_dtype(dt)); })
+      .def("psum", [](Builder& b, int p, std::int64_t f,
+                      const std::string& dt) { return b.psum(p, f, isa::parse_dtype(dt)); })
+      .def("dma_copy", [](Builder& b, const Tensor& d, const Tensor& s, int queue, bool acc,
+                          isa::Engine e) { b.dma_copy(d, s, queue, acc, e); })
+      .def("dma_transpose",
+           [](Builder& b, const Tensor& d, const Tensor& s) { b.dma_transpose(d, s); })
+      .def("matmul",
+           [](Builder& b, const Tensor& d, const Tensor& st, const Tensor& mv, bool acc,
+              bool double_row) {
+             b.matmul(d, st, mv, acc, double_row ? isa::PerfMode::double_row : isa::PerfMode::none);
+           })
+      .def("matmul_mx",
+           [](Builder& b, const Tensor& d, const Tensor& st, const Tensor& ss, const Tensor& mv,
+              const Tensor& ms, bool acc) { b.matmul_mx(d, st, ss, mv, ms, acc); })
+      .def("quantize_mx", [](Builder& b, const Tensor& d, const Tensor& ds,
+                             const Tensor& s) { b.quantize_mx(d, ds, s); })
+      .def("transpose",
+           [](Builder& b, const Tensor& d, const Tensor& s, isa::Engine e) {
+             if (e == isa::Engine::vector)
+               b.vector_transpose(d, s);
+             else
+               b.transpose(d, s);
+           })
+      .def("tensor_tensor", [alu](Builder& b, const Tensor& d, const Tensor& x, const Tensor& y,
+                                  int op, isa::Engine e) { b.tensor_tensor(d, x, y, alu(op), e); })
+      .def("tensor_scalar",
+           [alu](Builder& b, const Tensor& d, const Tensor& s, int op0, float imm0, int op1,
+                 float imm1,
+                 isa::Engine e) { b.tensor_scalar(d, s, alu(op0), imm0, alu(op1), imm1, e); })
+      .def("tensor_copy", [](Builder& b, const Tensor& d, const Tensor& s,
+                             isa::Engine e) { b.tensor_copy(d, s, e); })
+      .def("tensor_reduce", [alu](Builder& b, const Tensor& d, const Tensor& s, int op,
+                                  bool neg) { b.tensor_reduce(d, s, alu(op), neg); })
+      .def("memset", [](Builder& b, const Tensor& d, float v, isa::Engine e) { b.memset(d, v, e); })
+      .def("activation",
+           [](Builder& b, const Tensor& d, int func, const Tensor& s, std::optional<Tensor> bias,
+              float scale, std::optional<Tensor> sums) {
+             b.activation(d, static_cast<isa::ActFunc>(func), s, bias ? &*bias : nullptr, scale,
+                          sums ? &*sums : nullptr);
+           })
+      .def("exponential",
+           [](Builder& b, const Tensor& d, const Tensor& s, std::optional<Tensor> sub,
+              std::optional<Tensor> sums) {
+             b.exponential(d, s, sub ? &*sub : nullptr, sums ? &*sums : nullptr);
+           })
+      .def("reciprocal", [](Builder& b, const Tensor& d, const Tensor& s) { b.reciprocal(d, s); })
+      .def("bn_stats", [](Builder& b, const Tensor& d, const Tensor& s) { b.bn_stats(d, s); })
+      .def("bn_aggr", [](Builder& b, const Tensor& d, const Tensor& s) { b.bn_aggr(d, s); })
+      .def("select", [](Builder& b, const Tensor& d, const Tensor& p, const Tensor& x,
+                        const Tensor& y) { b.select(d, p, x, y); })
+      .def("copy_predicated", [](Builder& b, const Tensor& d, const Tensor& p,
+                                 const Tensor& s) { b.copy_predicated(d, p, s); })
+      .def("iota", [](Builder& b, const Tensor& d, float base,
+                      float per_partition) { b.iota(d, base, per_partition); })
+      .def("affine_select",
+           [alu](Builder& b, const Tensor& d, const Tensor& s, float off, float pp, float pe,
+                 int cmp, float fill) { b.affine_select(d, s, off, pp, pe, alu(cmp), fill); })
+      .def("partition_reduce", [alu](Builder& b, const Tensor& d, const Tensor& s,
+                                     int op) { b.partition_reduce(d, s, alu(op)); })
+      .def("finish", &Builder::finish);
+
+  py::class_<isa::Program>(m, "Program")
+      .def("instruction_count", &isa::Program::instruction_count)
+      .def("to_text", [](const isa::Program& p) { return isa::to_text(p); })
+      .def("save",
+           [](const isa::Program& p, const std::string& path) { isa::save_program(p, path); });
+
+  py::class_<sim::Simulator>(m, "Simulator")
+      .def(py::init<arch::ChipSpec>())
+      .def("load", &sim::Simulator::load)
+      .def("write",
+           [](sim::Simulator& s, const std::string& name,
+              py::array_t<float, py::array::c_style | py::array::forcecast> a) {
+             s.write(name, std::span<const float>(a.data(), static_cast<std::size_t>(a.size())));
+           })
+      .def("read",
+           [](const sim::Simulator& s, const std::string& name) {
+             const std::vector<float> v = s.read(name);
+             py::array_t<float> out(static_cast<py::ssize_t>(v.size()));
+             std::copy(v.begin(), v.end(), out.mutable_data());
+             return out;
+           })
+      // Runs; returns (summary dict, RunStats handle for the trace).
+      .def(
+          "run",
+          [](sim::Simulator& s, const std::string& mode, bool trace, int threads) {
+            sim::Options o;
+            o.mode = sim::parse_mode(mode);
+            o.trace = trace;
+            o.threads = threads;
+            sim::RunStats st;
+            {
+              py::gil_scoped_release release;
+              st = s.run(o);
+            }
+            return std::make_pair(summary_dict(st, s.chip()), st);
+          },
+          py::arg("mode") = "both", py::arg("trace") = false, py::arg("threads") = 0);
+
+  py::class_<sim::RunStats>(m, "RunStats")
+      .def_readonly("latency_ns", &sim::RunStats::latency_ns)
+      .def_readonly("instructions", &sim::RunStats::instructions);
+  m.def("write_trace", [](const sim::RunStats& st, const arch::ChipSpec& chip,
+                          const std::string& path) { profile::write_trace(st, chip, path); });
+}
