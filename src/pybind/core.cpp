@@ -8,6 +8,7 @@
 #include "arch/chip.h"
 #include "isa/program.h"
 #include "kernel/builder.h"
+#include "kernel/reference.h"
 #include "profile/profile.h"
 #include "sim/simulator.h"
 #include "util/error.h"
@@ -140,6 +141,7 @@ PYBIND11_MODULE(_core, m) {
            py::arg("chip"), py::arg("cores") = 1, py::arg("lnc") = 1, py::keep_alive<1, 2>())
       .def("set_location", &Builder::set_location)
       .def("set_core", &Builder::set_core)
+      .def("release", &Builder::release)
       .def("hbm",
            [](Builder& b, const std::string& name, std::vector<std::int64_t> shape,
               const std::string& dt, bool output) {
@@ -208,6 +210,15 @@ PYBIND11_MODULE(_core, m) {
       .def("partition_reduce", [alu](Builder& b, const Tensor& d, const Tensor& s,
                                      int op) { b.partition_reduce(d, s, alu(op)); })
       .def("finish", &Builder::finish);
+
+  m.def("mx_roundtrip_columns", [](py::array_t<float, py::array::c_style | py::array::forcecast> v, std::int64_t k,
+                                    std::int64_t c, bool e5m2) {
+    std::vector<float> in(v.data(), v.data() + v.size());
+    const auto out = kernel::mx_roundtrip_columns(in, k, c, e5m2);
+    py::array_t<float> r(static_cast<py::ssize_t>(out.size()));
+    std::copy(out.begin(), out.end(), r.mutable_data());
+    return r;
+  }, "Each column of a row-major [k, c] matrix MX-quantized (blocks of 32 rows, trn3 scales) and back");
 
   py::class_<isa::Program>(m, "Program")
       .def("instruction_count", &isa::Program::instruction_count)

@@ -1,10 +1,17 @@
-"""The NKI examples (examples/nki) on trn2 and trn3 against numpy."""
+"""Every NKI example (examples/nki) on trn2 and trn3 against numpy."""
 import numpy as np
 import pytest
 
+import attention
 import matmul
+import mxfp8_matmul
+import norms
+import softmax
 import tensor_add
 import transpose2d
+
+import tern.nki as nki
+import tern.nki.language as nl
 
 
 @pytest.fixture(params=["trn2", "trn3"])
@@ -30,10 +37,54 @@ def test_transpose2d(target):
     assert np.array_equal(transpose2d.transpose2d_kernel(x), x.T)
 
 
-@pytest.mark.parametrize("stage", ["matmul_single_tile", "matmul_tiled"])
-def test_matmul_stages(target, stage):
-    kernel = getattr(matmul, stage)
-    shape = ((128, 128), (128, 512)) if stage == "matmul_single_tile" else ((256, 384), (256, 1024))
-    a, b = matmul.bf16_values(shape[0], 7), matmul.bf16_values(shape[1], 8)
-    assert np.array_equal(kernel(a, b), matmul.reference(a, b))
-    assert kernel.last["latency_ns"] > 0
+def test_matmul_single_tile(target):
+    a, b = matmul.bf16_values((128, 128), 7), matmul.bf16_values((128, 512), 8)
+    assert np.array_equal(matmul.matmul_single_tile(a, b), matmul.reference(a, b))
+
+
+@pytest.mark.parametrize("stage", matmul.STAGES, ids=lambda s: s.fn.__name__)
+def test_matmul_stages_bit_exact(target, stage):
+    a, b = matmul.bf16_values((256, 256), 9), matmul.bf16_values((256, 2048), 10)
+    got = stage(nki.typed(a, nl.bfloat16), nki.typed(b, nl.bfloat16))
+    assert np.array_equal(got, matmul.reference(a, b))
+
+
+def test_matmul_stages_get_faster_on_a_larger_shape():
+    times = [nki.benchmark(stage, platform_target="trn3")(nki.spec((2048, 512), nl.bfloat16),
+                                                          nki.spec((2048, 4096), nl.bfloat16))["latency_ns"]
+             for stage in matmul.STAGES]
+    assert times == sorted(times, reverse=True), times
+
+
+def test_norms(target):
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((200, 640), dtype=np.float32) * 2 + 0.5
+    g, b = (rng.standard_normal((1, 640), dtype=np.float32) for _ in range(2))
+    assert np.abs(norms.rmsnorm_kernel(x, g) - norms.rmsnorm_ref(x, g)).max() < 1e-4
+    assert np.abs(norms.layernorm_kernel(x, g, b) - norms.layernorm_ref(x, g, b)).max() < 1e-4
+
+
+def test_softmax(target):
+    x = np.random.default_rng(12).standard_normal((200, 777), dtype=np.float32) * 3
+    assert np.abs(softmax.softmax_kernel(x) - softmax.reference(x)).max() < 1e-5
+
+
+def test_causal_flash_attention(target):
+    rng = np.random.default_rng(13)
+    q, k, v = (rng.standard_normal((256, 128), dtype=np.float32) for _ in range(3))
+    o = attention.flash_attention_fwd(np.ascontiguousarray(q.T), np.ascontiguousarray(k.T), v,
+                                      attention.causal_mask())
+    assert np.abs(o - attention.reference(q, k, v)).max() < 1e-4
+
+
+def test_mxfp8_matmul_on_trn3():
+    a, b = mxfp8_matmul.bf16_values((512, 96), 14, 3.0), mxfp8_matmul.bf16_values((512, 300), 15, 0.1)
+    got = mxfp8_matmul.mxfp8_matmul(nki.typed(a, nl.bfloat16), nki.typed(b, nl.bfloat16))
+    assert np.array_equal(got, mxfp8_matmul.reference(a, b))
+
+
+def test_mxfp8_needs_trn3():
+    kernel = nki.jit(mxfp8_matmul.mxfp8_matmul.fn, platform_target="trn2")
+    a = mxfp8_matmul.bf16_values((512, 96), 1)
+    with pytest.raises(nki.TernError, match="not a trn2"):
+        kernel(nki.typed(a, nl.bfloat16), nki.typed(a, nl.bfloat16))

@@ -39,9 +39,33 @@ _NUMPY_DTYPES = {
 }
 
 
+class typed(np.ndarray):
+    """An input array with an NKI dtype numpy lacks: `nki.typed(x, nl.bfloat16)`
+    passes x's values (rounded to nearest even) as a bfloat16 HBM tensor."""
+
+    def __new__(cls, values, dtype):
+        obj = np.asarray(values, dtype=np.float32).view(cls)
+        obj.nki_dtype = dtype
+        return obj
+
+    def __array_finalize__(self, obj):
+        self.nki_dtype = getattr(obj, "nki_dtype", None)
+
+
+class spec:
+    """A shape and dtype standing for an input in timing-only runs (no data):
+    `nki.benchmark(kernel)(nki.spec((4096, 8192), nl.bfloat16), ...)`."""
+
+    def __init__(self, shape, dtype):
+        self.shape, self.nki_dtype, self.ndim = tuple(int(s) for s in shape), dtype, len(shape)
+        self.dtype = None
+
+
 def _input_dtype(a, override):
     if override is not None:
         return override
+    if getattr(a, "nki_dtype", None):
+        return a.nki_dtype
     if a.dtype == np.float64:
         return "float32"
     try:
@@ -74,13 +98,16 @@ class Kernel:
         with tr:
             tensor_args = []
             for i, a in enumerate(args):
-                if isinstance(a, np.ndarray):
+                if isinstance(a, spec) and self.mode != "timing":
+                    raise ValueError("nki.spec inputs carry no data: use them with nki.benchmark (timing only)")
+                if isinstance(a, (np.ndarray, spec)):
                     name = names[i] if i < len(names) else f"arg{i}"
                     dt = _input_dtype(a, self.dtypes.get(name))
                     shape = a.shape if a.ndim > 0 else (1,)
                     base = tr.at().hbm(name, list(shape), dt, False)
                     tensor_args.append(nl.hbm_tensor(base, nl.hbm, dt, tuple(shape), name))
-                    inputs.append((name, a))
+                    if isinstance(a, np.ndarray):
+                        inputs.append((name, a))
                 else:
                     tensor_args.append(a)
             result = None

@@ -1,6 +1,6 @@
 """The tracing state of the kernel being built (one at a time)."""
-import inspect
 import os
+import sys
 
 from tern import _core
 
@@ -22,16 +22,33 @@ def target_name(explicit=None):
     return name
 
 
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def kernel_location():
     """file:line of the innermost caller outside the tern package."""
-    for frame in inspect.stack(context=0)[1:]:
-        path = os.path.abspath(frame.filename)
+    frame = sys._getframe(1)
+    while frame is not None:
+        path = frame.f_code.co_filename
         if not path.startswith(_PACKAGE_DIR):
-            return f"{os.path.basename(path)}:{frame.lineno}"
+            return f"{os.path.basename(path)}:{frame.f_lineno}"
+        frame = frame.f_back
     return "?"
+
+
+class Allocation:
+    """An SBUF/PSUM allocation shared by a tile and its views. When the last
+    of them goes away (the kernel's Python variable is rebound or goes out of
+    scope), the memory returns to the builder, which orders its next users
+    after every use of this one."""
+
+    def __init__(self, trace, base):
+        self.trace, self.base = trace, base
+        self.matmul_written = set()  # views of this PSUM tile a matmul already wrote
+
+    def __del__(self):
+        if _current is self.trace and self.trace.open:
+            self.trace.builder.release(self.base)
 
 
 class Trace:
@@ -44,6 +61,7 @@ class Trace:
         self.hbm_by_order = {}  # creation index -> ndarray, shared by all programs
         self.hbm_counter = 0
         self.matmul_targets = set()  # PSUM regions already written by a matmul
+        self.open = True
 
     def __enter__(self):
         global _current
@@ -54,6 +72,7 @@ class Trace:
 
     def __exit__(self, *exc):
         global _current
+        self.open = False
         _current = None
         return False
 

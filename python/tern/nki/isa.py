@@ -33,6 +33,18 @@ def _alu(op, what="op"):
     return _core.alu_op(op.alu)
 
 
+def _auto_accumulate(dst, view, accumulate):
+    """accumulate=None: overwrite on the first matmul into this region of the
+    PSUM tile, accumulate on the later ones (tracked per allocation, so a
+    fresh tile at a reused address starts over)."""
+    written = dst._alloc.matmul_written if dst._alloc is not None else _tracer.current().matmul_targets
+    key = repr(view)
+    if accumulate is None:
+        accumulate = key in written
+    written.add(key)
+    return accumulate
+
+
 def _engine(engine, default):
     return default if engine is None else engine
 
@@ -43,7 +55,7 @@ def _broadcast_column(col, like):
         raise ValueError(f"a tensor operand must be a [{like.shape[0]}, 1] column, got {col.shape}")
     free = [(0, c) for c in like.shape[1:]]
     return nl.NkiTensor(col._base, col.buffer, col.dtype, col._p0, col._np, col._off, free, col.name,
-                        col._row_stride)
+                        col._row_stride, col._alloc)
 
 
 # ------------------------------------------------------------ data movement
@@ -70,10 +82,7 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
         raise NotImplementedError("nc_matmul with is_transpose / tile_position / tile_size")
     tr = _tracer.current()
     d = _t(dst, "dst")
-    key = repr(d)
-    if accumulate is None:
-        accumulate = key in tr.matmul_targets
-    tr.matmul_targets.add(key)
+    accumulate = _auto_accumulate(dst, d, accumulate)
     tr.at().matmul(d, _t(stationary, "stationary"), _t(moving, "moving"), bool(accumulate),
                    perf_mode == matmul_perf_mode.double_row)
 
@@ -85,10 +94,7 @@ def nc_matmul_mx(dst, stationary, moving, stationary_scale, moving_scale, tile_p
         raise NotImplementedError("nc_matmul_mx with tile_position / tile_size")
     tr = _tracer.current()
     d = _t(dst, "dst")
-    key = repr(d)
-    if accumulate is None:
-        accumulate = key in tr.matmul_targets
-    tr.matmul_targets.add(key)
+    accumulate = _auto_accumulate(dst, d, accumulate)
     tr.at().matmul_mx(d, _t(stationary, "stationary"), _t(stationary_scale, "stationary_scale"),
                       _t(moving, "moving"), _t(moving_scale, "moving_scale"), bool(accumulate))
 

@@ -101,8 +101,9 @@ class NkiTensor:
     """A tensor or a view of one: an allocation (C++ Tensor) plus the first
     partition/row, the element offset and a (stride, count) per free dim."""
 
-    def __init__(self, base, buffer, dtype, p0, np_, off, free, name=None, row_stride=0):
+    def __init__(self, base, buffer, dtype, p0, np_, off, free, name=None, row_stride=0, alloc=None):
         self._base, self.buffer, self.dtype = base, buffer, dtype
+        self._alloc = alloc  # SBUF/PSUM: keeps the memory alive while any view exists
         self._row_stride = row_stride  # HBM: elements between consecutive rows of dim 0
         self._p0, self._np, self._off, self._free = p0, np_, off, list(free)
         self.name = name
@@ -152,18 +153,22 @@ class NkiTensor:
             off += start * stride
             if keep:
                 free.append((stride * step, count))
-        return NkiTensor(self._base, self.buffer, self.dtype, p0, np_, off, free, self.name, self._row_stride)
+        return NkiTensor(self._base, self.buffer, self.dtype, p0, np_, off, free, self.name, self._row_stride, self._alloc)
 
     def ap(self, pattern, offset=0):
-        """A raw access pattern: pattern [[stride, count], ...] (the first is
-        the partition dim, whose stride must be the partition step of 1),
-        offset in elements from this view's start."""
+        """A raw access pattern: pattern [[stride, count], ...] in elements (the
+        first entry is the partition / row dim), offset in elements from this
+        view's start."""
         if not pattern:
             raise ValueError("ap(pattern=...) needs at least the partition entry")
-        _, parts = pattern[0]
+        pstride, parts = pattern[0]
         free = [(int(s), int(c)) for s, c in pattern[1:]]
+        hbm_like = self.buffer in (hbm, shared_hbm, private_hbm)
+        # HBM rows may have any stride (0 repeats one row on every partition);
+        # SBUF/PSUM partitions are contiguous.
+        row_stride = int(pstride) if hbm_like else self._row_stride
         return NkiTensor(self._base, self.buffer, self.dtype, self._p0, int(parts), self._off + int(offset),
-                         free, self.name, self._row_stride)
+                         free, self.name, row_stride, self._alloc)
 
     def reshape(self, shape):
         shape = tuple(int(s) for s in shape)
@@ -176,7 +181,7 @@ class NkiTensor:
             strides.append(acc)
             acc *= c
         return NkiTensor(self._base, self.buffer, self.dtype, self._p0, self._np, self._off,
-                         list(zip(reversed(strides), shape[1:])), self.name, self._row_stride)
+                         list(zip(reversed(strides), shape[1:])), self.name, self._row_stride, self._alloc)
 
     def __repr__(self):
         return f"NkiTensor({self.buffer.name}, shape={self.shape}, dtype={self.dtype})"
@@ -218,7 +223,7 @@ def ndarray(shape, dtype, buffer=sbuf, name=None):
     free = math.prod(shape[1:])
     b = tr.at()
     base = b.sbuf(shape[0], free, dtype) if buffer is sbuf else b.psum(shape[0], free, dtype)
-    return NkiTensor(base, buffer, dtype, 0, shape[0], 0, _row_major(shape), name)
+    return NkiTensor(base, buffer, dtype, 0, shape[0], 0, _row_major(shape), name, 0, _tracer.Allocation(tr, base))
 
 
 # ----------------------------------------------------------- tile sizes
