@@ -33,7 +33,7 @@ enum class Opcode : std::uint8_t {
   memset,           // vector/gpsimd: dst = imm0
   activation,       // scalar: dst = func(src * scale + bias); operands dst, src, [bias [P,1]],
                     // and with accumulate=true a last [P,1] operand receiving the row sums
-  iota,             // gpsimd: dst[p, i] = imm0 + imm1 * p + i
+  iota,             // gpsimd: dst[p, i] = imm0 + imm1 * p + imm2 * i
   quantize_mx,      // vector (v4): dst x4 [P, F/4], dst_scale [P/8, F/4] <- src [P, F], trn3 scales
   reciprocal,       // vector: dst = 1 / src
   bn_stats,         // vector: dst [P, 6] = (count, mean, M2) of the even- and odd-indexed elements

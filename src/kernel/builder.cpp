@@ -438,13 +438,15 @@ void Builder::activation(const Tensor& dst, isa::ActFunc func, const Tensor& src
   emit(std::move(in), loc);
 }
 
-void Builder::iota(const Tensor& dst, float base, float per_partition, std::source_location loc) {
+void Builder::iota(const Tensor& dst, float base, float per_partition, float per_element,
+                   std::source_location loc) {
   Instruction in;
   in.op = Opcode::iota;
   in.engine = Engine::gpsimd;
   in.operands = {dst.ap};
   in.imm0 = base;
   in.imm1 = per_partition;
+  in.imm2 = per_element;
   emit(std::move(in), loc);
 }
 

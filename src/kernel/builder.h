@@ -96,7 +96,8 @@ class Builder {
                   const Tensor* bias = nullptr, float scale = 1.0f,
                   const Tensor* row_sums = nullptr,
                   std::source_location loc = std::source_location::current());
-  void iota(const Tensor& dst, float base, float per_partition,
+  // dst[p, i] = base + per_partition * p + per_element * i (i: flat free index).
+  void iota(const Tensor& dst, float base, float per_partition, float per_element = 1.0f,
             std::source_location loc = std::source_location::current());
 
   void reciprocal(const Tensor& dst, const Tensor& src,

@@ -202,8 +202,8 @@ PYBIND11_MODULE(_core, m) {
                         const Tensor& y) { b.select(d, p, x, y); })
       .def("copy_predicated", [](Builder& b, const Tensor& d, const Tensor& p,
                                  const Tensor& s) { b.copy_predicated(d, p, s); })
-      .def("iota", [](Builder& b, const Tensor& d, float base,
-                      float per_partition) { b.iota(d, base, per_partition); })
+      .def("iota", [](Builder& b, const Tensor& d, float base, float per_partition,
+                      float per_element) { b.iota(d, base, per_partition, per_element); })
       .def("affine_select",
            [alu](Builder& b, const Tensor& d, const Tensor& s, float off, float pp, float pe,
                  int cmp, float fill) { b.affine_select(d, s, off, pp, pe, alu(cmp), fill); })
@@ -211,14 +211,18 @@ PYBIND11_MODULE(_core, m) {
                                      int op) { b.partition_reduce(d, s, alu(op)); })
       .def("finish", &Builder::finish);
 
-  m.def("mx_roundtrip_columns", [](py::array_t<float, py::array::c_style | py::array::forcecast> v, std::int64_t k,
-                                    std::int64_t c, bool e5m2) {
-    std::vector<float> in(v.data(), v.data() + v.size());
-    const auto out = kernel::mx_roundtrip_columns(in, k, c, e5m2);
-    py::array_t<float> r(static_cast<py::ssize_t>(out.size()));
-    std::copy(out.begin(), out.end(), r.mutable_data());
-    return r;
-  }, "Each column of a row-major [k, c] matrix MX-quantized (blocks of 32 rows, trn3 scales) and back");
+  m.def(
+      "mx_roundtrip_columns",
+      [](py::array_t<float, py::array::c_style | py::array::forcecast> v, std::int64_t k,
+         std::int64_t c, bool e5m2) {
+        std::vector<float> in(v.data(), v.data() + v.size());
+        const auto out = kernel::mx_roundtrip_columns(in, k, c, e5m2);
+        py::array_t<float> r(static_cast<py::ssize_t>(out.size()));
+        std::copy(out.begin(), out.end(), r.mutable_data());
+        return r;
+      },
+      "Each column of a row-major [k, c] matrix MX-quantized (blocks of 32 rows, trn3 scales) and "
+      "back");
 
   py::class_<isa::Program>(m, "Program")
       .def("instruction_count", &isa::Program::instruction_count)

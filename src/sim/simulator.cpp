@@ -597,7 +597,7 @@ struct Simulator::Impl {
         for (std::size_t r = 0; r < static_cast<std::size_t>(d.rows()); ++r)
           for (std::size_t i = 0; i < f; ++i)
             v[r * f + i] = in.imm0 + in.imm1 * static_cast<float>(d.start_partition + r) +
-                           static_cast<float>(i);
+                           in.imm2 * static_cast<float>(i);
         write(core, d, v);
         break;
       }

@@ -112,3 +112,48 @@ def test_timing_only_benchmark_ignores_values():
     a = np.zeros((1024, 2048), dtype=np.float32)
     summary = nki.benchmark(tensor_add.nki_tensor_add_kernel)(a, a)
     assert summary["latency_ns"] > 0 and summary["instructions"] > 0
+
+
+def test_iota_and_affine_select():
+    @nki.jit
+    def patterns(x):
+        out = nl.ndarray((64, 32), dtype=nl.float32, buffer=nl.shared_hbm)
+        t = nl.ndarray((64, 2, 8), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.iota(dst=t, pattern=[[8 * 3, 2], [3, 8]], offset=5, channel_multiplier=100)
+        src = nl.load(x)
+        s = nl.ndarray((64, 2, 8), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.affine_select(dst=s, pattern=[[-8, 2], [-1, 8]], offset=3, channel_multiplier=1, on_true_tile=src,
+                           on_false_value=-1.0, cmp_op=nl.greater_equal)
+        both = nl.ndarray((64, 32), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=both[:, 0:16], src=t.reshape((64, 16)))
+        nisa.tensor_copy(dst=both[:, 16:32], src=s.reshape((64, 16)))
+        nl.store(out, value=both)
+        return out
+
+    x = np.arange(64 * 16, dtype=np.float32).reshape(64, 2, 8)
+    got = patterns(x)
+    c, w, z = np.meshgrid(np.arange(64), np.arange(2), np.arange(8), indexing="ij")
+    assert np.array_equal(got[:, :16].reshape(64, 2, 8), 5 + 100 * c + 24 * w + 3 * z)
+    keep = 3 + c - 8 * w - z >= 0
+    assert np.array_equal(got[:, 16:].reshape(64, 2, 8), np.where(keep, x, -1.0))
+    with pytest.raises(NotImplementedError, match="not linear"):
+        @nki.jit
+        def skewed(x):
+            t = nl.ndarray((64, 2, 8), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.iota(dst=t, pattern=[[5, 2], [3, 8]], offset=0)
+
+        skewed(x)
+
+
+def test_device_print(capsys):
+    @nki.jit
+    def show(x):
+        out = nl.ndarray((2, 3), dtype=nl.float32, buffer=nl.shared_hbm)
+        t = nl.load(x)
+        nl.device_print("t =", t)
+        nl.store(out, value=t)
+        return out
+
+    show(np.arange(6, dtype=np.float32).reshape(2, 3))
+    printed = capsys.readouterr().out
+    assert printed.startswith("t = [[0. 1. 2.]")

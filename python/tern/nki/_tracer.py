@@ -62,6 +62,7 @@ class Trace:
         self.hbm_counter = 0
         self.matmul_targets = set()  # PSUM regions already written by a matmul
         self.open = True
+        self.prints = []  # (prefix, hidden HBM output, shape) of nl.device_print
 
     def __enter__(self):
         global _current

@@ -199,6 +199,41 @@ def tensor_partition_reduce(dst, op, data, name=None):
     _tracer.current().at().partition_reduce(_t(dst, "dst"), _t(data, "data"), _alu(op))
 
 
+def _linear_step(pattern, dst, call):
+    """The per-element step of an affine pattern [[step, num], ...] that is
+    linear in the flat free index (each step = the inner step x inner count)."""
+    dims = [(int(s), int(n)) for s, n in pattern]
+    total = 1
+    for _, n in dims:
+        total *= n
+    free = 1
+    for c in dst.shape[1:]:
+        free *= c
+    if total != free:
+        raise ValueError(f"{call}: the pattern covers {total} elements per partition, dst has {free}")
+    step = dims[-1][0] if dims else 1
+    for (s_out, _), (s_in, n_in) in zip(dims, dims[1:]):
+        if s_out != s_in * n_in:
+            raise NotImplementedError(f"{call} with a pattern that is not linear in the flat index: {pattern}")
+    return step
+
+
+def iota(dst, pattern, offset, channel_multiplier=0, name=None):
+    """dst[c, i...] = offset + c * channel_multiplier + sum(step_d * i_d) on GpSimd."""
+    step = _linear_step(pattern, dst, "iota")
+    _tracer.current().at().iota(_t(dst, "dst"), float(offset), float(channel_multiplier), float(step))
+
+
+def affine_select(dst, pattern, offset, channel_multiplier, on_true_tile, on_false_value, cmp_op=nl.equal,
+                  name=None):
+    """dst = on_true_tile where cmp_op(offset + c * channel_multiplier + sum(step_d * i_d), 0), else
+    on_false_value (GpSimd; the causal mask of attention)."""
+    step = _linear_step(pattern, dst, "affine_select")
+    _tracer.current().at().affine_select(_t(dst, "dst"), _t(on_true_tile, "on_true_tile"), float(offset),
+                                         float(channel_multiplier), float(step), _alu(cmp_op, "cmp_op"),
+                                         float(on_false_value))
+
+
 def _reject(call, unsupported):
     if unsupported:
         raise NotImplementedError(f"nisa.{call}({', '.join(sorted(unsupported))}=...)")
@@ -213,6 +248,6 @@ def _not_yet(name):
 
 for _name in ("tensor_tensor_scan", "scalar_tensor_tensor", "tensor_scalar_reduce", "range_select",
               "select_reduce", "max8", "nc_find_index8", "nc_stream_shuffle", "local_gather", "rng",
-              "activation_reduce", "activate2", "dma_compute", "iota", "affine_select", "sendrecv",
+              "activation_reduce", "activate2", "dma_compute", "sendrecv",
               "core_barrier", "register_alloc", "register_load", "register_store", "register_move"):
     globals()[_name] = _not_yet(_name)
