@@ -157,3 +157,52 @@ def test_device_print(capsys):
     show(np.arange(6, dtype=np.float32).reshape(2, 3))
     printed = capsys.readouterr().out
     assert printed.startswith("t = [[0. 1. 2.]")
+
+
+def test_dma_compute_and_scalar_bias():
+    @nki.jit
+    def add3(a, b, c):
+        out = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.shared_hbm)
+        t = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_compute(dst=t, srcs=[a, b, c], reduce_op=nl.add)
+        u = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=u, op=nl.copy_fn, data=t, bias=0.5, scale=2.0)
+        nl.store(out, value=u)
+        return out
+
+    rng = np.random.default_rng(3)
+    a, b, c = (rng.standard_normal((128, 64), dtype=np.float32) for _ in range(3))
+    want = ((a + b).astype(np.float32) + c).astype(np.float32) * 2 + 0.5
+    assert np.array_equal(add3(a, b, c), want.astype(np.float32))
+
+
+def test_benchmark_writes_a_perfetto_trace(tmp_path):
+    import json
+    import tensor_add
+    path = tmp_path / "t.json"
+    a = np.zeros((256, 1024), dtype=np.float32)
+    nki.benchmark(tensor_add.nki_tensor_add_kernel, trace=str(path))(a, a)
+    trace = json.loads(path.read_text())
+    assert any(e["ph"] == "X" and e["name"] == "tensor_tensor" for e in trace["traceEvents"])
+
+
+def test_composed_calls():
+    @nki.jit
+    def composed(x, y):
+        out = nl.ndarray((128, 34), dtype=nl.float32, buffer=nl.shared_hbm)
+        a, b = nl.load(x), nl.load(y)
+        r = nl.ndarray((128, 34), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.scalar_tensor_tensor(dst=r[:, 0:32], data=a, op0=nl.multiply, operand0=3.0, op1=nl.add, operand1=b)
+        nisa.tensor_scalar_reduce(dst=a, data=a, op0=nl.add, operand0=1.0, reduce_op=nl.maximum,
+                                  reduce_res=r[:, 32:33])
+        e = nl.ndarray((128, 32), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.activation_reduce(dst=e, op=nl.square, data=b, reduce_op=nl.add, reduce_res=r[:, 33:34])
+        nl.store(out, value=r)
+        return out
+
+    rng = np.random.default_rng(4)
+    x, y = (rng.standard_normal((128, 32), dtype=np.float32) for _ in range(2))
+    got = composed(x, y)
+    assert np.array_equal(got[:, :32], (x * np.float32(3)).astype(np.float32) + y)
+    assert np.array_equal(got[:, 32], (x + np.float32(1)).max(axis=1))
+    assert np.allclose(got[:, 33], (y.astype(np.float64) ** 2).sum(axis=1), rtol=1e-5)

@@ -68,6 +68,26 @@ def dma_copy(dst, src, dst_rmw_op=None, engine=None, name=None, **unsupported):
     b.dma_copy(_t(dst, "dst"), _t(src, "src"), -1, dst_rmw_op is nl.add, _engine(engine, sync_engine))
 
 
+def dma_compute(dst, srcs, reduce_op, scales=None, name=None, **unsupported):
+    """dst = srcs[0] + srcs[1] + ... in the DMA engines (FP32 inside); like
+    the hardware, only reduce_op=nl.add and scales of 1.0."""
+    _reject("dma_compute", unsupported)
+    if reduce_op is not nl.add:
+        raise NotImplementedError(f"dma_compute(reduce_op={reduce_op!r}): only nl.add")
+    if scales is not None and any(float(x) != 1.0 for x in scales):
+        raise NotImplementedError("dma_compute with scales other than 1.0")
+    srcs = list(srcs)
+    if not srcs:
+        raise ValueError("dma_compute needs at least one source")
+    b = _tracer.current().at()
+    d = _t(dst, "dst")
+    rest = [x for x in srcs if x is not dst]
+    if len(rest) == len(srcs):  # dst is not a source: start from the first
+        b.dma_copy(d, _t(rest.pop(0), "srcs[0]"), -1, False, sync_engine)
+    for x in rest:
+        b.dma_copy(d, _t(x, "srcs"), -1, True, sync_engine)
+
+
 def dma_transpose(dst, src, name=None):
     _tracer.current().at().dma_transpose(_t(dst, "dst"), _t(src, "src"))
 
@@ -160,11 +180,40 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
         raise ValueError(f"op={op!r} is not an activation function (nl.exp, nl.gelu, ...)")
     if isinstance(scale, nl.NkiTensor):
         raise NotImplementedError("activation with a tensor scale")
+    if bias is not None and not isinstance(bias, nl.NkiTensor):
+        value = float(bias)  # a scalar bias: a constant [P, 1] column
+        bias = nl.ndarray((data.shape[0], 1), dtype=nl.float32, buffer=nl.sbuf)
+        memset(dst=bias, value=value)
     if reduce_res is not None and reduce_op not in (None, nl.add):
         raise NotImplementedError(f"activation(reduce_op={reduce_op!r}): only nl.add")
     _tracer.current().at().activation(_t(dst, "dst"), _core.act_func(op.act), _t(data, "data"),
                                       None if bias is None else _t(bias, "bias"), float(scale),
                                       None if reduce_res is None else _t(reduce_res, "reduce_res"))
+
+
+def activation_reduce(dst, op, data, reduce_op, reduce_res, bias=None, scale=1.0, name=None):
+    """activation with its row reduction (reduce_op nl.add) in one Scalar instruction."""
+    activation(dst=dst, op=op, data=data, bias=bias, scale=scale, reduce_op=reduce_op, reduce_res=reduce_res)
+
+
+def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False, engine=None,
+                         name=None):
+    """(data op0 operand0) op1 operand1 with a scalar/column operand0 and a
+    tensor operand1; tern issues it as two Vector instructions (timing: two)."""
+    if reverse0 or reverse1:
+        raise NotImplementedError("scalar_tensor_tensor with reverse0 / reverse1")
+    tensor_scalar(dst=dst, data=data, op0=op0, operand0=operand0, engine=engine)
+    tensor_tensor(dst=dst, data1=dst, data2=operand1, op=op1, engine=engine)
+
+
+def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res, reverse0=False, name=None, **unsupported):
+    """tensor_scalar with one operator, then a reduction of the result over the
+    free dims into reduce_res; tern issues two Vector instructions."""
+    _reject("tensor_scalar_reduce", unsupported)
+    if reverse0:
+        raise NotImplementedError("tensor_scalar_reduce with reverse0")
+    tensor_scalar(dst=dst, data=data, op0=op0, operand0=operand0)
+    _tracer.current().at().tensor_reduce(_t(reduce_res, "reduce_res"), _t(dst, "dst"), _alu(reduce_op), False)
 
 
 def reciprocal(dst, data, name=None):
@@ -246,8 +295,7 @@ def _not_yet(name):
     return call
 
 
-for _name in ("tensor_tensor_scan", "scalar_tensor_tensor", "tensor_scalar_reduce", "range_select",
-              "select_reduce", "max8", "nc_find_index8", "nc_stream_shuffle", "local_gather", "rng",
-              "activation_reduce", "activate2", "dma_compute", "sendrecv",
-              "core_barrier", "register_alloc", "register_load", "register_store", "register_move"):
+for _name in ("tensor_tensor_scan", "range_select", "select_reduce", "max8", "nc_find_index8",
+              "nc_stream_shuffle", "local_gather", "rng", "activate2", "sendrecv", "core_barrier",
+              "register_alloc", "register_load", "register_store", "register_move"):
     globals()[_name] = _not_yet(_name)

@@ -275,6 +275,18 @@ sequential_range = affine_range
 static_range = affine_range
 
 
+def _not_yet(name):
+    def call(*args, **kwargs):
+        raise NotImplementedError(f"nl.{name} is not implemented by tern yet (see docs/nki.md)")
+    call.__name__ = name
+    return call
+
+
+fori_loop = _not_yet("fori_loop")
+while_loop = _not_yet("while_loop")
+no_reorder = _not_yet("no_reorder")
+
+
 def program_id(axis=0):
     if axis != 0:
         raise NotImplementedError("launch grids with more than one axis")
