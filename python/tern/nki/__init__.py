@@ -86,7 +86,7 @@ class Kernel:
         """kernel[2](...): a launch grid of logical cores (program ids 0..n-1)."""
         if isinstance(grid, tuple):
             if len(grid) != 1:
-                raise NotImplementedError("launch grids with more than one axis")
+                raise NotImplementedError("not supported: launch grids with more than one axis")
             grid = grid[0]
         return Kernel(self.fn, self.platform_target, int(grid), self.mode, self.trace_path, self.dtypes)
 

@@ -14,6 +14,14 @@ def current():
     return _current
 
 
+def not_yet(qualified):
+    """A stand-in for an NKI call tern does not implement: it says so, by name."""
+    def call(*args, **kwargs):
+        raise NotImplementedError(f"not supported: {qualified} (tern does not implement it yet; see docs/nki.md)")
+    call.__name__ = qualified.rsplit(".", 1)[-1]
+    return call
+
+
 def target_name(explicit=None):
     """The target chip: explicit, else NEURON_PLATFORM_TARGET_OVERRIDE, else trn3."""
     name = explicit or os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE") or "trn3"

@@ -63,7 +63,7 @@ def dma_copy(dst, src, dst_rmw_op=None, engine=None, name=None, **unsupported):
     """dst <- src (cast through FP32); dst_rmw_op=nl.add accumulates into dst."""
     _reject("dma_copy", unsupported)
     if dst_rmw_op not in (None, nl.add):
-        raise NotImplementedError(f"dma_copy(dst_rmw_op={dst_rmw_op!r}): only nl.add")
+        raise NotImplementedError(f"not supported: dma_copy(dst_rmw_op={dst_rmw_op!r}): only nl.add")
     b = _tracer.current().at()
     b.dma_copy(_t(dst, "dst"), _t(src, "src"), -1, dst_rmw_op is nl.add, _engine(engine, sync_engine))
 
@@ -73,9 +73,9 @@ def dma_compute(dst, srcs, reduce_op, scales=None, name=None, **unsupported):
     the hardware, only reduce_op=nl.add and scales of 1.0."""
     _reject("dma_compute", unsupported)
     if reduce_op is not nl.add:
-        raise NotImplementedError(f"dma_compute(reduce_op={reduce_op!r}): only nl.add")
+        raise NotImplementedError(f"not supported: dma_compute(reduce_op={reduce_op!r}): only nl.add")
     if scales is not None and any(float(x) != 1.0 for x in scales):
-        raise NotImplementedError("dma_compute with scales other than 1.0")
+        raise NotImplementedError("not supported: dma_compute with scales other than 1.0")
     srcs = list(srcs)
     if not srcs:
         raise ValueError("dma_compute needs at least one source")
@@ -99,7 +99,7 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     accumulate=None accumulates when this PSUM region was written by an
     earlier matmul of the kernel (the first one overwrites)."""
     if is_transpose or tile_position or tile_size:
-        raise NotImplementedError("nc_matmul with is_transpose / tile_position / tile_size")
+        raise NotImplementedError("not supported: nc_matmul with is_transpose / tile_position / tile_size")
     tr = _tracer.current()
     d = _t(dst, "dst")
     accumulate = _auto_accumulate(dst, d, accumulate)
@@ -111,7 +111,7 @@ def nc_matmul_mx(dst, stationary, moving, stationary_scale, moving_scale, tile_p
                  accumulate=None, name=None):
     """MX matmul (trn3): x4-packed data with E8M0 scales [P/8, F]."""
     if tile_position or tile_size:
-        raise NotImplementedError("nc_matmul_mx with tile_position / tile_size")
+        raise NotImplementedError("not supported: nc_matmul_mx with tile_position / tile_size")
     tr = _tracer.current()
     d = _t(dst, "dst")
     accumulate = _auto_accumulate(dst, d, accumulate)
@@ -135,7 +135,7 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
                   engine=None, name=None):
     """(data op0 operand0) op1 operand1; operands are scalars or [P, 1] columns."""
     if reverse0 or reverse1:
-        raise NotImplementedError("tensor_scalar with reverse0 / reverse1")
+        raise NotImplementedError("not supported: tensor_scalar with reverse0 / reverse1")
     eng = _engine(engine, vector_engine)
     b = _tracer.current().at()
     tensors = isinstance(operand0, nl.NkiTensor) or isinstance(operand1, nl.NkiTensor)
@@ -165,7 +165,7 @@ def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
     """Reduces the free dims of data (tern reduces all free dims: axis must name them all)."""
     axes = (axis,) if isinstance(axis, int) else tuple(axis)
     if sorted(a % data.ndim for a in axes) != list(range(1, data.ndim)):
-        raise NotImplementedError(f"tensor_reduce over axis={axis} of a {data.ndim}-d tile: tern reduces "
+        raise NotImplementedError(f"not supported: tensor_reduce over axis={axis} of a {data.ndim}-d tile: tern reduces "
                                   "all free dims")
     _tracer.current().at().tensor_reduce(_t(dst, "dst"), _t(data, "data"), _alu(op), bool(negate))
 
@@ -179,13 +179,13 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
     if not isinstance(op, nl._Op) or op.act is None:
         raise ValueError(f"op={op!r} is not an activation function (nl.exp, nl.gelu, ...)")
     if isinstance(scale, nl.NkiTensor):
-        raise NotImplementedError("activation with a tensor scale")
+        raise NotImplementedError("not supported: activation with a tensor scale")
     if bias is not None and not isinstance(bias, nl.NkiTensor):
         value = float(bias)  # a scalar bias: a constant [P, 1] column
         bias = nl.ndarray((data.shape[0], 1), dtype=nl.float32, buffer=nl.sbuf)
         memset(dst=bias, value=value)
     if reduce_res is not None and reduce_op not in (None, nl.add):
-        raise NotImplementedError(f"activation(reduce_op={reduce_op!r}): only nl.add")
+        raise NotImplementedError(f"not supported: activation(reduce_op={reduce_op!r}): only nl.add")
     _tracer.current().at().activation(_t(dst, "dst"), _core.act_func(op.act), _t(data, "data"),
                                       None if bias is None else _t(bias, "bias"), float(scale),
                                       None if reduce_res is None else _t(reduce_res, "reduce_res"))
@@ -201,7 +201,7 @@ def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False
     """(data op0 operand0) op1 operand1 with a scalar/column operand0 and a
     tensor operand1; tern issues it as two Vector instructions (timing: two)."""
     if reverse0 or reverse1:
-        raise NotImplementedError("scalar_tensor_tensor with reverse0 / reverse1")
+        raise NotImplementedError("not supported: scalar_tensor_tensor with reverse0 / reverse1")
     tensor_scalar(dst=dst, data=data, op0=op0, operand0=operand0, engine=engine)
     tensor_tensor(dst=dst, data1=dst, data2=operand1, op=op1, engine=engine)
 
@@ -211,7 +211,7 @@ def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res, revers
     free dims into reduce_res; tern issues two Vector instructions."""
     _reject("tensor_scalar_reduce", unsupported)
     if reverse0:
-        raise NotImplementedError("tensor_scalar_reduce with reverse0")
+        raise NotImplementedError("not supported: tensor_scalar_reduce with reverse0")
     tensor_scalar(dst=dst, data=data, op0=op0, operand0=operand0)
     _tracer.current().at().tensor_reduce(_t(reduce_res, "reduce_res"), _t(dst, "dst"), _alu(reduce_op), False)
 
@@ -263,7 +263,7 @@ def _linear_step(pattern, dst, call):
     step = dims[-1][0] if dims else 1
     for (s_out, _), (s_in, n_in) in zip(dims, dims[1:]):
         if s_out != s_in * n_in:
-            raise NotImplementedError(f"{call} with a pattern that is not linear in the flat index: {pattern}")
+            raise NotImplementedError(f"not supported: {call} with a pattern that is not linear in the flat index: {pattern}")
     return step
 
 
@@ -285,17 +285,10 @@ def affine_select(dst, pattern, offset, channel_multiplier, on_true_tile, on_fal
 
 def _reject(call, unsupported):
     if unsupported:
-        raise NotImplementedError(f"nisa.{call}({', '.join(sorted(unsupported))}=...)")
-
-
-def _not_yet(name):
-    def call(*args, **kwargs):
-        raise NotImplementedError(f"nisa.{name} is not implemented by tern yet (see docs/nki.md)")
-    call.__name__ = name
-    return call
+        raise NotImplementedError(f"not supported: nisa.{call}({', '.join(sorted(unsupported))}=...)")
 
 
 for _name in ("tensor_tensor_scan", "range_select", "select_reduce", "max8", "nc_find_index8",
               "nc_stream_shuffle", "local_gather", "rng", "activate2", "sendrecv", "core_barrier",
               "register_alloc", "register_load", "register_store", "register_move"):
-    globals()[_name] = _not_yet(_name)
+    globals()[_name] = _tracer.not_yet(f"nisa.{_name}")

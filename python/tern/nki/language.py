@@ -46,7 +46,7 @@ class _Op:
 
     def __call__(self, *args, **kwargs):
         raise NotImplementedError(
-            f"nl.{self.name}(...) as a tile-level function is not supported by tern yet; "
+            f"not supported: nl.{self.name}(...) as a tile-level function is not supported by tern yet; "
             "use the nki.isa call (e.g. nisa.activation or nisa.tensor_tensor)")
 
     def __repr__(self):
@@ -146,7 +146,7 @@ class NkiTensor:
 
         start, count, step, _ = bounds(key[0], self._np, "the partition dim")
         if step != 1:
-            raise NotImplementedError("a stepped slice of the partition dim (partitions are contiguous)")
+            raise NotImplementedError("not supported: a stepped slice of the partition dim (partitions are contiguous)")
         p0, np_ = p0 + start, count
         for k, (stride, n) in zip(key[1:], self._free):
             start, count, step, keep = bounds(k, n, "a free dim")
@@ -175,7 +175,7 @@ class NkiTensor:
         if shape[0] != self._np or math.prod(shape[1:]) != math.prod(c for _, c in self._free):
             raise ValueError(f"cannot reshape {self.shape} into {shape} (the partition dim stays)")
         if any(True for i in range(len(self._free) - 1) if self._free[i][0] != self._free[i + 1][0] * self._free[i + 1][1]):
-            raise NotImplementedError("reshape of a non-contiguous view")
+            raise NotImplementedError("not supported: reshape of a non-contiguous view")
         strides, acc = [], 1
         for c in reversed(shape[1:]):
             strides.append(acc)
@@ -275,27 +275,20 @@ sequential_range = affine_range
 static_range = affine_range
 
 
-def _not_yet(name):
-    def call(*args, **kwargs):
-        raise NotImplementedError(f"nl.{name} is not implemented by tern yet (see docs/nki.md)")
-    call.__name__ = name
-    return call
-
-
-fori_loop = _not_yet("fori_loop")
-while_loop = _not_yet("while_loop")
-no_reorder = _not_yet("no_reorder")
+fori_loop = _tracer.not_yet("nl.fori_loop")
+while_loop = _tracer.not_yet("nl.while_loop")
+no_reorder = _tracer.not_yet("nl.no_reorder")
 
 
 def program_id(axis=0):
     if axis != 0:
-        raise NotImplementedError("launch grids with more than one axis")
+        raise NotImplementedError("not supported: launch grids with more than one axis")
     return _tracer.current().program_id
 
 
 def num_programs(axis=0):
     if axis != 0:
-        raise NotImplementedError("launch grids with more than one axis")
+        raise NotImplementedError("not supported: launch grids with more than one axis")
     return _tracer.current().programs
 
 
@@ -337,7 +330,7 @@ def matmul(x, y, transpose_x=False):
     """x @ y into a new PSUM tile: x.T @ y with transpose_x=True (x is [K, M])."""
     from tern.nki import isa
     if not transpose_x:
-        raise NotImplementedError("nl.matmul(transpose_x=False): pass x already transposed ([K, M])")
+        raise NotImplementedError("not supported: nl.matmul(transpose_x=False): pass x already transposed ([K, M])")
     out = ndarray((x.shape[1], y.shape[1]), float32, buffer=psum)
     isa.nc_matmul(dst=out, stationary=x, moving=y)
     return out
