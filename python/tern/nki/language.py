@@ -46,8 +46,8 @@ class _Op:
 
     def __call__(self, *args, **kwargs):
         raise NotImplementedError(
-            f"not supported: nl.{self.name}(...) as a tile-level function is not supported by tern yet; "
-            "use the nki.isa call (e.g. nisa.activation or nisa.tensor_tensor)")
+            f"not supported: nl.{self.name}(...) as a tile-level function (tern does not implement it "
+            "yet); use the nki.isa call (e.g. nisa.activation or nisa.tensor_tensor)")
 
     def __repr__(self):
         return f"nl.{self.name}"
