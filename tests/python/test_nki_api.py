@@ -206,3 +206,41 @@ def test_composed_calls():
     assert np.array_equal(got[:, :32], (x * np.float32(3)).astype(np.float32) + y)
     assert np.array_equal(got[:, 32], (x + np.float32(1)).max(axis=1))
     assert np.allclose(got[:, 33], (y.astype(np.float64) ** 2).sum(axis=1), rtol=1e-5)
+
+
+def test_simulate_and_several_outputs():
+    def two_outputs(x):
+        s = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+        d = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+        t = nl.load(x)
+        u = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=u, data1=t, data2=t, op=nl.add)
+        nl.store(s, value=u)
+        nisa.tensor_tensor(dst=u, data1=t, data2=t, op=nl.subtract)
+        nl.store(d, value=u)
+        return s, d
+
+    x = np.random.default_rng(9).standard_normal((64, 48), dtype=np.float32)
+    s, d = nki.simulate(two_outputs)(x)
+    assert np.array_equal(s, x + x) and np.array_equal(d, np.zeros_like(x))
+
+
+def test_as_nki_one_liner_runs_an_unmodified_kernel(tmp_path):
+    import subprocess
+    kernel = tmp_path / "k.py"
+    kernel.write_text(
+        "import numpy as np\n"
+        "import nki\nimport nki.language as nl\nimport nki.isa as nisa\n"
+        "@nki.jit\n"
+        "def k(a):\n"
+        "    out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)\n"
+        "    t = nl.load(a)\n"
+        "    nisa.activation(dst=t, op=nl.relu, data=t)\n"
+        "    nl.store(out, value=t)\n"
+        "    return out\n"
+        "x = np.arange(-8, 8, dtype=np.float32).reshape(2, 8)\n"
+        "assert np.array_equal(k(x), np.maximum(x, 0))\n"
+        "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", f"import tern.nki.as_nki; exec(open(r'{kernel}').read())"],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "ok"
