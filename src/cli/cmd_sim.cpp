@@ -135,10 +135,10 @@ void add_bench(CLI::App& app) {
   bench->require_subcommand(1);
   struct A {
     std::string arch = "trn3", dtype = "bf16", out = "fp32", trace, mode = "auto", check = "auto",
-                save;
+                save, epilogue;
     std::int64_t m = 4096, n = 4096, k = 4096;
     int cores = 1, lnc = 1;
-    bool json = false;
+    bool json = false, compare_unfused = false;
   };
   auto a = std::make_shared<A>();
   auto* cmd = bench->add_subcommand("matmul",
@@ -161,6 +161,13 @@ void add_bench(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--check", a->check, "Check C against the host reference: auto, yes, no")
       ->capture_default_str();
+  cmd->add_option("--epilogue", a->epilogue,
+                  "Chain fused into the PSUM evacuation, in this order: scale=<x>, bias (input "
+                  "'bias' [1, N] fp32), an activation (gelu, gelu_tanh, silu, relu, ...), residual "
+                  "(input 'residual' [M, N] fp32); e.g. bias,gelu");
+  cmd->add_flag("--compare-unfused", a->compare_unfused,
+                "Also time the unfused chain: the plain matmul to FP32 then one kernel per "
+                "epilogue step, each through HBM");
   cmd->add_option("--trace", a->trace, "Write a Perfetto / chrome://tracing trace (JSON)");
   cmd->add_option("--save", a->save, "Save the generated program (.tern binary, .txt text)");
   cmd->add_flag("--json", a->json, "Print JSON");
@@ -173,6 +180,9 @@ void add_bench(CLI::App& app) {
     kernel::MatmulSpec spec{
         a->m,  a->n, a->k, isa::parse_dtype(dt), isa::parse_dtype(a->out), a->cores * a->lnc,
         a->lnc};
+    spec.epilogue = kernel::parse_epilogue(a->epilogue);
+    const kernel::Epilogue& ep = spec.epilogue;
+    if (a->compare_unfused && !ep.any()) throw Error("--compare-unfused needs an --epilogue");
     const bool mx = isa::is_x4(spec.in);
     const auto t0 = std::chrono::steady_clock::now();
     const isa::Program p = kernel::matmul_kernel(chip, spec);
@@ -194,12 +204,14 @@ void add_bench(CLI::App& app) {
       throw Error("--check yes needs data: not with --mode timing");
     sim::Simulator s(chip);
     s.load(p);
-    std::vector<float> at, b;
+    std::vector<float> at, b, bias, residual;
     if (opt.mode != sim::Mode::timing) {
       at = random_input(p.tensor("at"), 1);
       b = random_input(p.tensor("b"), 2);
       s.write("at", at);
       s.write("b", b);
+      if (ep.bias) s.write("bias", bias = random_input(p.tensor("bias"), 3));
+      if (ep.residual) s.write("residual", residual = random_input(p.tensor("residual"), 4));
     }
     const auto t1 = std::chrono::steady_clock::now();
     const sim::RunStats st = s.run(opt);
@@ -214,6 +226,7 @@ void add_bench(CLI::App& app) {
                                         kernel::mx_roundtrip_columns(b, a->k, a->n, e5m2), a->m,
                                         a->n, a->k, false)
              : kernel::matmul_reference(at, b, a->m, a->n, a->k, spec.in == isa::DType::fp32);
+      kernel::epilogue_reference(want, bias, residual, ep, a->m, a->n);
       if (spec.out != isa::DType::fp32) num::round_array(*isa::format_of(spec.out), want);
       const auto got = s.read("c");
       std::size_t mismatches = 0;
@@ -231,6 +244,31 @@ void add_bench(CLI::App& app) {
     }
     if (opt.trace) profile::write_trace(st, chip, a->trace);
     const auto sum = profile::summarize(st, chip);
+    // The unfused chain, timed only: matmul to FP32, then each step alone.
+    json unfused = nullptr;
+    if (a->compare_unfused) {
+      sim::Options topt;
+      topt.mode = sim::Mode::timing;
+      kernel::MatmulSpec plain = spec;
+      plain.out = isa::DType::fp32;
+      plain.epilogue = {};
+      sim::Simulator ms(chip);
+      ms.load(kernel::matmul_kernel(chip, plain));
+      const double matmul_ns = ms.run(topt).latency_ns;
+      const std::vector<kernel::Epilogue> steps = kernel::unfused_steps(ep);
+      json kernels = json::array({{{"kernel", "matmul"}, {"latency_ns", matmul_ns}}});
+      double total = matmul_ns;
+      for (std::size_t i = 0; i < steps.size(); ++i) {
+        const isa::DType out = i + 1 == steps.size() ? spec.out : isa::DType::fp32;
+        sim::Simulator es(chip);
+        es.load(kernel::epilogue_kernel(chip, a->m, a->n, steps[i], out));
+        const double ns = es.run(topt).latency_ns;
+        total += ns;
+        kernels.push_back({{"kernel", kernel::to_string(steps[i])}, {"latency_ns", ns}});
+      }
+      unfused = {
+          {"kernels", kernels}, {"latency_ns", total}, {"fused_speedup", total / st.latency_ns}};
+    }
     const std::string peak_key = mx                            ? "mxfp8"
                                  : spec.in == isa::DType::fp32 ? "fp32"
                                  : spec.in == isa::DType::tf32 ? "tf32"
@@ -244,9 +282,12 @@ void add_bench(CLI::App& app) {
     const double build_s = std::chrono::duration<double>(t1 - t0).count();
     if (a->json) {
       json j = profile::to_json(sum);
-      j["kernel"] = {{"name", "matmul"},    {"m", a->m},         {"n", a->n},
-                     {"k", a->k},           {"dtype", a->dtype}, {"out", a->out},
-                     {"cores", spec.cores}, {"lnc", a->lnc},     {"arch", chip.name}};
+      j["kernel"] = {{"name", "matmul"},    {"m", a->m},
+                     {"n", a->n},           {"k", a->k},
+                     {"dtype", a->dtype},   {"out", a->out},
+                     {"cores", spec.cores}, {"lnc", a->lnc},
+                     {"arch", chip.name},   {"epilogue", kernel::to_string(ep)}};
+      j["unfused"] = unfused;
       j["peak_bound_ns"] = bound_ns;
       j["latency_over_bound"] = st.latency_ns / bound_ns;
       j["tflops"] = flops / st.latency_ns / 1e3;
@@ -260,9 +301,10 @@ void add_bench(CLI::App& app) {
       std::printf("%s\n", j.dump(2).c_str());
       return;
     }
-    std::printf("matmul %lld x %lld x %lld %s -> %s on %s, %d physical core%s%s (%s)\n",
+    std::printf("matmul %lld x %lld x %lld %s -> %s%s on %s, %d physical core%s%s (%s)\n",
                 static_cast<long long>(a->m), static_cast<long long>(a->n),
-                static_cast<long long>(a->k), a->dtype.c_str(), a->out.c_str(), chip.name.c_str(),
+                static_cast<long long>(a->k), a->dtype.c_str(), a->out.c_str(),
+                ep.any() ? (" + " + kernel::to_string(ep)).c_str() : "", chip.name.c_str(),
                 spec.cores, spec.cores == 1 ? "" : "s", a->lnc == 2 ? " at LNC=2" : "",
                 opt.mode == sim::Mode::timing ? "timing only" : "functional + timing");
     std::printf("%s", profile::to_text(sum).c_str());
@@ -273,6 +315,15 @@ void add_bench(CLI::App& app) {
     std::printf("host time        %.3f s to simulate (%.0f instructions/s), %.3f s to build\n",
                 host_s, static_cast<double>(st.instructions) / std::max(host_s, 1e-9), build_s);
     std::printf("%s\n", check_text.c_str());
+    if (!unfused.is_null()) {
+      std::printf("\nunfused chain (separate kernels through HBM, timing only):\n");
+      for (const auto& k : unfused["kernels"])
+        std::printf("  %-28s %12.3f us\n", k["kernel"].get<std::string>().c_str(),
+                    k["latency_ns"].get<double>() / 1e3);
+      std::printf("  %-28s %12.3f us\n  %-28s %12.3f us: fused is %.2fx faster\n", "total",
+                  unfused["latency_ns"].get<double>() / 1e3, "fused", st.latency_ns / 1e3,
+                  unfused["fused_speedup"].get<double>());
+    }
     if (opt.trace)
       std::printf("trace written to %s (open in https://ui.perfetto.dev)\n", a->trace.c_str());
   });

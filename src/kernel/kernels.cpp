@@ -19,6 +19,144 @@ std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
 }
 }  // namespace
 
+Epilogue parse_epilogue(const std::string& text) {
+  Epilogue e;
+  std::size_t at = 0;
+  while (at <= text.size() && !text.empty()) {
+    const std::size_t comma = text.find(',', at);
+    const std::string item =
+        text.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    if (item == "bias") {
+      e.bias = true;
+    } else if (item == "residual") {
+      e.residual = true;
+    } else if (item.rfind("scale=", 0) == 0) {
+      try {
+        e.scale = std::stof(item.substr(6));
+      } catch (const std::exception&) {
+        throw Error(fmt::format("epilogue '{}': expected scale=<number>", item));
+      }
+    } else if (!item.empty()) {
+      try {
+        e.act = isa::parse_act(item);
+      } catch (const Error&) {
+        throw Error(
+            fmt::format("epilogue step '{}': expected scale=<x>, bias, residual or an activation "
+                        "(gelu, gelu_tanh, silu, relu, ...)",
+                        item));
+      }
+    }
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  return e;
+}
+
+std::string to_string(const Epilogue& e) {
+  std::string s;
+  auto add = [&](const std::string& x) { s += (s.empty() ? "" : ",") + x; };
+  if (e.scale != 1.0f) add(fmt::format("scale={}", e.scale));
+  if (e.bias) add("bias");
+  if (e.act != isa::ActFunc::identity) add(std::string(isa::act_name(e.act)));
+  if (e.residual) add("residual");
+  return s.empty() ? "none" : s;
+}
+
+std::vector<Epilogue> unfused_steps(const Epilogue& e) {
+  std::vector<Epilogue> steps;
+  const bool act = e.act != isa::ActFunc::identity;
+  if (e.bias) {
+    steps.push_back({e.scale, true, isa::ActFunc::identity, false});
+    if (act) steps.push_back({1.0f, false, e.act, false});
+  } else if (e.scale != 1.0f || act) {
+    steps.push_back({e.scale, false, e.act, false});
+  }
+  if (e.residual) steps.push_back({1.0f, false, isa::ActFunc::identity, true});
+  return steps;
+}
+
+namespace {
+
+// The fp32 scratch and staging tiles one output slot needs for the epilogue.
+struct EvacTiles {
+  Tensor t32, residual;
+};
+
+// Applies the epilogue to tile `src` ([tm, tn], PSUM or SBUF) and writes the
+// result, cast, into `o`; returns the engine of the last step (it triggers
+// the store). `bias` is the broadcast [tm, tn] bias view, `residual_hbm` the
+// residual tile in HBM.
+Engine evacuate(Builder& b, const Epilogue& e, const Tensor& src, const Tensor& o,
+                const EvacTiles& tiles, const Tensor* bias, const Tensor* residual_hbm,
+                Engine plain) {
+  if (!e.any()) {
+    b.tensor_copy(o, src, plain);
+    return plain;
+  }
+  const int tm = src.rows();
+  const std::int64_t tn = src.cols();
+  const Tensor t32 = tiles.t32.tile(0, tm, 0, tn);
+  struct Step {
+    int kind;  // 0 scale (+act), 1 bias, 2 act, 3 residual
+  };
+  std::vector<Step> steps;
+  if (e.bias) {
+    if (e.scale != 1.0f) steps.push_back({0});
+    steps.push_back({1});
+    if (e.act != isa::ActFunc::identity) steps.push_back({2});
+  } else if (e.scale != 1.0f || e.act != isa::ActFunc::identity) {
+    steps.push_back({0});
+  }
+  Tensor res;
+  if (e.residual) {
+    res = tiles.residual.tile(0, tm, 0, tn);
+    b.dma_copy(res, *residual_hbm);
+    steps.push_back({3});
+  }
+  Tensor x = src;
+  Engine last = plain;
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    const Tensor dst = i + 1 == steps.size() ? o : t32;
+    switch (steps[i].kind) {
+      case 0:
+        if (e.bias) {  // scale alone; the activation comes after the bias
+          b.tensor_scalar(dst, x, isa::AluOp::multiply, e.scale, isa::AluOp::bypass, 0.0f,
+                          Engine::vector);
+          last = Engine::vector;
+        } else {
+          b.activation(dst, e.act, x, nullptr, e.scale);
+          last = Engine::scalar;
+        }
+        break;
+      case 1:
+        b.tensor_tensor(dst, x, bias->tile(0, tm, 0, tn), isa::AluOp::add, Engine::vector);
+        last = Engine::vector;
+        break;
+      case 2:
+        b.activation(dst, e.act, x);
+        last = Engine::scalar;
+        break;
+      default:
+        b.tensor_tensor(dst, x, res, isa::AluOp::add, Engine::vector);
+        last = Engine::vector;
+        break;
+    }
+    x = dst;
+  }
+  return last;
+}
+
+// The [rows, n] HBM bias row seen by every partition (row stride 0).
+Tensor bias_rows(const Tensor& bias, int rows, std::int64_t n0, std::int64_t n) {
+  Tensor v = bias;
+  v.ap.offset += n0 * isa::size_bytes(bias.dtype());
+  v.ap.dims = {{0, rows}, {1, n}};
+  v.ap.partitions = rows;
+  return v;
+}
+
+}  // namespace
+
 namespace {
 
 // HBM view of a [K, C] row-major tensor as MX source rows: partition p of
@@ -44,6 +182,10 @@ isa::Program mx_matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
   const Tensor at = b.hbm("at", {s.k, s.m}, DType::bf16, isa::TensorKind::input);
   const Tensor bt = b.hbm("b", {s.k, s.n}, DType::bf16, isa::TensorKind::input);
   const Tensor ct = b.hbm("c", {s.m, s.n}, s.out, isa::TensorKind::output);
+  const Epilogue& ep = s.epilogue;
+  Tensor bias_h, residual_h;
+  if (ep.bias) bias_h = b.hbm("bias", {1, s.n}, DType::fp32, isa::TensorKind::input);
+  if (ep.residual) residual_h = b.hbm("residual", {s.m, s.n}, DType::fp32, isa::TensorKind::input);
   const std::int64_t P = chip.tensor.rows;  // packed partitions per instruction
   const std::int64_t TKL = 4 * P;           // logical contraction per instruction
   const std::int64_t TM = chip.tensor.stationary_fmax;
@@ -54,7 +196,8 @@ isa::Program mx_matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
   // Per partition: all of A quantized (4 B x M per k tile, + 1 B scales), two
   // sets of one B column tile (4 B x TN, + scales), staging and outputs.
   const std::int64_t need =
-      KT * (5 * s.m + 2 * 5 * TN) + 4 * (4 * TM * 2 + 4 * TN * 2) + 4 * TN * 4;
+      KT * (5 * s.m + 2 * 5 * TN) + 4 * (4 * TM * 2 + 4 * TN * 2) + 4 * TN * 4 +
+      (ep.any() ? (4 + (ep.residual ? 4 : 0) + (ep.bias ? 2 : 0)) * TN * 4 : 0);
   if (need > budget) {
     throw NotSupported(
         fmt::format("MX matmul with M = {}, K = {}: the quantized A ({} bytes per partition) "
@@ -87,6 +230,16 @@ isa::Program mx_matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
     std::vector<Tensor> ps, outs;
     for (int i = 0; i < kPsum; ++i) ps.push_back(b.psum(static_cast<int>(TM), TN, DType::fp32));
     for (int i = 0; i < kOut; ++i) outs.push_back(b.sbuf(static_cast<int>(TM), TN, s.out));
+    std::vector<EvacTiles> evac_tiles(kOut);
+    Tensor bias_sets[2];
+    if (ep.any()) {
+      for (auto& t : evac_tiles) {
+        t.t32 = b.sbuf(static_cast<int>(TM), TN, DType::fp32);
+        if (ep.residual) t.residual = b.sbuf(static_cast<int>(TM), TN, DType::fp32);
+      }
+      if (ep.bias)
+        for (auto& t : bias_sets) t = b.sbuf(static_cast<int>(TM), TN, DType::fp32);
+    }
     int si = 0, pi = 0, oi = 0, set = 0;
     // Loads columns [c0, c0 + nc) of a BF16 [K, C] HBM tensor K tile by K
     // tile through the staging buffers and quantizes them into columns
@@ -117,6 +270,12 @@ isa::Program mx_matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
       auto& q = bq[set];
       auto& qs = bs[set];
       if (n0 + TN < s.n) prepare_b(n0 + TN, set ^ 1);
+      const Tensor* bias = nullptr;
+      if (ep.bias) {
+        const int rows = static_cast<int>(std::min(TM, s.m));
+        b.dma_copy(bias_sets[set].tile(0, rows, 0, tn), bias_rows(bias_h, rows, n0, tn));
+        bias = &bias_sets[set];
+      }
       set ^= 1;
       for (std::int64_t m0 = core * TM; m0 < s.m; m0 += TM * s.cores) {
         if (n0 == 0) prepare_a(m0);
@@ -129,8 +288,10 @@ isa::Program mx_matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
                       q[kt].tile(0, parts, 0, tn), qs[kt].tile(0, parts / 8, 0, tn), kt > 0);
         }
         const Tensor o = outs[oi].tile(0, tm, 0, tn);
-        const Engine evac = oi % 2 ? Engine::scalar : Engine::vector;
-        b.tensor_copy(o, p, evac);
+        const Tensor res_h =
+            ep.residual ? residual_h.tile(static_cast<int>(m0), tm, n0, tn) : Tensor{};
+        const Engine evac = evacuate(b, ep, p, o, evac_tiles[static_cast<std::size_t>(oi)], bias,
+                                     &res_h, oi % 2 ? Engine::scalar : Engine::vector);
         oi = (oi + 1) % kOut;
         b.dma_copy(ct.tile(static_cast<int>(m0), tm, n0, tn), o, -1, false, evac);
       }
@@ -159,6 +320,10 @@ isa::Program matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
   const Tensor at = b.hbm("at", {s.k, s.m}, s.in, isa::TensorKind::input);
   const Tensor bt = b.hbm("b", {s.k, s.n}, s.in, isa::TensorKind::input);
   const Tensor ct = b.hbm("c", {s.m, s.n}, s.out, isa::TensorKind::output);
+  const Epilogue& ep = s.epilogue;
+  Tensor bias_h, residual_h;
+  if (ep.bias) bias_h = b.hbm("bias", {1, s.n}, DType::fp32, isa::TensorKind::input);
+  if (ep.residual) residual_h = b.hbm("residual", {s.m, s.n}, DType::fp32, isa::TensorKind::input);
 
   const std::int64_t TK = chip.tensor.rows;             // contraction
   const std::int64_t TM = chip.tensor.stationary_fmax;  // output partitions
@@ -169,7 +334,9 @@ isa::Program matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
   // SBUF per partition: two A^T blocks (2 x KT x BM) + two B sets (2 x KT x TN) + outputs.
   const std::int64_t budget = chip.sbuf_partition_bytes.value() * 3 / 4;
   std::int64_t BM = std::min<std::int64_t>(4 * TM, ceil_div(s.m, TM) * TM);
-  auto need = [&](std::int64_t bm) { return KT * (2 * bm + 2 * TN) * esz + 4 * TN * 4; };
+  // Epilogue scratch: kOut fp32 tiles (+ kOut residual tiles) and two bias rows.
+  const std::int64_t epi = ep.any() ? (4 + (ep.residual ? 4 : 0) + (ep.bias ? 2 : 0)) * TN * 4 : 0;
+  auto need = [&](std::int64_t bm) { return KT * (2 * bm + 2 * TN) * esz + 4 * TN * 4 + epi; };
   while (BM > TM && need(BM) > budget) BM -= TM;
   if (need(BM) > budget) {
     throw NotSupported(
@@ -208,6 +375,16 @@ isa::Program matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
     std::vector<Tensor> ps, outs;
     for (int i = 0; i < kPsum; ++i) ps.push_back(b.psum(static_cast<int>(TM), TN, DType::fp32));
     for (int i = 0; i < kOut; ++i) outs.push_back(b.sbuf(static_cast<int>(TM), TN, s.out));
+    std::vector<EvacTiles> evac_tiles(kOut);
+    Tensor bias_sets[2];
+    if (ep.any()) {
+      for (auto& t : evac_tiles) {
+        t.t32 = b.sbuf(static_cast<int>(TM), TN, DType::fp32);
+        if (ep.residual) t.residual = b.sbuf(static_cast<int>(TM), TN, DType::fp32);
+      }
+      if (ep.bias)
+        for (auto& t : bias_sets) t = b.sbuf(static_cast<int>(TM), TN, DType::fp32);
+    }
     // Steps (M block, N tile) in order; the loads of step i + 1 are issued
     // before the compute of step i, so the sync engine never blocks a
     // prefetch behind a store (software pipelining, double-buffered).
@@ -238,6 +415,10 @@ isa::Program matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
         b.dma_copy(b_sets[st.b_set][kt].tile(0, tk, 0, tn),
                    bt.tile(static_cast<int>(kt * TK), tk, st.n0, tn));
       }
+      if (ep.bias) {
+        const int rows = static_cast<int>(std::min(TM, s.m));
+        b.dma_copy(bias_sets[st.b_set].tile(0, rows, 0, tn), bias_rows(bias_h, rows, st.n0, tn));
+      }
     };
     int pi = 0, oi = 0;
     if (!steps.empty()) load(0);
@@ -262,13 +443,60 @@ isa::Program matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
                    b_sets[st.b_set][kt].tile(0, tk, 0, tn), kt > 0);
         }
         const Tensor o = outs[oi].tile(0, tm, 0, tn);
-        // Alternate the PSUM evacuation between Vector and Scalar.
-        const Engine evac = oi % 2 ? Engine::scalar : Engine::vector;
-        b.tensor_copy(o, p, evac);
+        const int r0 = static_cast<int>(m0 + mi * TM);
+        const Tensor res_h = ep.residual ? residual_h.tile(r0, tm, st.n0, tn) : Tensor{};
+        // Alternate the PSUM evacuation between Vector and Scalar; the epilogue
+        // (if any) runs in the evacuation.
+        const Engine evac =
+            evacuate(b, ep, p, o, evac_tiles[static_cast<std::size_t>(oi)], &bias_sets[st.b_set],
+                     &res_h, oi % 2 ? Engine::scalar : Engine::vector);
         oi = (oi + 1) % kOut;
         // The evacuating engine triggers the store, so no load waits behind it.
-        b.dma_copy(ct.tile(static_cast<int>(m0 + mi * TM), tm, st.n0, tn), o, -1, false, evac);
+        b.dma_copy(ct.tile(r0, tm, st.n0, tn), o, -1, false, evac);
       }
+    }
+  }
+  return b.finish();
+}
+
+isa::Program epilogue_kernel(const arch::ChipSpec& chip, std::int64_t m, std::int64_t n,
+                             const Epilogue& e, DType out) {
+  if (m < 1 || n < 1) throw Error(fmt::format("epilogue: shape [{}, {}] must be >= 1", m, n));
+  if (out != DType::fp32 && out != DType::bf16) {
+    throw NotSupported(fmt::format("epilogue with {} output (fp32 and bf16 are)", isa::name(out)));
+  }
+  Builder b(chip);
+  const Tensor x = b.hbm("x", {m, n}, DType::fp32, isa::TensorKind::input);
+  const Tensor y = b.hbm("y", {m, n}, out, isa::TensorKind::output);
+  Tensor bias_h, residual_h;
+  if (e.bias) bias_h = b.hbm("bias", {1, n}, DType::fp32, isa::TensorKind::input);
+  if (e.residual) residual_h = b.hbm("residual", {m, n}, DType::fp32, isa::TensorKind::input);
+  // The same tile shape as the matmul's output tiles, double-buffered.
+  const std::int64_t TP = chip.sbuf_partitions;
+  const std::int64_t TF =
+      std::min<std::int64_t>(chip.tensor.moving_fmax, chip.psum_bank_bytes().value() / 4);
+  constexpr int kBuf = 2;
+  Tensor xs[kBuf], os[kBuf], biases[kBuf];
+  EvacTiles tiles[kBuf];
+  for (int i = 0; i < kBuf; ++i) {
+    xs[i] = b.sbuf(static_cast<int>(TP), TF, DType::fp32);
+    os[i] = b.sbuf(static_cast<int>(TP), TF, out);
+    tiles[i].t32 = b.sbuf(static_cast<int>(TP), TF, DType::fp32);
+    if (e.residual) tiles[i].residual = b.sbuf(static_cast<int>(TP), TF, DType::fp32);
+    if (e.bias) biases[i] = b.sbuf(static_cast<int>(TP), TF, DType::fp32);
+  }
+  int i = 0;
+  for (std::int64_t c0 = 0; c0 < n; c0 += TF) {
+    const std::int64_t tc = std::min(TF, n - c0);
+    for (std::int64_t r0 = 0; r0 < m; r0 += TP, i = (i + 1) % kBuf) {
+      const int tr = static_cast<int>(std::min(TP, m - r0));
+      const Tensor vx = xs[i].tile(0, tr, 0, tc), vo = os[i].tile(0, tr, 0, tc);
+      b.dma_copy(vx, x.tile(static_cast<int>(r0), tr, c0, tc));
+      if (e.bias) b.dma_copy(biases[i].tile(0, tr, 0, tc), bias_rows(bias_h, tr, c0, tc));
+      const Tensor res_h =
+          e.residual ? residual_h.tile(static_cast<int>(r0), tr, c0, tc) : Tensor{};
+      const Engine last = evacuate(b, e, vx, vo, tiles[i], &biases[i], &res_h, Engine::vector);
+      b.dma_copy(y.tile(static_cast<int>(r0), tr, c0, tc), vo, -1, false, last);
     }
   }
   return b.finish();

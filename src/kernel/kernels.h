@@ -3,11 +3,32 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "arch/chip.h"
 #include "isa/program.h"
 
 namespace tern::kernel {
+
+// A chain applied to each output tile while it is evacuated from PSUM, in
+// this order: y = act(scale * acc + bias[n]) + residual[m, n], then the cast
+// to the output dtype. All arithmetic in FP32 on the Scalar (scale, act) and
+// Vector (bias, residual) engines.
+struct Epilogue {
+  float scale = 1.0f;
+  bool bias = false;  // HBM "bias" [1, N] float32, added to every row
+  isa::ActFunc act = isa::ActFunc::identity;
+  bool residual = false;  // HBM "residual" [M, N] float32
+  bool any() const { return scale != 1.0f || bias || act != isa::ActFunc::identity || residual; }
+};
+
+// "scale=0.5,bias,gelu,residual" -> Epilogue (functions: any activation name).
+Epilogue parse_epilogue(const std::string& text);
+std::string to_string(const Epilogue& e);
+// The chain split into the steps separate kernels would run, one HBM round
+// trip each: [scale+bias], [act] (or [scale+act] without a bias), [residual].
+std::vector<Epilogue> unfused_steps(const Epilogue& e);
 
 struct MatmulSpec {
   std::int64_t m = 512, n = 512, k = 512;
@@ -15,6 +36,7 @@ struct MatmulSpec {
   isa::DType out = isa::DType::fp32;  // dtype of C
   int cores = 1;                      // physical cores; M blocks are spread over them
   int lnc = 1;                        // 2: the cores pair up into logical cores (v3+)
+  Epilogue epilogue{};                // fused into the PSUM evacuation
 };
 
 // C[M, N] = A[M, K] @ B[K, N] with A given transposed in HBM ("at", [K, M],
@@ -26,6 +48,12 @@ struct MatmulSpec {
 // Tiles: contraction 128, stationary 128, moving 512 (one PSUM bank of FP32);
 // A^T blocks stay in SBUF while B tiles stream, double-buffered.
 isa::Program matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& spec);
+
+// The epilogue chain as a standalone memory-bound kernel: "y" [M, N] =
+// chain("x" [M, N]) with the same "bias" / "residual" tensors and order as the
+// fused version (the unfused baseline of the benchmarks).
+isa::Program epilogue_kernel(const arch::ChipSpec& chip, std::int64_t m, std::int64_t n,
+                             const Epilogue& e, isa::DType out = isa::DType::fp32);
 
 // out[R, C] = a + b (all of dtype `dt`), tiled 128 rows x up to 2048 columns.
 isa::Program add_kernel(const arch::ChipSpec& chip, std::int64_t rows, std::int64_t cols,

@@ -2,7 +2,9 @@
 
 #include <cmath>
 
+#include "isa/instruction.h"
 #include "num/mx.h"
+#include "util/error.h"
 
 namespace tern::kernel {
 
@@ -40,6 +42,29 @@ std::vector<float> mx_roundtrip_columns(const std::vector<float>& v, std::int64_
     for (std::int64_t i = 0; i < k; ++i) out[static_cast<std::size_t>(i * c + j)] = deq[i];
   }
   return out;
+}
+
+void epilogue_reference(std::vector<float>& c, const std::vector<float>& bias,
+                        const std::vector<float>& residual, const Epilogue& e, std::int64_t m,
+                        std::int64_t n) {
+  const auto size = static_cast<std::size_t>(m * n);
+  if (c.size() != size || (e.bias && bias.size() != static_cast<std::size_t>(n)) ||
+      (e.residual && residual.size() != size)) {
+    throw Error("epilogue_reference: sizes do not match the [M, N] shape");
+  }
+  for (std::int64_t i = 0; i < m; ++i) {
+    for (std::int64_t j = 0; j < n; ++j) {
+      float& x = c[static_cast<std::size_t>(i * n + j)];
+      if (e.bias) {
+        if (e.scale != 1.0f) x = x * e.scale;
+        x = x + bias[static_cast<std::size_t>(j)];
+        if (e.act != isa::ActFunc::identity) x = isa::apply_act(e.act, x * 1.0f + 0.0f);
+      } else if (e.scale != 1.0f || e.act != isa::ActFunc::identity) {
+        x = isa::apply_act(e.act, x * e.scale + 0.0f);  // one Scalar-engine activation
+      }
+      if (e.residual) x = x + residual[static_cast<std::size_t>(i * n + j)];
+    }
+  }
 }
 
 }  // namespace tern::kernel

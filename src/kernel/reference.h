@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernel/kernels.h"
+
 namespace tern::kernel {
 
 // C[M, N] = A^T[K, M]^T @ B[K, N], summed over k in order with one FP32
@@ -19,5 +21,13 @@ std::vector<float> matmul_reference(const std::vector<float>& at, const std::vec
 // quantize_mx does), then dequantized: the values the MX matmul multiplies.
 std::vector<float> mx_roundtrip_columns(const std::vector<float>& v, std::int64_t k, std::int64_t c,
                                         bool e5m2);
+
+// Applies the epilogue to the FP32 [M, N] matrix `c` in place, one FP32
+// rounding per step in the order the kernels use: scale (with the
+// activation when there is no bias), + bias[n], activation, + residual[m, n].
+// `bias` has N values (or none), `residual` M x N (or none).
+void epilogue_reference(std::vector<float>& c, const std::vector<float>& bias,
+                        const std::vector<float>& residual, const Epilogue& e, std::int64_t m,
+                        std::int64_t n);
 
 }  // namespace tern::kernel

@@ -173,6 +173,12 @@ expect_err "expected NAME=FILE" run "$tmp/mm.tern" --input b
 expect_err "not supported: matmul with int8 inputs" bench matmul --dtype int8 --m 8 --n 8 --k 8
 expect_err "float8_e4m3fn is not a trn2 (NeuronCore-v3) data type" bench matmul --arch trn2 --dtype fp8_e4m3 --m 8 --n 8 --k 8
 expect_err "M, N, K must be >= 1" bench matmul --m 0
+# Issue 5 (part): fused epilogues, checked and timed against the unfused chain.
+expect_json 'j["check"]["bit_exact"] and j["kernel"]["epilogue"] == "bias,gelu" and j["unfused"]["fused_speedup"] > 1.2 and len(j["unfused"]["kernels"]) == 3' bench matmul --m 512 --n 512 --k 512 --epilogue bias,gelu --compare-unfused --json
+expect_json 'j["check"]["bit_exact"]' bench matmul --m 130 --n 300 --k 256 --dtype mxfp8 --out bf16 --epilogue scale=0.25,bias,silu,residual --json
+expect_ok "fused is [0-9.]+x faster" bench matmul --m 256 --n 256 --k 256 --epilogue gelu_tanh --compare-unfused
+expect_err "epilogue step 'gleu': expected scale=<x>, bias, residual or an activation" bench matmul --m 8 --n 8 --k 8 --epilogue bias,gleu
+expect_err "--compare-unfused needs an --epilogue" bench matmul --m 8 --n 8 --k 8 --compare-unfused
 expect_err "unknown dtype 'bf17'" bench matmul --dtype bf17
 expect_err "--check 'maybe'" bench matmul --check maybe --m 8 --n 8 --k 8
 expect_err "a kernel for 9 cores, but trn3 has 8" bench matmul --cores 9 --m 8 --n 8 --k 8
