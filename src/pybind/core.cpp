@@ -8,6 +8,7 @@
 #include "arch/chip.h"
 #include "isa/program.h"
 #include "kernel/builder.h"
+#include "kernel/kernels.h"
 #include "kernel/reference.h"
 #include "profile/profile.h"
 #include "sim/simulator.h"
@@ -223,6 +224,31 @@ PYBIND11_MODULE(_core, m) {
       },
       "Each column of a row-major [k, c] matrix MX-quantized (blocks of 32 rows, trn3 scales) and "
       "back");
+
+  // Built-in kernels (src/kernel/kernels.h): programs to load into a Simulator.
+  m.def(
+      "matmul_kernel",
+      [](const arch::ChipSpec& chip, std::int64_t m_, std::int64_t n, std::int64_t k,
+         const std::string& dtype, const std::string& out, const std::string& epilogue, int cores,
+         int lnc) {
+        kernel::MatmulSpec s;
+        s.m = m_, s.n = n, s.k = k, s.in = isa::parse_dtype(dtype), s.out = isa::parse_dtype(out);
+        s.cores = cores * lnc, s.lnc = lnc, s.epilogue = kernel::parse_epilogue(epilogue);
+        return kernel::matmul_kernel(chip, s);
+      },
+      py::arg("chip"), py::arg("m"), py::arg("n"), py::arg("k"), py::arg("dtype") = "bf16",
+      py::arg("out") = "fp32", py::arg("epilogue") = "", py::arg("cores") = 1, py::arg("lnc") = 1,
+      "C = at^T @ b (HBM 'at' [k, m], 'b' [k, n], 'c' [m, n]) with an optional fused epilogue "
+      "(e.g. 'scale=0.5,bias,gelu,residual': HBM 'bias' [1, n], 'residual' [m, n], fp32)");
+  m.def(
+      "epilogue_kernel",
+      [](const arch::ChipSpec& chip, std::int64_t m_, std::int64_t n, const std::string& epilogue,
+         const std::string& out) {
+        return kernel::epilogue_kernel(chip, m_, n, kernel::parse_epilogue(epilogue),
+                                       isa::parse_dtype(out));
+      },
+      py::arg("chip"), py::arg("m"), py::arg("n"), py::arg("epilogue"), py::arg("out") = "fp32",
+      "y = epilogue(x) as a standalone kernel (HBM 'x' [m, n] fp32, 'y' [m, n])");
 
   py::class_<isa::Program>(m, "Program")
       .def("instruction_count", &isa::Program::instruction_count)

@@ -1,0 +1,92 @@
+"""The built-in C++ kernels (tern._core.matmul_kernel with fused epilogues)
+against numpy in FP64: tolerances per output dtype, odd shapes included."""
+import math
+
+import numpy as np
+import pytest
+
+from tern import _core
+
+_erf = np.vectorize(math.erf)
+
+ACTS = {
+    "gelu": lambda x: 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0))),
+    "gelu_tanh": lambda x: 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3))),
+    "silu": lambda x: x / (1.0 + np.exp(-x)),
+    "relu": lambda x: np.maximum(x, 0.0),
+}
+
+# |got - want| <= tol * (1 + |want|): FP32 evaluation error of the chain, or
+# the output rounding (bf16: 8 significant bits; fp8 inputs are exact in the
+# reference, which multiplies the values the kernel was given).
+TOL = {"fp32": 1e-4, "bf16": 2.0**-7}
+
+
+def bf16(x):
+    """Round float32 values to bfloat16 (nearest even), kept as float32."""
+    u = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return u.astype(np.uint32).view(np.float32)
+
+
+def run(chip, m, n, k, dtype, out, epilogue, seed=0):
+    rng = np.random.default_rng(seed)
+    at = bf16(rng.standard_normal((k, m)).astype(np.float32))
+    b = bf16(rng.standard_normal((k, n)).astype(np.float32))
+    bias = rng.standard_normal((1, n)).astype(np.float32)
+    res = rng.standard_normal((m, n)).astype(np.float32)
+    sim = _core.Simulator(_core.load_chip(chip))
+    sim.load(_core.matmul_kernel(_core.load_chip(chip), m, n, k, dtype, out, epilogue))
+    sim.write("at", at)
+    sim.write("b", b)
+    steps = epilogue.split(",") if epilogue else []
+    if "bias" in steps:
+        sim.write("bias", bias)
+    if "residual" in steps:
+        sim.write("residual", res)
+    sim.run()
+    got = sim.read("c").reshape(m, n)
+    y = at.astype(np.float64).T @ b.astype(np.float64)
+    for s in steps:
+        if s.startswith("scale="):
+            y = y * float(s[6:])
+        elif s == "bias":
+            y = y + bias
+        elif s == "residual":
+            y = y + res
+        else:
+            y = ACTS[s](y)
+    return got, y
+
+
+@pytest.mark.parametrize(
+    "chip,m,n,k,out,epilogue",
+    [
+        ("trn3", 128, 512, 128, "fp32", "bias,gelu"),
+        ("trn3", 200, 300, 260, "bf16", "scale=0.125,bias,gelu_tanh,residual"),
+        ("trn2", 77, 45, 130, "fp32", "silu"),
+        ("trn1", 130, 70, 64, "bf16", "bias,relu,residual"),
+        ("trn3", 1, 1, 1, "fp32", "scale=3,relu"),
+    ],
+)
+def test_fused_epilogue_matches_numpy(chip, m, n, k, out, epilogue):
+    got, want = run(chip, m, n, k, "bf16", out, epilogue)
+    err = np.abs(got - want) / (1.0 + np.abs(want))
+    assert err.max() <= TOL[out], f"max relative error {err.max():.3g} > {TOL[out]}"
+
+
+def test_fused_equals_matmul_then_epilogue_kernel():
+    chip = _core.load_chip("trn3")
+    m, n, k = 96, 200, 128
+    fused, _ = run("trn3", m, n, k, "bf16", "fp32", "gelu")
+    plain, _ = run("trn3", m, n, k, "bf16", "fp32", "")
+    sim = _core.Simulator(chip)
+    sim.load(_core.epilogue_kernel(chip, m, n, "gelu"))
+    sim.write("x", plain)
+    sim.run()
+    assert np.array_equal(sim.read("y").reshape(m, n).view(np.uint32), fused.view(np.uint32))
+
+
+def test_bad_epilogue_is_a_clear_error():
+    with pytest.raises(Exception, match="epilogue step 'gleu'"):
+        _core.matmul_kernel(_core.load_chip("trn3"), 8, 8, 8, epilogue="gleu")
