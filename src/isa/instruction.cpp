@@ -214,6 +214,8 @@ std::string to_string(const Instruction& in) {
   if (in.scale != def.scale) s += fmt::format(" scale={}", in.scale);
   if (in.accumulate) s += " acc=1";
   if (in.negate) s += " negate=1";
+  if (in.col0) s += " col0=1";
+  if (in.col1) s += " col1=1";
   if (in.queue != def.queue) s += fmt::format(" queue={}", in.queue);
   if (in.priority != def.priority) s += fmt::format(" priority={}", in.priority);
   if (in.perf == isa::PerfMode::double_row) s += " perf=double_row";
@@ -287,6 +289,10 @@ Instruction parse_instruction(const std::string& line) {
       in.accumulate = integer() != 0;
     else if (key == "negate")
       in.negate = integer() != 0;
+    else if (key == "col0")
+      in.col0 = integer() != 0;
+    else if (key == "col1")
+      in.col1 = integer() != 0;
     else if (key == "queue")
       in.queue = integer();
     else if (key == "perf") {

@@ -133,8 +133,11 @@ struct Instruction {
   float imm0 = 0.0f, imm1 = 0.0f, imm2 = 0.0f, imm3 = 0.0f;
   ActFunc func = ActFunc::identity;
   float scale = 1.0f;
-  bool accumulate = false;         // multiply_moving: add onto PSUM; dma_copy: add-reduce into dst
-  bool negate = false;             // tensor_reduce
+  bool accumulate = false;  // multiply_moving: add onto PSUM; dma_copy: add-reduce into dst
+  bool negate = false;      // tensor_reduce
+  // tensor_scalar: operand 0 / 1 is a per-partition FP32 column [P, 1] (the
+  // next operand after the source, in order) instead of imm0 / imm1.
+  bool col0 = false, col1 = false;
   int queue = 0;                   // dma_copy: DMA queue id
   int priority = 0;                // dma_copy: priority class (v4)
   PerfMode perf = PerfMode::none;  // load_stationary / multiply_moving

@@ -251,7 +251,8 @@ std::vector<std::uint8_t> to_binary(const Program& p) {
         w.f(in.imm3);
         w.u(static_cast<std::uint64_t>(in.func));
         w.f(in.scale);
-        w.u((in.accumulate ? 1u : 0u) | (in.negate ? 2u : 0u));
+        w.u((in.accumulate ? 1u : 0u) | (in.negate ? 2u : 0u) | (in.col0 ? 4u : 0u) |
+            (in.col1 ? 8u : 0u));
         w.i(in.queue);
         w.i(in.priority);
         w.u(static_cast<std::uint64_t>(in.perf));
@@ -344,6 +345,8 @@ Program parse_program_binary(const std::vector<std::uint8_t>& bytes) {
         const std::uint64_t flags = r.u();
         in.accumulate = flags & 1u;
         in.negate = flags & 2u;
+        in.col0 = flags & 4u;
+        in.col1 = flags & 8u;
         in.queue = static_cast<int>(r.i());
         in.priority = static_cast<int>(r.i());
         in.perf = r.e<PerfMode>(2, "performance mode");

@@ -392,6 +392,24 @@ void Builder::tensor_scalar(const Tensor& dst, const Tensor& src, isa::AluOp op0
   emit(std::move(in), loc);
 }
 
+void Builder::tensor_scalar(const Tensor& dst, const Tensor& src, isa::AluOp op0,
+                            const Tensor& col0, isa::AluOp op1, float imm1, const Tensor* col1,
+                            Engine engine, std::source_location loc) {
+  Instruction in;
+  in.op = Opcode::tensor_scalar;
+  in.engine = engine;
+  in.operands = {dst.ap, src.ap, col0.ap};
+  in.col0 = true;
+  if (col1) {
+    in.operands.push_back(col1->ap);
+    in.col1 = true;
+  }
+  in.alu0 = op0;
+  in.alu1 = op1;
+  in.imm1 = imm1;
+  emit(std::move(in), loc);
+}
+
 void Builder::tensor_copy(const Tensor& dst, const Tensor& src, Engine engine,
                           std::source_location loc) {
   Instruction in;

@@ -86,6 +86,13 @@ class Builder {
                      isa::AluOp op1 = isa::AluOp::bypass, float imm1 = 0.0f,
                      isa::Engine engine = isa::Engine::vector,
                      std::source_location loc = std::source_location::current());
+  // As above with operand 0 a per-partition column `col0` [P, 1] (row r uses
+  // col0[r]; NKI's tensor_scalar with a tensor operand), and operand 1 either
+  // the column `col1` (if given) or imm1. Same cost as the immediate form.
+  void tensor_scalar(const Tensor& dst, const Tensor& src, isa::AluOp op0, const Tensor& col0,
+                     isa::AluOp op1 = isa::AluOp::bypass, float imm1 = 0.0f,
+                     const Tensor* col1 = nullptr, isa::Engine engine = isa::Engine::vector,
+                     std::source_location loc = std::source_location::current());
   void tensor_copy(const Tensor& dst, const Tensor& src, isa::Engine engine = isa::Engine::vector,
                    std::source_location loc = std::source_location::current());
   void tensor_reduce(const Tensor& dst, const Tensor& src, isa::AluOp op, bool negate = false,

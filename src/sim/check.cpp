@@ -78,7 +78,7 @@ Arity arity(Opcode op) {
     case Opcode::tensor_tensor:
       return {3, 3};
     case Opcode::tensor_scalar:
-      return {2, 2};
+      return {2, 4};  // dst, src, [column 0 [P, 1]], [column 1 [P, 1]]
     case Opcode::tensor_copy:
       return {2, 2};
     case Opcode::tensor_reduce:
@@ -478,6 +478,20 @@ std::string check_instruction(const arch::ChipSpec& chip, const isa::Program& pr
               return fmt::format("{} takes integer tensors, got {}", isa::alu_name(op),
                                  isa::name(ap.dtype));
       if (auto e = same_shape(in.operands[1], "the source"); !e.empty()) return e;
+      if (in.op == Opcode::tensor_scalar) {
+        const std::size_t cols = (in.col0 ? 1u : 0u) + (in.col1 ? 1u : 0u);
+        if (in.operands.size() != 2 + cols)
+          return fmt::format("has {} operands but {} per-partition column{} (col0/col1)",
+                             in.operands.size(), cols, cols == 1 ? "" : "s");
+        for (std::size_t i = 2; i < in.operands.size(); ++i) {
+          const auto& c = in.operands[i];
+          if (c.rows() != d.rows() || c.free_size() != 1)
+            return fmt::format("column operand {} is [{}, {}], need [{}, 1]", i - 2, c.rows(),
+                               c.free_size(), d.rows());
+          if (!isa::is_float(c.dtype) || !isa::is_float(in.operands[1].dtype))
+            return "per-partition column operands take float tensors";
+        }
+      }
       break;
     case Opcode::tensor_reduce:
       if (d.rows() != in.operands[1].rows() || d.free_size() != 1)

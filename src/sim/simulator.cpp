@@ -544,8 +544,25 @@ struct Simulator::Impl {
           break;
         }
         std::vector<float> a = read(core, ops[1], "the source");
-        for (float& x : a)
-          x = isa::apply_alu(in.alu1, isa::apply_alu(in.alu0, x, in.imm0), in.imm1);
+        if (in.col0 || in.col1) {
+          // Per-partition operands: row r uses column[r].
+          std::size_t next = 2;
+          const std::vector<float> c0 =
+              in.col0 ? read(core, ops[next++], "column 0") : std::vector<float>{};
+          const std::vector<float> c1 =
+              in.col1 ? read(core, ops[next++], "column 1") : std::vector<float>{};
+          const std::size_t f = static_cast<std::size_t>(d.free_size());
+          for (std::size_t r = 0; r < static_cast<std::size_t>(d.rows()); ++r) {
+            const float v0 = in.col0 ? c0[r] : in.imm0, v1 = in.col1 ? c1[r] : in.imm1;
+            for (std::size_t i = 0; i < f; ++i) {
+              float& x = a[r * f + i];
+              x = isa::apply_alu(in.alu1, isa::apply_alu(in.alu0, x, v0), v1);
+            }
+          }
+        } else {
+          for (float& x : a)
+            x = isa::apply_alu(in.alu1, isa::apply_alu(in.alu0, x, in.imm0), in.imm1);
+        }
         write(core, d, a);
         break;
       }

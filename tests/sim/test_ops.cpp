@@ -59,6 +59,27 @@ TEST(Ops, ReciprocalIsExactFp32Division) {
   for (std::size_t i = 0; i < y.size(); ++i) ASSERT_EQ(y[i], 1.0f / r.x[i]);
 }
 
+// tensor_scalar with per-partition columns: row r uses column[r]; exact
+// FP32 (x - c0[r]) * c1[r] on GpSimd, and a column with an immediate.
+TEST(Ops, TensorScalarWithPerPartitionColumns) {
+  Rig r;
+  const Tensor t = r.input(100, 40);
+  const Tensor c0 = r.b.sbuf(100, 1, DType::fp32), c1 = r.b.sbuf(100, 1, DType::fp32);
+  r.b.iota(c0, 0.5f, 1.0f, 0.0f);    // c0[p] = 0.5 + p
+  r.b.iota(c1, 2.0f, -0.25f, 0.0f);  // c1[p] = 2 - p / 4
+  const Tensor o = r.b.sbuf(100, 40, DType::fp32), o2 = r.b.sbuf(100, 40, DType::fp32);
+  r.b.tensor_scalar(o, t, isa::AluOp::subtract, c0, isa::AluOp::multiply, 0.0f, &c1,
+                    isa::Engine::gpsimd);
+  r.b.tensor_scalar(o2, o, isa::AluOp::multiply, c1, isa::AluOp::add, 1.5f);
+  const auto y = r.run(o2);
+  for (std::size_t p = 0; p < 100; ++p)
+    for (std::size_t i = 0; i < 40; ++i) {
+      const float a = 0.5f + static_cast<float>(p), m = 2.0f - 0.25f * static_cast<float>(p);
+      const float want = ((r.x[p * 40 + i] - a) * m) * m + 1.5f;
+      ASSERT_EQ(y[p * 40 + i], want) << p << "," << i;
+    }
+}
+
 TEST(Ops, BnStatsAndAggrGiveMeanAndVariance) {
   Rig r;
   const int P = 128, F = 1000;  // two bn_stats chunks of 500

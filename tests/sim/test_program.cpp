@@ -31,6 +31,8 @@ isa::Program sample() {
   in.alu1 = isa::AluOp::is_ge;
   in.accumulate = true;
   in.negate = true;
+  in.col0 = true;
+  in.col1 = true;
   in.queue = 3;
   in.priority = 1;
   in.waits = {{4, 7}, {1, 2}};

@@ -83,6 +83,15 @@ TEST(Rules, TileLimits) {
   expect_error(trn3(), single(trn3(), mm), {"moving free size 600 exceeds the tile limit 512"});
 }
 
+TEST(Rules, TensorScalarColumns) {
+  auto ts = ins(Engine::vector, Opcode::tensor_scalar,
+                {sbuf(0, 128, 0, 8), sbuf(0, 128, 64, 8), sbuf(0, 128, 128, 2)});
+  ts.col0 = true;
+  expect_error(trn3(), single(trn3(), ts), {"column operand 0 is [128, 2], need [128, 1]"});
+  ts.operands.pop_back();
+  expect_error(trn3(), single(trn3(), ts), {"has 2 operands but 1 per-partition column"});
+}
+
 TEST(Rules, EngineMemoryAccess) {
   auto mm = ins(Engine::tensor, Opcode::multiply_moving,
                 {sbuf(0, 128, 0, 512), sbuf(0, 128, 4096, 512, DType::bf16)});
