@@ -129,6 +129,8 @@ void add_run(CLI::App& app) {
   });
 }
 
+void add_bench_kernel(CLI::App& bench);
+
 void add_bench(CLI::App& app) {
   auto* bench =
       app.add_subcommand("bench", "Simulate built-in kernels and report time and efficiency");
@@ -141,6 +143,7 @@ void add_bench(CLI::App& app) {
     bool json = false, compare_unfused = false;
   };
   auto a = std::make_shared<A>();
+  add_bench_kernel(*bench);
   auto* cmd = bench->add_subcommand("matmul",
                                     "C = A @ B on the simulated chip: latency, TFLOPS, % of peak");
   cmd->add_option("--arch", a->arch, "Chip")->capture_default_str();
@@ -324,6 +327,142 @@ void add_bench(CLI::App& app) {
                   unfused["latency_ns"].get<double>() / 1e3, "fused", st.latency_ns / 1e3,
                   unfused["fused_speedup"].get<double>());
     }
+    if (opt.trace)
+      std::printf("trace written to %s (open in https://ui.perfetto.dev)\n", a->trace.c_str());
+  });
+}
+
+// `tern bench kernel NAME`: the memory-bound built-in kernels, run with
+// random inputs, checked bit for bit against the host reference when small,
+// and timed (latency, HBM bandwidth, engine busy).
+void add_bench_kernel(CLI::App& bench) {
+  struct A {
+    std::string name, arch = "trn3", dtype = "bf16", epilogue = "bias,gelu", mode = "auto",
+                      check = "auto", trace;
+    std::int64_t rows = 4096, dim = 4096;
+    int cores = 1;
+    bool residual = false, json = false;
+  };
+  auto a = std::make_shared<A>();
+  auto* cmd = bench.add_subcommand(
+      "kernel", "A built-in memory-bound kernel: latency, % of HBM bandwidth, engine busy");
+  cmd->add_option("name", a->name, "rmsnorm or epilogue (matmul: `tern bench matmul`)")
+      ->required()
+      ->check(CLI::IsMember({"rmsnorm", "epilogue"}));
+  cmd->add_option("--arch", a->arch, "Chip")->capture_default_str();
+  cmd->add_option("--rows", a->rows, "Rows (M)")->capture_default_str();
+  cmd->add_option("--dim", a->dim, "Columns (the normalized dim; N for epilogue)")
+      ->capture_default_str();
+  cmd->add_option("--dtype", a->dtype, "rmsnorm: fp32, bf16 or fp16; epilogue: output fp32 or bf16")
+      ->capture_default_str();
+  cmd->add_flag("--residual", a->residual, "rmsnorm: fuse the residual add (outputs h too)");
+  cmd->add_option("--epilogue", a->epilogue, "epilogue: the chain (see bench matmul --help)")
+      ->capture_default_str();
+  cmd->add_option("--cores", a->cores, "NeuronCores to spread rows over (rmsnorm)")
+      ->capture_default_str();
+  cmd->add_option("--mode", a->mode, "auto (data when small enough), both, functional or timing")
+      ->capture_default_str();
+  cmd->add_option("--check", a->check, "Check against the host reference: auto, yes, no")
+      ->capture_default_str();
+  cmd->add_option("--trace", a->trace, "Write a Perfetto / chrome://tracing trace (JSON)");
+  cmd->add_flag("--json", a->json, "Print JSON");
+  cmd->callback([a] {
+    const arch::ChipSpec chip = arch::load_chip(a->arch);
+    const isa::DType dt = isa::parse_dtype(a->dtype);
+    kernel::RmsNormSpec rs;
+    rs.rows = a->rows, rs.dim = a->dim, rs.dtype = dt, rs.residual = a->residual,
+    rs.cores = a->cores;
+    const kernel::Epilogue ep = kernel::parse_epilogue(a->epilogue);
+    const bool rms = a->name == "rmsnorm";
+    const isa::Program p = rms ? kernel::rmsnorm_kernel(chip, rs)
+                               : kernel::epilogue_kernel(chip, a->rows, a->dim, ep, dt);
+    const bool small = static_cast<double>(a->rows) * static_cast<double>(a->dim) <= 1 << 24;
+    if (a->check != "auto" && a->check != "yes" && a->check != "no")
+      throw Error(fmt::format("--check '{}': expected auto, yes or no", a->check));
+    sim::Options opt;
+    opt.mode = a->mode == "auto" ? (small ? sim::Mode::both : sim::Mode::timing)
+                                 : sim::parse_mode(a->mode);
+    opt.trace = !a->trace.empty();
+    if (a->check == "yes" && opt.mode == sim::Mode::timing)
+      throw Error("--check yes needs data: not with --mode timing");
+    const bool check =
+        opt.mode != sim::Mode::timing && (a->check == "yes" || (a->check == "auto" && small));
+    sim::Simulator s(chip);
+    s.load(p);
+    std::vector<std::vector<float>> in;
+    if (opt.mode != sim::Mode::timing) {
+      std::uint64_t seed = 1;
+      for (const auto& t : p.tensors)
+        if (t.kind == isa::TensorKind::input)
+          s.write(t.name, in.emplace_back(random_input(t, seed++)));
+    }
+    const sim::RunStats st = s.run(opt);
+    json check_result = nullptr;
+    std::string check_text =
+        "result check: skipped (timing-only or large shape; --check yes forces it)";
+    if (check) {
+      // Expected outputs by name, from the inputs in declaration order.
+      std::vector<std::pair<std::string, std::vector<float>>> want;
+      if (rms) {
+        float (*round)(float) =
+            dt == isa::DType::bf16
+                ? +[](float x) { return num::round_to(*isa::format_of(isa::DType::bf16), x); }
+            : dt == isa::DType::fp16
+                ? +[](float x) { return num::round_to(*isa::format_of(isa::DType::fp16), x); }
+                : +[](float x) { return x; };
+        auto r = kernel::rmsnorm_reference(in[0], in[1], a->residual ? &in[2] : nullptr, a->rows,
+                                           a->dim, rs.eps, round);
+        want = {{"y", r.y}, {"rstd", r.rstd}};
+        if (a->residual) want.emplace_back("h", r.h);
+      } else {
+        std::vector<float> y = in[0];
+        std::size_t k = 1;
+        const std::vector<float> none;
+        const std::vector<float>& bias = ep.bias ? in[k++] : none;
+        const std::vector<float>& res = ep.residual ? in[k++] : none;
+        kernel::epilogue_reference(y, bias, res, ep, a->rows, a->dim);
+        if (dt != isa::DType::fp32) num::round_array(*isa::format_of(dt), y);
+        want = {{"y", y}};
+      }
+      std::size_t mismatches = 0, elements = 0;
+      for (const auto& [name, w] : want) {
+        const auto got = s.read(name);
+        elements += got.size();
+        for (std::size_t i = 0; i < got.size(); ++i)
+          mismatches += std::bit_cast<std::uint32_t>(got[i]) != std::bit_cast<std::uint32_t>(w[i]);
+      }
+      check_result = {
+          {"bit_exact", mismatches == 0}, {"mismatches", mismatches}, {"elements", elements}};
+      check_text =
+          mismatches == 0
+              ? fmt::format("result check: bit-exact against the host reference ({} elements)",
+                            elements)
+              : fmt::format("result check: {} of {} elements differ from the host reference",
+                            mismatches, elements);
+      if (mismatches) throw Error(check_text);
+    }
+    if (opt.trace) profile::write_trace(st, chip, a->trace);
+    const auto sum = profile::summarize(st, chip);
+    const std::string what = rms ? fmt::format("rmsnorm [{}, {}] {}{}", a->rows, a->dim, a->dtype,
+                                               a->residual ? " + residual" : "")
+                                 : fmt::format("epilogue {} [{}, {}] fp32 -> {}",
+                                               kernel::to_string(ep), a->rows, a->dim, a->dtype);
+    if (a->json) {
+      json j = profile::to_json(sum);
+      j["kernel"] = {{"name", a->name},
+                     {"rows", a->rows},
+                     {"dim", a->dim},
+                     {"dtype", a->dtype},
+                     {"cores", rms ? a->cores : 1},
+                     {"arch", chip.name},
+                     {"what", what}};
+      j["check"] = check_result;
+      std::printf("%s\n", j.dump(2).c_str());
+      return;
+    }
+    std::printf("%s on %s (%s)\n%s%s\n", what.c_str(), chip.name.c_str(),
+                opt.mode == sim::Mode::timing ? "timing only" : "functional + timing",
+                profile::to_text(sum).c_str(), check_text.c_str());
     if (opt.trace)
       std::printf("trace written to %s (open in https://ui.perfetto.dev)\n", a->trace.c_str());
   });

@@ -502,6 +502,95 @@ isa::Program epilogue_kernel(const arch::ChipSpec& chip, std::int64_t m, std::in
   return b.finish();
 }
 
+isa::Program rmsnorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& s) {
+  if (s.rows < 1 || s.dim < 1)
+    throw Error(fmt::format("rmsnorm: shape [{}, {}] must be >= 1", s.rows, s.dim));
+  if (s.dtype != DType::fp32 && s.dtype != DType::bf16 && s.dtype != DType::fp16)
+    throw NotSupported(fmt::format("rmsnorm of {} (fp32, bf16, fp16 are)", isa::name(s.dtype)));
+  if (!(s.eps >= 0.0f)) throw Error(fmt::format("rmsnorm: eps must be >= 0, got {}", s.eps));
+  Builder b(chip, s.cores);
+  const std::int64_t R = s.rows, D = s.dim;
+  const Tensor x = b.hbm("x", {R, D}, s.dtype, isa::TensorKind::input);
+  const Tensor gamma = b.hbm("gamma", {1, D}, s.dtype, isa::TensorKind::input);
+  Tensor res, h;
+  if (s.residual) res = b.hbm("residual", {R, D}, s.dtype, isa::TensorKind::input);
+  const Tensor y = b.hbm("y", {R, D}, s.dtype, isa::TensorKind::output);
+  const Tensor rstd_h = b.hbm("rstd", {R, 1}, DType::fp32, isa::TensorKind::output);
+  if (s.residual) h = b.hbm("h", {R, D}, s.dtype, isa::TensorKind::output);
+  const std::int64_t P = chip.sbuf_partitions;
+  const int esz = isa::size_bytes(s.dtype);
+  // Per partition: gamma, and per buffer x (residual), y and the squares in
+  // the dtype, one FP32 row (h * gamma) and small columns.
+  // Three buffers when they fit (a load, a compute and a store in flight),
+  // else two.
+  constexpr int kMaxBuf = 3;
+  auto need = [&](int bufs) {
+    return D * esz + bufs * (D * esz * (s.residual ? 4 : 3) + D * 4 + 16);
+  };
+  const std::int64_t budget = chip.sbuf_partition_bytes.value() * 3 / 4;
+  const int bufs = need(kMaxBuf) <= budget ? kMaxBuf : 2;
+  if (need(bufs) > budget) {
+    throw NotSupported(
+        fmt::format("rmsnorm with D = {} at {}: a row does not fit SBUF ({} bytes per partition "
+                    "needed, budget {})",
+                    D, isa::name(s.dtype), need(bufs), budget));
+  }
+  const std::int64_t tiles = ceil_div(R, P);
+  for (int core = 0; core < s.cores; ++core) {
+    b.set_core(core);
+    const int gp = static_cast<int>(std::min(P, R));
+    const Tensor g = b.sbuf(gp, D, s.dtype);
+    b.dma_copy(g, bias_rows(gamma, gp, 0, D));
+    const Tensor eps = b.sbuf(gp, 1, DType::fp32);
+    b.memset(eps, s.eps, Engine::gpsimd);
+    Tensor xs[kMaxBuf], rs[kMaxBuf], ys[kMaxBuf], sq[kMaxBuf], y32[kMaxBuf], ss[kMaxBuf],
+        rstd[kMaxBuf];
+    for (int i = 0; i < bufs; ++i) {
+      xs[i] = b.sbuf(static_cast<int>(P), D, s.dtype);
+      if (s.residual) rs[i] = b.sbuf(static_cast<int>(P), D, s.dtype);
+      ys[i] = b.sbuf(static_cast<int>(P), D, s.dtype);
+      sq[i] = b.sbuf(static_cast<int>(P), D, s.dtype);  // only the row sums are used
+      y32[i] = b.sbuf(static_cast<int>(P), D, DType::fp32);
+      ss[i] = b.sbuf(static_cast<int>(P), 1, DType::fp32);
+      rstd[i] = b.sbuf(static_cast<int>(P), 1, DType::fp32);
+    }
+    int i = 0;
+    for (std::int64_t t = core; t < tiles; t += s.cores, i = (i + 1) % bufs) {
+      const int r0 = static_cast<int>(t * P), n = static_cast<int>(std::min(P, R - t * P));
+      const Tensor hx = xs[i].tile(0, n, 0, D);
+      b.dma_copy(hx, x.tile(r0, n, 0, D));
+      if (s.residual) {
+        // h = x + residual, in the input dtype (what the residual stream
+        // holds); the columns split between the Vector and GpSimd engines.
+        b.dma_copy(rs[i].tile(0, n, 0, D), res.tile(r0, n, 0, D));
+        const std::int64_t half = D / 2;
+        if (half > 0)
+          b.tensor_tensor(hx.tile(0, n, 0, half), hx.tile(0, n, 0, half), rs[i].tile(0, n, 0, half),
+                          isa::AluOp::add, Engine::gpsimd);
+        b.tensor_tensor(hx.tile(0, n, half, D - half), hx.tile(0, n, half, D - half),
+                        rs[i].tile(0, n, half, D - half), isa::AluOp::add, Engine::vector);
+        b.dma_copy(h.tile(r0, n, 0, D), hx, -1, false, Engine::vector);
+      }
+      // Three engines, one pass each, pipelined across tiles:
+      //   Scalar: the sum of squares (its row accumulator), then
+      //           rstd = rsqrt(sum / D + eps) in one more instruction;
+      //   Vector: t = h * gamma (exact in FP32 for bf16 / fp16 inputs);
+      //   GpSimd: y = t * rstd (a per-partition column operand), cast.
+      const Tensor sum = ss[i].tile(0, n, 0, 1), rs_col = rstd[i].tile(0, n, 0, 1);
+      b.activation(sq[i].tile(0, n, 0, D), isa::ActFunc::square, hx, nullptr, 1.0f, &sum);
+      const Tensor eps_n = eps.tile(0, n, 0, 1);
+      b.activation(rs_col, isa::ActFunc::rsqrt, sum, &eps_n, 1.0f / static_cast<float>(D));
+      b.dma_copy(rstd_h.tile(r0, n, 0, 1), rs_col, -1, false, Engine::scalar);
+      const Tensor tf = y32[i].tile(0, n, 0, D), yo = ys[i].tile(0, n, 0, D);
+      b.tensor_tensor(tf, hx, g.tile(0, n, 0, D), isa::AluOp::multiply, Engine::vector);
+      b.tensor_scalar(yo, tf, isa::AluOp::multiply, rs_col, isa::AluOp::bypass, 0.0f, nullptr,
+                      Engine::gpsimd);
+      b.dma_copy(y.tile(r0, n, 0, D), yo, -1, false, Engine::gpsimd);
+    }
+  }
+  return b.finish();
+}
+
 isa::Program add_kernel(const arch::ChipSpec& chip, std::int64_t rows, std::int64_t cols,
                         DType dt) {
   if (rows < 1 || cols < 1)

@@ -55,6 +55,21 @@ isa::Program matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& spec);
 isa::Program epilogue_kernel(const arch::ChipSpec& chip, std::int64_t m, std::int64_t n,
                              const Epilogue& e, isa::DType out = isa::DType::fp32);
 
+// RMSNorm forward over the last dim, rows spread over `cores` (128 per tile):
+//   h = x (+ residual), rstd = 1 / sqrt(mean(h^2) + eps), y = (h * gamma) * rstd.
+// HBM inputs "x" [R, D] (dtype), "gamma" [1, D] (dtype), and with `residual`
+// "residual" [R, D] (dtype); outputs "y" [R, D] (dtype), "rstd" [R, 1] fp32
+// (for the backward pass) and with `residual` "h" [R, D] (dtype, the new
+// residual stream). FP32 arithmetic; dtype fp32, bf16 or fp16.
+struct RmsNormSpec {
+  std::int64_t rows = 4096, dim = 4096;
+  isa::DType dtype = isa::DType::bf16;
+  float eps = 1e-6f;
+  bool residual = false;
+  int cores = 1;
+};
+isa::Program rmsnorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& spec);
+
 // out[R, C] = a + b (all of dtype `dt`), tiled 128 rows x up to 2048 columns.
 isa::Program add_kernel(const arch::ChipSpec& chip, std::int64_t rows, std::int64_t cols,
                         isa::DType dt);

@@ -1,5 +1,6 @@
 #include "kernel/reference.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "isa/instruction.h"
@@ -65,6 +66,37 @@ void epilogue_reference(std::vector<float>& c, const std::vector<float>& bias,
       if (e.residual) x = x + residual[static_cast<std::size_t>(i * n + j)];
     }
   }
+}
+
+RmsNormResult rmsnorm_reference(const std::vector<float>& x, const std::vector<float>& gamma,
+                                const std::vector<float>* residual, std::int64_t rows,
+                                std::int64_t dim, float eps, float (*round)(float)) {
+  const auto size = static_cast<std::size_t>(rows * dim);
+  if (x.size() != size || gamma.size() != static_cast<std::size_t>(dim) ||
+      (residual && residual->size() != size)) {
+    throw Error("rmsnorm_reference: sizes do not match the [R, D] shape");
+  }
+  RmsNormResult r;
+  r.y.resize(size);
+  r.rstd.resize(static_cast<std::size_t>(rows));
+  std::vector<float> h = x;
+  if (residual) {
+    for (std::size_t i = 0; i < size; ++i) h[i] = round(x[i] + (*residual)[i]);
+    r.h = h;
+  }
+  const float inv_d = 1.0f / static_cast<float>(dim);
+  for (std::int64_t i = 0; i < rows; ++i) {
+    const float* row = h.data() + i * dim;
+    float sum = 0.0f;
+    for (std::int64_t j = 0; j < dim; ++j) sum += row[j] * row[j];
+    const float rstd = 1.0f / std::sqrt(sum * inv_d + eps);
+    r.rstd[static_cast<std::size_t>(i)] = rstd;
+    for (std::int64_t j = 0; j < dim; ++j) {
+      const float t = row[j] * gamma[static_cast<std::size_t>(j)];
+      r.y[static_cast<std::size_t>(i * dim + j)] = round(t * rstd);
+    }
+  }
+  return r;
 }
 
 }  // namespace tern::kernel

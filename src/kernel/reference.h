@@ -30,4 +30,15 @@ void epilogue_reference(std::vector<float>& c, const std::vector<float>& bias,
                         const std::vector<float>& residual, const Epilogue& e, std::int64_t m,
                         std::int64_t n);
 
+// RMSNorm forward as rmsnorm_kernel computes it (one FP32 rounding per step:
+// the sum of squares in column order, rsqrt(sum * (1/D) + eps), then
+// y = round((h * gamma) * rstd)): returns y, fills rstd [R] and, with a
+// residual, h = round(x + residual). `round` rounds to the tensors' dtype.
+struct RmsNormResult {
+  std::vector<float> y, rstd, h;
+};
+RmsNormResult rmsnorm_reference(const std::vector<float>& x, const std::vector<float>& gamma,
+                                const std::vector<float>* residual, std::int64_t rows,
+                                std::int64_t dim, float eps, float (*round)(float));
+
 }  // namespace tern::kernel

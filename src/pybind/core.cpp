@@ -250,6 +250,20 @@ PYBIND11_MODULE(_core, m) {
       py::arg("chip"), py::arg("m"), py::arg("n"), py::arg("epilogue"), py::arg("out") = "fp32",
       "y = epilogue(x) as a standalone kernel (HBM 'x' [m, n] fp32, 'y' [m, n])");
 
+  m.def(
+      "rmsnorm_kernel",
+      [](const arch::ChipSpec& chip, std::int64_t rows, std::int64_t dim, const std::string& dtype,
+         float eps, bool residual, int cores) {
+        kernel::RmsNormSpec s;
+        s.rows = rows, s.dim = dim, s.dtype = isa::parse_dtype(dtype), s.eps = eps,
+        s.residual = residual, s.cores = cores;
+        return kernel::rmsnorm_kernel(chip, s);
+      },
+      py::arg("chip"), py::arg("rows"), py::arg("dim"), py::arg("dtype") = "bf16",
+      py::arg("eps") = 1e-6f, py::arg("residual") = false, py::arg("cores") = 1,
+      "RMSNorm forward: HBM 'x' [rows, dim], 'gamma' [1, dim] (+ 'residual') -> 'y', 'rstd' "
+      "[rows, 1] fp32 (+ 'h' = x + residual)");
+
   py::class_<isa::Program>(m, "Program")
       .def("instruction_count", &isa::Program::instruction_count)
       .def("to_text", [](const isa::Program& p) { return isa::to_text(p); })

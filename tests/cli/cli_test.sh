@@ -179,6 +179,15 @@ expect_json 'j["check"]["bit_exact"]' bench matmul --m 130 --n 300 --k 256 --dty
 expect_ok "fused is [0-9.]+x faster" bench matmul --m 256 --n 256 --k 256 --epilogue gelu_tanh --compare-unfused
 expect_err "epilogue step 'gleu': expected scale=<x>, bias, residual or an activation" bench matmul --m 8 --n 8 --k 8 --epilogue bias,gleu
 expect_err "--compare-unfused needs an --epilogue" bench matmul --m 8 --n 8 --k 8 --compare-unfused
+expect_ok "Usage|Options" bench kernel --help
+expect_json 'j["check"]["bit_exact"] and j["check"]["elements"] == 300 * 1000 * 2 + 300 and j["kernel"]["cores"] == 2' bench kernel rmsnorm --rows 300 --dim 1000 --residual --cores 2 --json
+expect_json 'j["check"]["bit_exact"]' bench kernel rmsnorm --rows 130 --dim 64 --dtype fp16 --arch trn2 --json
+expect_json 'j["check"] is None and j["hbm_peak_percent"] > 55' bench kernel rmsnorm --rows 8192 --dim 4096 --cores 8 --json
+expect_json 'j["check"]["bit_exact"]' bench kernel epilogue --rows 200 --dim 700 --epilogue scale=2,bias,silu,residual --dtype bf16 --json
+expect_ok "rmsnorm \\[512, 256\\] bf16 on trn3" bench kernel rmsnorm --rows 512 --dim 256
+expect_err "not supported: rmsnorm of float8_e4m3fn" bench kernel rmsnorm --dtype fp8_e4m3 --rows 8 --dim 8
+expect_err "a row does not fit SBUF" bench kernel rmsnorm --rows 128 --dim 1000000
+expect_err "name: softmax not in" bench kernel softmax
 expect_err "unknown dtype 'bf17'" bench matmul --dtype bf17
 expect_err "--check 'maybe'" bench matmul --check maybe --m 8 --n 8 --k 8
 expect_err "a kernel for 9 cores, but trn3 has 8" bench matmul --cores 9 --m 8 --n 8 --k 8

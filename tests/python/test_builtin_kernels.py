@@ -90,3 +90,33 @@ def test_fused_equals_matmul_then_epilogue_kernel():
 def test_bad_epilogue_is_a_clear_error():
     with pytest.raises(Exception, match="epilogue step 'gleu'"):
         _core.matmul_kernel(_core.load_chip("trn3"), 8, 8, 8, epilogue="gleu")
+
+
+@pytest.mark.parametrize(
+    "rows,dim,dtype,residual,cores",
+    [(256, 512, "bf16", False, 1), (300, 1000, "bf16", True, 2), (129, 77, "fp32", True, 1), (1, 1, "fp32", False, 1)],
+)
+def test_rmsnorm_matches_numpy(rows, dim, dtype, residual, cores):
+    chip = _core.load_chip("trn3")
+    rng = np.random.default_rng(5)
+    rnd = bf16 if dtype == "bf16" else (lambda v: np.asarray(v, np.float32))
+    x = rnd(rng.standard_normal((rows, dim)).astype(np.float32))
+    res = rnd(rng.standard_normal((rows, dim)).astype(np.float32))
+    gamma = rnd((1.0 + 0.1 * rng.standard_normal((1, dim))).astype(np.float32))
+    sim = _core.Simulator(chip)
+    sim.load(_core.rmsnorm_kernel(chip, rows, dim, dtype, 1e-6, residual, cores))
+    sim.write("x", x)
+    sim.write("gamma", gamma)
+    if residual:
+        sim.write("residual", res)
+    sim.run()
+    h = rnd(x + res) if residual else x
+    h64 = h.astype(np.float64)
+    rstd = 1.0 / np.sqrt((h64**2).mean(axis=1, keepdims=True) + 1e-6)
+    want = h64 * rstd * gamma
+    got = sim.read("y").reshape(rows, dim)
+    tol = TOL[dtype]
+    assert np.max(np.abs(got - want) / (1.0 + np.abs(want))) <= tol
+    assert np.allclose(sim.read("rstd").reshape(rows, 1), rstd, rtol=1e-5)
+    if residual:
+        assert np.array_equal(sim.read("h").reshape(rows, dim), h)

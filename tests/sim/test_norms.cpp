@@ -1,0 +1,125 @@
+// RMSNorm forward (with and without the fused residual add): bit for bit
+// against the host reference, odd shapes, several cores; bad input.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "arch/chip.h"
+#include "kernel/kernels.h"
+#include "kernel/reference.h"
+#include "num/convert.h"
+#include "sim/simulator.h"
+#include "util/error.h"
+
+namespace tern {
+namespace {
+
+using isa::DType;
+
+std::vector<float> normal(std::size_t n, std::uint32_t seed, float mean = 0.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(mean, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+float to_bf16(float x) {
+  return num::round_to(*isa::format_of(DType::bf16), x);
+}
+float to_fp16(float x) {
+  return num::round_to(*isa::format_of(DType::fp16), x);
+}
+float to_fp32(float x) {
+  return x;
+}
+
+std::size_t mismatches(const std::vector<float>& got, const std::vector<float>& want,
+                       const char* what) {
+  EXPECT_EQ(got.size(), want.size()) << what;
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < got.size() && i < want.size(); ++i) {
+    if (std::bit_cast<std::uint32_t>(got[i]) != std::bit_cast<std::uint32_t>(want[i]) && bad++ < 5)
+      ADD_FAILURE() << what << "[" << i << "] = " << got[i] << ", want " << want[i];
+  }
+  return bad;
+}
+
+struct Case {
+  std::int64_t rows, dim;
+  DType dt;
+  bool residual;
+  int cores;
+  const char* chip;
+};
+
+class RmsNorm : public ::testing::TestWithParam<Case> {};
+
+TEST_P(RmsNorm, BitExactAgainstHostReference) {
+  const Case c = GetParam();
+  const auto chip = arch::load_chip(c.chip);
+  kernel::RmsNormSpec spec;
+  spec.rows = c.rows, spec.dim = c.dim, spec.dtype = c.dt, spec.residual = c.residual,
+  spec.cores = c.cores;
+  float (*round)(float) = c.dt == DType::bf16 ? to_bf16 : c.dt == DType::fp16 ? to_fp16 : to_fp32;
+  auto x = normal(static_cast<std::size_t>(c.rows * c.dim), 1, 0.5f);
+  auto res = normal(static_cast<std::size_t>(c.rows * c.dim), 2);
+  for (float& v : x) v = round(v);
+  for (float& v : res) v = round(v);
+  auto gamma = normal(static_cast<std::size_t>(c.dim), 3, 1.0f);
+  for (float& v : gamma) v = round(v);
+  sim::Simulator s(chip);
+  s.load(kernel::rmsnorm_kernel(chip, spec));
+  s.write("x", x);
+  s.write("gamma", gamma);
+  if (c.residual) s.write("residual", res);
+  s.run();
+  const auto want = kernel::rmsnorm_reference(x, gamma, c.residual ? &res : nullptr, c.rows, c.dim,
+                                              spec.eps, round);
+  EXPECT_EQ(mismatches(s.read("y"), want.y, "y"), 0u);
+  EXPECT_EQ(mismatches(s.read("rstd"), want.rstd, "rstd"), 0u);
+  if (c.residual) {
+    EXPECT_EQ(mismatches(s.read("h"), want.h, "h"), 0u);
+  }
+  // And close to the FP64 definition.
+  for (std::int64_t i = 0; i < c.rows; i += 37) {
+    double ss = 0;
+    for (std::int64_t j = 0; j < c.dim; ++j) {
+      const double h = want.h.empty() ? x[i * c.dim + j] : want.h[i * c.dim + j];
+      ss += h * h;
+    }
+    EXPECT_NEAR(want.rstd[i], 1.0 / std::sqrt(ss / c.dim + spec.eps), 1e-5 * want.rstd[i]);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, RmsNorm,
+                         ::testing::Values(Case{256, 512, DType::bf16, false, 1, "trn3"},
+                                           Case{300, 1000, DType::bf16, true, 2, "trn3"},
+                                           Case{1, 1, DType::fp32, false, 1, "trn3"},
+                                           Case{129, 77, DType::fp16, true, 1, "trn2"},
+                                           Case{200, 384, DType::fp32, false, 2, "trn1"},
+                                           Case{700, 256, DType::bf16, true, 3, "trn2"}));
+
+TEST(RmsNorm, RejectsBadInput) {
+  const auto chip = arch::load_chip("trn3");
+  kernel::RmsNormSpec s;
+  s.rows = 0;
+  EXPECT_THROW(kernel::rmsnorm_kernel(chip, s), Error);
+  s.rows = 128;
+  s.dtype = DType::fp8_e4m3;
+  EXPECT_THROW(kernel::rmsnorm_kernel(chip, s), NotSupported);
+  s.dtype = DType::bf16;
+  s.dim = 1 << 20;
+  try {
+    kernel::rmsnorm_kernel(chip, s);
+    ADD_FAILURE() << "no error";
+  } catch (const NotSupported& e) {
+    EXPECT_NE(std::string(e.what()).find("a row does not fit SBUF"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tern
