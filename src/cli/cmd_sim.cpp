@@ -339,26 +339,29 @@ void add_bench_kernel(CLI::App& bench) {
   struct A {
     std::string name, arch = "trn3", dtype = "bf16", epilogue = "bias,gelu", mode = "auto",
                       check = "auto", trace;
-    std::int64_t rows = 4096, dim = 4096;
+    std::int64_t rows = 4096, dim = 4096, step = 1;
     int cores = 1;
     bool residual = false, json = false;
   };
   auto a = std::make_shared<A>();
   auto* cmd = bench.add_subcommand(
       "kernel", "A built-in memory-bound kernel: latency, % of HBM bandwidth, engine busy");
-  cmd->add_option("name", a->name, "rmsnorm or epilogue (matmul: `tern bench matmul`)")
+  cmd->add_option("name", a->name, "rmsnorm, adamw or epilogue (matmul: `tern bench matmul`)")
       ->required()
-      ->check(CLI::IsMember({"rmsnorm", "epilogue"}));
+      ->check(CLI::IsMember({"rmsnorm", "adamw", "epilogue"}));
   cmd->add_option("--arch", a->arch, "Chip")->capture_default_str();
   cmd->add_option("--rows", a->rows, "Rows (M)")->capture_default_str();
   cmd->add_option("--dim", a->dim, "Columns (the normalized dim; N for epilogue)")
       ->capture_default_str();
-  cmd->add_option("--dtype", a->dtype, "rmsnorm: fp32, bf16 or fp16; epilogue: output fp32 or bf16")
+  cmd->add_option("--dtype", a->dtype,
+                  "rmsnorm: fp32, bf16 or fp16; adamw: the gradients' fp32 or bf16; epilogue: "
+                  "output fp32 or bf16")
       ->capture_default_str();
   cmd->add_flag("--residual", a->residual, "rmsnorm: fuse the residual add (outputs h too)");
   cmd->add_option("--epilogue", a->epilogue, "epilogue: the chain (see bench matmul --help)")
       ->capture_default_str();
-  cmd->add_option("--cores", a->cores, "NeuronCores to spread rows over (rmsnorm)")
+  cmd->add_option("--step", a->step, "adamw: the step t (bias correction)")->capture_default_str();
+  cmd->add_option("--cores", a->cores, "NeuronCores to spread rows over (rmsnorm, adamw)")
       ->capture_default_str();
   cmd->add_option("--mode", a->mode, "auto (data when small enough), both, functional or timing")
       ->capture_default_str();
@@ -373,9 +376,12 @@ void add_bench_kernel(CLI::App& bench) {
     rs.rows = a->rows, rs.dim = a->dim, rs.dtype = dt, rs.residual = a->residual,
     rs.cores = a->cores;
     const kernel::Epilogue ep = kernel::parse_epilogue(a->epilogue);
-    const bool rms = a->name == "rmsnorm";
-    const isa::Program p = rms ? kernel::rmsnorm_kernel(chip, rs)
-                               : kernel::epilogue_kernel(chip, a->rows, a->dim, ep, dt);
+    const bool rms = a->name == "rmsnorm", adam = a->name == "adamw";
+    kernel::AdamWSpec as;
+    as.rows = a->rows, as.cols = a->dim, as.grad = dt, as.step = a->step, as.cores = a->cores;
+    const isa::Program p = rms    ? kernel::rmsnorm_kernel(chip, rs)
+                           : adam ? kernel::adamw_kernel(chip, as)
+                                  : kernel::epilogue_kernel(chip, a->rows, a->dim, ep, dt);
     const bool small = static_cast<double>(a->rows) * static_cast<double>(a->dim) <= 1 << 24;
     if (a->check != "auto" && a->check != "yes" && a->check != "no")
       throw Error(fmt::format("--check '{}': expected auto, yes or no", a->check));
@@ -392,9 +398,13 @@ void add_bench_kernel(CLI::App& bench) {
     std::vector<std::vector<float>> in;
     if (opt.mode != sim::Mode::timing) {
       std::uint64_t seed = 1;
-      for (const auto& t : p.tensors)
-        if (t.kind == isa::TensorKind::input)
-          s.write(t.name, in.emplace_back(random_input(t, seed++)));
+      for (const auto& t : p.tensors) {
+        if (t.kind != isa::TensorKind::input) continue;
+        in.emplace_back(random_input(t, seed++));
+        if (adam && t.name == "v")  // the second moment is >= 0
+          for (float& x : in.back()) x = std::fabs(x);
+        s.write(t.name, in.back());
+      }
     }
     const sim::RunStats st = s.run(opt);
     json check_result = nullptr;
@@ -414,6 +424,10 @@ void add_bench_kernel(CLI::App& bench) {
                                            a->dim, rs.eps, round);
         want = {{"y", r.y}, {"rstd", r.rstd}};
         if (a->residual) want.emplace_back("h", r.h);
+      } else if (adam) {
+        std::vector<float> p0 = in[0], m0 = in[2], v0 = in[3];
+        auto pb = kernel::adamw_reference(p0, in[1], m0, v0, as);
+        want = {{"param_out", p0}, {"m_out", m0}, {"v_out", v0}, {"param_bf16", pb}};
       } else {
         std::vector<float> y = in[0];
         std::size_t k = 1;
@@ -445,15 +459,17 @@ void add_bench_kernel(CLI::App& bench) {
     const auto sum = profile::summarize(st, chip);
     const std::string what = rms ? fmt::format("rmsnorm [{}, {}] {}{}", a->rows, a->dim, a->dtype,
                                                a->residual ? " + residual" : "")
-                                 : fmt::format("epilogue {} [{}, {}] fp32 -> {}",
-                                               kernel::to_string(ep), a->rows, a->dim, a->dtype);
+                             : adam ? fmt::format("adamw step {} [{}, {}] fp32 state, {} gradients",
+                                                  a->step, a->rows, a->dim, a->dtype)
+                                    : fmt::format("epilogue {} [{}, {}] fp32 -> {}",
+                                                  kernel::to_string(ep), a->rows, a->dim, a->dtype);
     if (a->json) {
       json j = profile::to_json(sum);
       j["kernel"] = {{"name", a->name},
                      {"rows", a->rows},
                      {"dim", a->dim},
                      {"dtype", a->dtype},
-                     {"cores", rms ? a->cores : 1},
+                     {"cores", rms || adam ? a->cores : 1},
                      {"arch", chip.name},
                      {"what", what}};
       j["check"] = check_result;

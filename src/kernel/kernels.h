@@ -70,6 +70,30 @@ struct RmsNormSpec {
 };
 isa::Program rmsnorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& spec);
 
+// One fused AdamW step (PyTorch's torch.optim.AdamW, decoupled weight decay)
+// over parameters laid out [R, C] (rows on partitions; any flattening of the
+// model's tensors), all state FP32:
+//   p <- p * (1 - lr * wd)
+//   m <- beta1 * m + (1 - beta1) * g
+//   v <- beta2 * v + (1 - beta2) * g * g
+//   p <- p - (lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+// HBM inputs "param", "m", "v" (fp32) and "grad" (fp32 or bf16); outputs
+// "param_out", "m_out", "v_out" (fp32) and "param_bf16" (the bf16 copy the
+// next forward pass uses). Rows are spread over `cores`.
+struct AdamWSpec {
+  std::int64_t rows = 4096, cols = 4096;
+  isa::DType grad = isa::DType::bf16;
+  float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.01f;
+  std::int64_t step = 1;  // t, from 1
+  int cores = 1;
+};
+isa::Program adamw_kernel(const arch::ChipSpec& chip, const AdamWSpec& spec);
+// The FP32 scalars of one step, formed in double as PyTorch does on the host.
+struct AdamWScalars {
+  float decay, one_m_b1, one_m_b2, bc2_sqrt, neg_step_size;
+};
+AdamWScalars adamw_scalars(const AdamWSpec& spec);
+
 // out[R, C] = a + b (all of dtype `dt`), tiled 128 rows x up to 2048 columns.
 isa::Program add_kernel(const arch::ChipSpec& chip, std::int64_t rows, std::int64_t cols,
                         isa::DType dt);

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "isa/dtype.h"
 #include "isa/instruction.h"
+#include "num/convert.h"
 #include "num/mx.h"
 #include "util/error.h"
 
@@ -97,6 +99,35 @@ RmsNormResult rmsnorm_reference(const std::vector<float>& x, const std::vector<f
     }
   }
   return r;
+}
+
+std::vector<float> adamw_reference(std::vector<float>& param, const std::vector<float>& grad,
+                                   std::vector<float>& m, std::vector<float>& v,
+                                   const AdamWSpec& spec) {
+  const std::size_t n = param.size();
+  if (grad.size() != n || m.size() != n || v.size() != n)
+    throw Error("adamw_reference: param, grad, m and v differ in size");
+  const AdamWScalars k = adamw_scalars(spec);
+  const num::Format& bf16 = *isa::format_of(isa::DType::bf16);
+  std::vector<float> pb(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const float g = grad[i];
+    float p = param[i] * k.decay + 0.0f;  // a Scalar-engine activation: x * scale + 0
+    float mm = m[i] * spec.beta1 + 0.0f;
+    mm = mm + g * k.one_m_b1;
+    float vv = v[i] * spec.beta2 + 0.0f;
+    vv = vv + (g * g) * k.one_m_b2;
+    float a = std::sqrt(vv * 1.0f + 0.0f);
+    a = a / k.bc2_sqrt + spec.eps;
+    a = mm / a;
+    a = a * k.neg_step_size;
+    p = p + a;
+    param[i] = p;
+    m[i] = mm;
+    v[i] = vv;
+    pb[i] = num::round_to(bf16, p);
+  }
+  return pb;
 }
 
 }  // namespace tern::kernel

@@ -41,4 +41,11 @@ RmsNormResult rmsnorm_reference(const std::vector<float>& x, const std::vector<f
                                 const std::vector<float>* residual, std::int64_t rows,
                                 std::int64_t dim, float eps, float (*round)(float));
 
+// One AdamW step as adamw_kernel computes it, element by element (FP32, one
+// rounding per instruction); the vectors are updated in place and the bf16
+// copy of the parameters returned.
+std::vector<float> adamw_reference(std::vector<float>& param, const std::vector<float>& grad,
+                                   std::vector<float>& m, std::vector<float>& v,
+                                   const AdamWSpec& spec);
+
 }  // namespace tern::kernel

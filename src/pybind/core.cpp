@@ -264,6 +264,23 @@ PYBIND11_MODULE(_core, m) {
       "RMSNorm forward: HBM 'x' [rows, dim], 'gamma' [1, dim] (+ 'residual') -> 'y', 'rstd' "
       "[rows, 1] fp32 (+ 'h' = x + residual)");
 
+  m.def(
+      "adamw_kernel",
+      [](const arch::ChipSpec& chip, std::int64_t rows, std::int64_t cols, const std::string& grad,
+         float lr, float beta1, float beta2, float eps, float weight_decay, std::int64_t step,
+         int cores) {
+        kernel::AdamWSpec s;
+        s.rows = rows, s.cols = cols, s.grad = isa::parse_dtype(grad), s.lr = lr, s.beta1 = beta1,
+        s.beta2 = beta2, s.eps = eps, s.weight_decay = weight_decay, s.step = step, s.cores = cores;
+        return kernel::adamw_kernel(chip, s);
+      },
+      py::arg("chip"), py::arg("rows"), py::arg("cols"), py::arg("grad") = "bf16",
+      py::arg("lr") = 1e-3f, py::arg("beta1") = 0.9f, py::arg("beta2") = 0.999f,
+      py::arg("eps") = 1e-8f, py::arg("weight_decay") = 0.01f, py::arg("step") = 1,
+      py::arg("cores") = 1,
+      "One AdamW step: HBM 'param', 'grad', 'm', 'v' -> 'param_out', 'm_out', 'v_out', "
+      "'param_bf16'");
+
   py::class_<isa::Program>(m, "Program")
       .def("instruction_count", &isa::Program::instruction_count)
       .def("to_text", [](const isa::Program& p) { return isa::to_text(p); })

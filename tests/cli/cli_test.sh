@@ -188,6 +188,10 @@ expect_ok "rmsnorm \\[512, 256\\] bf16 on trn3" bench kernel rmsnorm --rows 512 
 expect_err "not supported: rmsnorm of float8_e4m3fn" bench kernel rmsnorm --dtype fp8_e4m3 --rows 8 --dim 8
 expect_err "a row does not fit SBUF" bench kernel rmsnorm --rows 128 --dim 1000000
 expect_err "name: softmax not in" bench kernel softmax
+expect_json 'j["check"]["bit_exact"] and j["check"]["elements"] == 4 * 200 * 3000 and j["kernel"]["cores"] == 2' bench kernel adamw --rows 200 --dim 3000 --cores 2 --step 5 --json
+expect_ok "adamw step 1 \\[128, 100\\] fp32 state, fp32 gradients" bench kernel adamw --rows 128 --dim 100 --dtype fp32
+expect_err "adamw: step must be >= 1" bench kernel adamw --rows 8 --dim 8 --step 0
+expect_err "not supported: adamw with float16 gradients" bench kernel adamw --rows 8 --dim 8 --dtype fp16
 expect_err "unknown dtype 'bf17'" bench matmul --dtype bf17
 expect_err "--check 'maybe'" bench matmul --check maybe --m 8 --n 8 --k 8
 expect_err "a kernel for 9 cores, but trn3 has 8" bench matmul --cores 9 --m 8 --n 8 --k 8

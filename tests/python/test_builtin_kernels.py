@@ -120,3 +120,35 @@ def test_rmsnorm_matches_numpy(rows, dim, dtype, residual, cores):
     assert np.allclose(sim.read("rstd").reshape(rows, 1), rstd, rtol=1e-5)
     if residual:
         assert np.array_equal(sim.read("h").reshape(rows, dim), h)
+
+
+@pytest.mark.parametrize("rows,cols,grad,step,cores", [(128, 1024, "fp32", 1, 1), (300, 700, "bf16", 50, 2), (1, 3, "fp32", 7, 1)])
+def test_adamw_matches_pytorch_formula(rows, cols, grad, step, cores):
+    """torch.optim.AdamW (single tensor) in FP64 numpy: decoupled decay, then
+    the bias-corrected update."""
+    chip = _core.load_chip("trn3")
+    lr, b1, b2, eps, wd = 3e-4, 0.9, 0.95, 1e-8, 0.1
+    rng = np.random.default_rng(9)
+    p = rng.standard_normal((rows, cols)).astype(np.float32)
+    g = (0.01 * rng.standard_normal((rows, cols))).astype(np.float32)
+    if grad == "bf16":
+        g = bf16(g)
+    m = (0.001 * rng.standard_normal((rows, cols))).astype(np.float32)
+    v = (1e-5 * np.abs(rng.standard_normal((rows, cols)))).astype(np.float32)
+    sim = _core.Simulator(chip)
+    sim.load(_core.adamw_kernel(chip, rows, cols, grad, lr, b1, b2, eps, wd, step, cores))
+    for name, x in (("param", p), ("grad", g), ("m", m), ("v", v)):
+        sim.write(name, x)
+    sim.run()
+    f = lambda a: np.float64(np.float32(a))  # the FP32 hyperparameters the kernel was given
+    lr, b1, b2, eps, wd = map(f, (lr, b1, b2, eps, wd))
+    m2 = b1 * m + (1 - b1) * g.astype(np.float64)
+    v2 = b2 * v + (1 - b2) * g.astype(np.float64) ** 2
+    denom = np.sqrt(v2) / math.sqrt(1 - b2**step) + eps
+    p2 = p * (1 - lr * wd) - lr / (1 - b1**step) * m2 / denom
+    got = sim.read("param_out").reshape(rows, cols)
+    assert np.max(np.abs(got - p2) / (1 + np.abs(p2))) < 1e-6
+    scale = b1 * np.abs(m) + (1 - b1) * np.abs(g)
+    assert np.all(np.abs(sim.read("m_out").reshape(rows, cols) - m2) <= 1e-6 * scale + 1e-30)
+    assert np.allclose(sim.read("v_out").reshape(rows, cols), v2, rtol=1e-6, atol=0)
+    assert np.array_equal(sim.read("param_bf16").reshape(rows, cols), bf16(got))

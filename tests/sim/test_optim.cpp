@@ -1,0 +1,109 @@
+// The fused AdamW step: bit for bit against the host reference (fp32 and
+// bf16 gradients, odd shapes, several cores and steps), close to an FP64
+// evaluation of PyTorch's formula, and bad hyperparameters refused.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "arch/chip.h"
+#include "kernel/kernels.h"
+#include "kernel/reference.h"
+#include "num/convert.h"
+#include "sim/simulator.h"
+#include "util/error.h"
+
+namespace tern {
+namespace {
+
+using isa::DType;
+
+std::size_t mismatches(const std::vector<float>& got, const std::vector<float>& want,
+                       const char* what) {
+  EXPECT_EQ(got.size(), want.size()) << what;
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < got.size() && i < want.size(); ++i)
+    if (std::bit_cast<std::uint32_t>(got[i]) != std::bit_cast<std::uint32_t>(want[i]) && bad++ < 5)
+      ADD_FAILURE() << what << "[" << i << "] = " << got[i] << ", want " << want[i];
+  return bad;
+}
+
+struct Case {
+  std::int64_t rows, cols;
+  DType grad;
+  std::int64_t step;
+  int cores;
+};
+
+class AdamW : public ::testing::TestWithParam<Case> {};
+
+TEST_P(AdamW, BitExactAgainstHostReferenceAndCloseToFp64) {
+  const Case c = GetParam();
+  const auto chip = arch::load_chip("trn3");
+  kernel::AdamWSpec spec;
+  spec.rows = c.rows, spec.cols = c.cols, spec.grad = c.grad, spec.step = c.step,
+  spec.cores = c.cores, spec.lr = 3e-4f, spec.weight_decay = 0.1f;
+  const auto n = static_cast<std::size_t>(c.rows * c.cols);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> p(n), g(n), m(n), v(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    p[i] = d(rng);
+    g[i] = 0.01f * d(rng);
+    m[i] = 0.001f * d(rng);
+    v[i] = 1e-5f * std::fabs(d(rng));
+  }
+  if (c.grad == DType::bf16) num::round_array(*isa::format_of(DType::bf16), g);
+  sim::Simulator s(chip);
+  s.load(kernel::adamw_kernel(chip, spec));
+  s.write("param", p);
+  s.write("grad", g);
+  s.write("m", m);
+  s.write("v", v);
+  s.run();
+  std::vector<float> rp = p, rm = m, rv = v;
+  const auto pb = kernel::adamw_reference(rp, g, rm, rv, spec);
+  EXPECT_EQ(mismatches(s.read("param_out"), rp, "param"), 0u);
+  EXPECT_EQ(mismatches(s.read("m_out"), rm, "m"), 0u);
+  EXPECT_EQ(mismatches(s.read("v_out"), rv, "v"), 0u);
+  EXPECT_EQ(mismatches(s.read("param_bf16"), pb, "param_bf16"), 0u);
+  // PyTorch's AdamW in FP64.
+  const double b1 = spec.beta1, b2 = spec.beta2, lr = spec.lr, t = static_cast<double>(c.step);
+  for (std::size_t i = 0; i < n; i += 97) {
+    const double mm = b1 * m[i] + (1 - b1) * g[i];
+    const double vv = b2 * v[i] + (1 - b2) * static_cast<double>(g[i]) * g[i];
+    const double denom = std::sqrt(vv) / std::sqrt(1 - std::pow(b2, t)) + spec.eps;
+    const double want =
+        p[i] * (1 - lr * spec.weight_decay) - lr / (1 - std::pow(b1, t)) * mm / denom;
+    ASSERT_NEAR(rp[i], want, 1e-6 * (1 + std::fabs(want))) << i;
+    // FP32 rounding of the two terms (they may cancel).
+    ASSERT_NEAR(rm[i], mm, 1e-6 * (b1 * std::fabs(m[i]) + (1 - b1) * std::fabs(g[i]))) << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, AdamW,
+                         ::testing::Values(Case{128, 2048, DType::fp32, 1, 1},
+                                           Case{300, 2500, DType::bf16, 10, 2},
+                                           Case{1, 1, DType::fp32, 1000, 1},
+                                           Case{129, 77, DType::bf16, 3, 3}));
+
+TEST(AdamW, RejectsBadHyperparameters) {
+  const auto chip = arch::load_chip("trn3");
+  kernel::AdamWSpec s;
+  s.step = 0;
+  EXPECT_THROW(kernel::adamw_kernel(chip, s), Error);
+  s.step = 1;
+  s.beta2 = 1.0f;
+  EXPECT_THROW(kernel::adamw_kernel(chip, s), Error);
+  s.beta2 = 0.999f;
+  s.eps = 0.0f;
+  EXPECT_THROW(kernel::adamw_kernel(chip, s), Error);
+  s.eps = 1e-8f;
+  s.grad = DType::fp8_e4m3;
+  EXPECT_THROW(kernel::adamw_kernel(chip, s), NotSupported);
+}
+
+}  // namespace
+}  // namespace tern
