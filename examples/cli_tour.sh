@@ -18,4 +18,7 @@ trap 'rm -rf "$work"' EXIT
 "$TERN" bench matmul --m 512 --n 512 --k 512 --trace "$work/mm.json" | tail -2
 "$TERN" bench matmul --m 512 --n 512 --k 512 --save "$work/mm.tern" >/dev/null
 "$TERN" run "$work/mm.tern" | head -2
+"$TERN" bench matmul --m 512 --n 512 --k 512 --epilogue bias,gelu --compare-unfused | tail -1
+"$TERN" bench kernel rmsnorm --rows 8192 --dim 4096 --cores 8 | head -3
+"$TERN" bench kernel adamw --rows 256 --dim 4096 --cores 2 | tail -1
 echo "cli tour: ok"
