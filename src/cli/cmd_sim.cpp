@@ -346,9 +346,10 @@ void add_bench_kernel(CLI::App& bench) {
   auto a = std::make_shared<A>();
   auto* cmd = bench.add_subcommand(
       "kernel", "A built-in memory-bound kernel: latency, % of HBM bandwidth, engine busy");
-  cmd->add_option("name", a->name, "rmsnorm, adamw or epilogue (matmul: `tern bench matmul`)")
+  cmd->add_option("name", a->name,
+                  "rmsnorm, rmsnorm_backward, adamw or epilogue (matmul: `tern bench matmul`)")
       ->required()
-      ->check(CLI::IsMember({"rmsnorm", "adamw", "epilogue"}));
+      ->check(CLI::IsMember({"rmsnorm", "rmsnorm_backward", "adamw", "epilogue"}));
   cmd->add_option("--arch", a->arch, "Chip")->capture_default_str();
   cmd->add_option("--rows", a->rows, "Rows (M)")->capture_default_str();
   cmd->add_option("--dim", a->dim, "Columns (the normalized dim; N for epilogue)")
@@ -376,12 +377,14 @@ void add_bench_kernel(CLI::App& bench) {
     rs.rows = a->rows, rs.dim = a->dim, rs.dtype = dt, rs.residual = a->residual,
     rs.cores = a->cores;
     const kernel::Epilogue ep = kernel::parse_epilogue(a->epilogue);
-    const bool rms = a->name == "rmsnorm", adam = a->name == "adamw";
+    const bool rms = a->name == "rmsnorm", adam = a->name == "adamw",
+               rms_bwd = a->name == "rmsnorm_backward";
     kernel::AdamWSpec as;
     as.rows = a->rows, as.cols = a->dim, as.grad = dt, as.step = a->step, as.cores = a->cores;
-    const isa::Program p = rms    ? kernel::rmsnorm_kernel(chip, rs)
-                           : adam ? kernel::adamw_kernel(chip, as)
-                                  : kernel::epilogue_kernel(chip, a->rows, a->dim, ep, dt);
+    const isa::Program p = rms_bwd ? kernel::rmsnorm_backward_kernel(chip, rs)
+                           : rms   ? kernel::rmsnorm_kernel(chip, rs)
+                           : adam  ? kernel::adamw_kernel(chip, as)
+                                   : kernel::epilogue_kernel(chip, a->rows, a->dim, ep, dt);
     const bool small = static_cast<double>(a->rows) * static_cast<double>(a->dim) <= 1 << 24;
     if (a->check != "auto" && a->check != "yes" && a->check != "no")
       throw Error(fmt::format("--check '{}': expected auto, yes or no", a->check));
@@ -401,7 +404,7 @@ void add_bench_kernel(CLI::App& bench) {
       for (const auto& t : p.tensors) {
         if (t.kind != isa::TensorKind::input) continue;
         in.emplace_back(random_input(t, seed++));
-        if (adam && t.name == "v")  // the second moment is >= 0
+        if ((adam && t.name == "v") || (rms_bwd && t.name == "rstd"))  // >= 0
           for (float& x : in.back()) x = std::fabs(x);
         s.write(t.name, in.back());
       }
@@ -413,13 +416,17 @@ void add_bench_kernel(CLI::App& bench) {
     if (check) {
       // Expected outputs by name, from the inputs in declaration order.
       std::vector<std::pair<std::string, std::vector<float>>> want;
-      if (rms) {
-        float (*round)(float) =
-            dt == isa::DType::bf16
-                ? +[](float x) { return num::round_to(*isa::format_of(isa::DType::bf16), x); }
-            : dt == isa::DType::fp16
-                ? +[](float x) { return num::round_to(*isa::format_of(isa::DType::fp16), x); }
-                : +[](float x) { return x; };
+      float (*round)(float) =
+          dt == isa::DType::bf16
+              ? +[](float x) { return num::round_to(*isa::format_of(isa::DType::bf16), x); }
+          : dt == isa::DType::fp16
+              ? +[](float x) { return num::round_to(*isa::format_of(isa::DType::fp16), x); }
+              : +[](float x) { return x; };
+      if (rms_bwd) {
+        auto r = kernel::rmsnorm_backward_reference(in[0], in[1], in[2], in[3], a->rows, a->dim,
+                                                    a->cores, chip.sbuf_partitions, round);
+        want = {{"dh", r.dh}, {"dgamma_parts", r.dgamma_parts}};
+      } else if (rms) {
         auto r = kernel::rmsnorm_reference(in[0], in[1], a->residual ? &in[2] : nullptr, a->rows,
                                            a->dim, rs.eps, round);
         want = {{"y", r.y}, {"rstd", r.rstd}};
@@ -457,19 +464,21 @@ void add_bench_kernel(CLI::App& bench) {
     }
     if (opt.trace) profile::write_trace(st, chip, a->trace);
     const auto sum = profile::summarize(st, chip);
-    const std::string what = rms ? fmt::format("rmsnorm [{}, {}] {}{}", a->rows, a->dim, a->dtype,
-                                               a->residual ? " + residual" : "")
-                             : adam ? fmt::format("adamw step {} [{}, {}] fp32 state, {} gradients",
-                                                  a->step, a->rows, a->dim, a->dtype)
-                                    : fmt::format("epilogue {} [{}, {}] fp32 -> {}",
-                                                  kernel::to_string(ep), a->rows, a->dim, a->dtype);
+    const std::string what =
+        rms_bwd ? fmt::format("rmsnorm backward [{}, {}] {}", a->rows, a->dim, a->dtype)
+        : rms   ? fmt::format("rmsnorm [{}, {}] {}{}", a->rows, a->dim, a->dtype,
+                            a->residual ? " + residual" : "")
+        : adam  ? fmt::format("adamw step {} [{}, {}] fp32 state, {} gradients", a->step, a->rows,
+                              a->dim, a->dtype)
+                : fmt::format("epilogue {} [{}, {}] fp32 -> {}", kernel::to_string(ep), a->rows,
+                              a->dim, a->dtype);
     if (a->json) {
       json j = profile::to_json(sum);
       j["kernel"] = {{"name", a->name},
                      {"rows", a->rows},
                      {"dim", a->dim},
                      {"dtype", a->dtype},
-                     {"cores", rms || adam ? a->cores : 1},
+                     {"cores", rms || rms_bwd || adam ? a->cores : 1},
                      {"arch", chip.name},
                      {"what", what}};
       j["check"] = check_result;

@@ -592,6 +592,132 @@ isa::Program rmsnorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& s) {
   return b.finish();
 }
 
+isa::Program rmsnorm_backward_kernel(const arch::ChipSpec& chip, const RmsNormSpec& s) {
+  if (s.rows < 1 || s.dim < 1)
+    throw Error(fmt::format("rmsnorm backward: shape [{}, {}] must be >= 1", s.rows, s.dim));
+  if (s.dtype != DType::fp32 && s.dtype != DType::bf16 && s.dtype != DType::fp16)
+    throw NotSupported(
+        fmt::format("rmsnorm backward of {} (fp32, bf16, fp16 are)", isa::name(s.dtype)));
+  if (s.residual)
+    throw NotSupported(
+        "rmsnorm backward with a fused residual (dh is the residual's gradient too)");
+  Builder b(chip, s.cores);
+  const std::int64_t R = s.rows, D = s.dim;
+  const Tensor dy_h = b.hbm("dy", {R, D}, s.dtype, isa::TensorKind::input);
+  const Tensor h_h = b.hbm("h", {R, D}, s.dtype, isa::TensorKind::input);
+  const Tensor gamma = b.hbm("gamma", {1, D}, s.dtype, isa::TensorKind::input);
+  const Tensor rstd_h = b.hbm("rstd", {R, 1}, DType::fp32, isa::TensorKind::input);
+  const Tensor dh_h = b.hbm("dh", {R, D}, s.dtype, isa::TensorKind::output);
+  const Tensor dg_h = b.hbm("dgamma_parts", {s.cores, D}, DType::fp32, isa::TensorKind::output);
+  const std::int64_t P = chip.sbuf_partitions;
+  const int esz = isa::size_bytes(s.dtype);
+  // PSUM columns per matmul (one bank of FP32).
+  const std::int64_t TN =
+      std::min<std::int64_t>(chip.tensor.moving_fmax, chip.psum_bank_bytes().value() / 4);
+  // Per partition: gamma, the FP32 dgamma accumulator, and per buffer dy, h
+  // and dh in the dtype and three FP32 rows.
+  constexpr int kBuf = 2;
+  const std::int64_t need = D * esz + D * 4 + kBuf * (3 * D * esz + 3 * D * 4 + 64);
+  const std::int64_t budget = chip.sbuf_partition_bytes.value() * 3 / 4;
+  if (need > budget) {
+    throw NotSupported(fmt::format(
+        "rmsnorm backward with D = {} at {}: a row does not fit SBUF ({} bytes per partition "
+        "needed, budget {})",
+        D, isa::name(s.dtype), need, budget));
+  }
+  const std::int64_t tiles = ceil_div(R, P);
+  const float neg_inv_d = -1.0f / static_cast<float>(D);
+  for (int core = 0; core < s.cores; ++core) {
+    b.set_core(core);
+    const int gp = static_cast<int>(std::min(P, R));
+    const Tensor g = b.sbuf(gp, D, s.dtype);
+    b.dma_copy(g, bias_rows(gamma, gp, 0, D));
+    // dgamma partial sums per partition (rows tile by tile), summed over
+    // partitions by the Tensor engine at the end: ones^T @ acc.
+    const Tensor acc = b.sbuf(static_cast<int>(P), D, DType::fp32);
+    b.memset(acc, 0.0f, Engine::gpsimd);
+    const Tensor ones = b.sbuf(static_cast<int>(P), 1, DType::fp32);
+    b.memset(ones, 1.0f, Engine::gpsimd);
+    struct Bufs {
+      Tensor dy, h, dh, gg, a, c, t, dot, coef;
+    };
+    Bufs bu[kBuf];
+    for (auto& x : bu) {
+      x.dy = b.sbuf(static_cast<int>(P), D, s.dtype);
+      x.h = b.sbuf(static_cast<int>(P), D, s.dtype);
+      x.dh = b.sbuf(static_cast<int>(P), D, s.dtype);
+      x.gg = b.sbuf(static_cast<int>(P), D, DType::fp32);
+      x.a = b.sbuf(static_cast<int>(P), D, DType::fp32);
+      x.c = b.sbuf(static_cast<int>(P), D, DType::fp32);
+      x.t = b.sbuf(static_cast<int>(P), 1, DType::fp32);
+      x.dot = b.sbuf(static_cast<int>(P), 1, DType::fp32);
+      x.coef = b.sbuf(static_cast<int>(P), 1, DType::fp32);
+    }
+    // Software pipeline over this core's tiles (each engine runs in order):
+    // phase 1 of tile k + 1 (loads, gg and the row dot products) is issued
+    // before phase 2 of tile k (dh and the dgamma accumulation).
+    std::vector<std::int64_t> mine;
+    for (std::int64_t t = core; t < tiles; t += s.cores) mine.push_back(t);
+    struct View {
+      int r0, n;
+      Tensor dy, h, dh, gg, a, c, rs, dot, coef;
+    };
+    auto view = [&](std::size_t k) {
+      const Bufs& x = bu[k % kBuf];
+      const int r0 = static_cast<int>(mine[k] * P),
+                n = static_cast<int>(std::min(P, R - mine[k] * P));
+      auto T = [&](const Tensor& v) { return v.tile(0, n, 0, v.cols()); };
+      return View{r0,     n,      T(x.dy), T(x.h),   T(x.dh),  T(x.gg),
+                  T(x.a), T(x.c), T(x.t),  T(x.dot), T(x.coef)};
+    };
+    auto phase1 = [&](std::size_t k) {
+      const View v = view(k);
+      b.dma_copy(v.dy, dy_h.tile(v.r0, v.n, 0, D));
+      b.dma_copy(v.h, h_h.tile(v.r0, v.n, 0, D));
+      b.dma_copy(v.rs, rstd_h.tile(v.r0, v.n, 0, 1));
+      // gg = dy * gamma (exact in FP32 for bf16 / fp16), dot = sum(gg * h).
+      b.tensor_tensor(v.gg, v.dy, g.tile(0, v.n, 0, D), isa::AluOp::multiply);
+      b.tensor_tensor(v.c, v.gg, v.h, isa::AluOp::multiply);
+      b.tensor_reduce(v.dot, v.c, isa::AluOp::add);
+      // coef = ((dot * rstd) * rstd) * rstd * (-1 / D).
+      b.tensor_scalar(v.coef, v.dot, isa::AluOp::multiply, v.rs, isa::AluOp::multiply, 0.0f, &v.rs,
+                      Engine::gpsimd);
+      b.tensor_scalar(v.coef, v.coef, isa::AluOp::multiply, v.rs, isa::AluOp::multiply, neg_inv_d,
+                      nullptr, Engine::gpsimd);
+    };
+    auto phase2 = [&](std::size_t k) {
+      const View v = view(k);
+      // dh = gg * rstd + h * coef.
+      b.tensor_scalar(v.a, v.gg, isa::AluOp::multiply, v.rs, isa::AluOp::bypass, 0.0f, nullptr,
+                      Engine::scalar);
+      b.tensor_scalar(v.c, v.h, isa::AluOp::multiply, v.coef, isa::AluOp::bypass, 0.0f, nullptr,
+                      Engine::scalar);
+      b.tensor_tensor(v.dh, v.a, v.c, isa::AluOp::add, Engine::gpsimd);
+      b.dma_copy(dh_h.tile(v.r0, v.n, 0, D), v.dh, -1, false, Engine::gpsimd);
+      // acc += dy * (h * rstd).
+      b.tensor_scalar(v.a, v.h, isa::AluOp::multiply, v.rs, isa::AluOp::bypass, 0.0f, nullptr,
+                      Engine::scalar);
+      b.tensor_tensor(v.a, v.dy, v.a, isa::AluOp::multiply, Engine::gpsimd);
+      b.tensor_tensor(acc.tile(0, v.n, 0, D), acc.tile(0, v.n, 0, D), v.a, isa::AluOp::add);
+    };
+    if (!mine.empty()) phase1(0);
+    for (std::size_t k = 0; k < mine.size(); ++k) {
+      if (k + 1 < mine.size()) phase1(k + 1);
+      phase2(k);
+    }
+    // dgamma_parts[core] = ones^T @ acc, one PSUM bank at a time.
+    const Tensor ps = b.psum(1, TN, DType::fp32);
+    const Tensor out = b.sbuf(1, TN, DType::fp32);
+    for (std::int64_t c0 = 0; c0 < D; c0 += TN) {
+      const std::int64_t w = std::min(TN, D - c0);
+      b.matmul(ps.tile(0, 1, 0, w), ones, acc.tile(0, static_cast<int>(P), c0, w), false);
+      b.tensor_copy(out.tile(0, 1, 0, w), ps.tile(0, 1, 0, w));
+      b.dma_copy(dg_h.tile(core, 1, c0, w), out.tile(0, 1, 0, w), -1, false, Engine::vector);
+    }
+  }
+  return b.finish();
+}
+
 AdamWScalars adamw_scalars(const AdamWSpec& s) {
   const double b1 = s.beta1, b2 = s.beta2, t = static_cast<double>(s.step);
   const double bc1 = 1.0 - std::pow(b1, t), bc2 = 1.0 - std::pow(b2, t);

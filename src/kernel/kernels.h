@@ -70,6 +70,17 @@ struct RmsNormSpec {
 };
 isa::Program rmsnorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& spec);
 
+// RMSNorm backward for y = (h * gamma) * rstd, rows spread over `cores`:
+//   gg = dy * gamma, dot[r] = sum_j gg * h,
+//   dh = gg * rstd - h * (dot * rstd^3 / D),
+//   dgamma_parts[c, j] = sum over core c's rows of dy * (h * rstd).
+// HBM inputs "dy", "h" [R, D] (dtype), "gamma" [1, D] (dtype), "rstd"
+// [R, 1] fp32 (the forward's output); outputs "dh" [R, D] (dtype) and
+// "dgamma_parts" [cores, D] fp32: dgamma is the sum of its rows (each core
+// reduces its rows on the Tensor engine; the cross-core sum is left to the
+// caller, as a gradient all-reduce would be).
+isa::Program rmsnorm_backward_kernel(const arch::ChipSpec& chip, const RmsNormSpec& spec);
+
 // One fused AdamW step (PyTorch's torch.optim.AdamW, decoupled weight decay)
 // over parameters laid out [R, C] (rows on partitions; any flattening of the
 // model's tensors), all state FP32:

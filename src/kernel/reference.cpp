@@ -130,4 +130,48 @@ std::vector<float> adamw_reference(std::vector<float>& param, const std::vector<
   return pb;
 }
 
+RmsNormGrads rmsnorm_backward_reference(const std::vector<float>& dy, const std::vector<float>& h,
+                                        const std::vector<float>& gamma,
+                                        const std::vector<float>& rstd, std::int64_t rows,
+                                        std::int64_t dim, int cores, int partitions,
+                                        float (*round)(float)) {
+  const auto size = static_cast<std::size_t>(rows * dim);
+  if (dy.size() != size || h.size() != size || gamma.size() != static_cast<std::size_t>(dim) ||
+      rstd.size() != static_cast<std::size_t>(rows) || cores < 1 || partitions < 1) {
+    throw Error("rmsnorm_backward_reference: sizes do not match the [R, D] shape");
+  }
+  RmsNormGrads g;
+  g.dh.resize(size);
+  g.dgamma_parts.assign(static_cast<std::size_t>(cores * dim), 0.0f);
+  const float neg_inv_d = -1.0f / static_cast<float>(dim);
+  const auto D = static_cast<std::size_t>(dim), P = static_cast<std::size_t>(partitions);
+  std::vector<float> acc(static_cast<std::size_t>(cores) * P * D, 0.0f);
+  const std::int64_t tiles = (rows + partitions - 1) / partitions;
+  for (std::int64_t t = 0; t < tiles; ++t) {
+    const auto core = static_cast<std::size_t>(t % cores);
+    for (std::int64_t r = t * partitions; r < std::min(rows, (t + 1) * partitions); ++r) {
+      const std::size_t row = static_cast<std::size_t>(r) * D,
+                        p = static_cast<std::size_t>(r - t * partitions);
+      const float rs = rstd[static_cast<std::size_t>(r)];
+      float dot = 0.0f;
+      for (std::size_t j = 0; j < D; ++j) dot = dot + (dy[row + j] * gamma[j]) * h[row + j];
+      float coef = (dot * rs) * rs;
+      coef = (coef * rs) * neg_inv_d;
+      float* a = acc.data() + (core * P + p) * D;
+      for (std::size_t j = 0; j < D; ++j) {
+        const float gg = dy[row + j] * gamma[j];
+        g.dh[row + j] = round(gg * rs + h[row + j] * coef);
+        a[j] = a[j] + dy[row + j] * (h[row + j] * rs);
+      }
+    }
+  }
+  for (std::size_t c = 0; c < static_cast<std::size_t>(cores); ++c)
+    for (std::size_t j = 0; j < D; ++j) {
+      float s = 0.0f;
+      for (std::size_t p = 0; p < P; ++p) s = s + acc[(c * P + p) * D + j];
+      g.dgamma_parts[c * D + j] = s;
+    }
+  return g;
+}
+
 }  // namespace tern::kernel

@@ -41,6 +41,18 @@ RmsNormResult rmsnorm_reference(const std::vector<float>& x, const std::vector<f
                                 const std::vector<float>* residual, std::int64_t rows,
                                 std::int64_t dim, float eps, float (*round)(float));
 
+// RMSNorm backward as rmsnorm_backward_kernel computes it: dh, and
+// dgamma_parts [cores, D] (each core's rows: tiles of 128 round-robin,
+// accumulated per partition in tile order, then partitions 0..127 in order).
+struct RmsNormGrads {
+  std::vector<float> dh, dgamma_parts;
+};
+RmsNormGrads rmsnorm_backward_reference(const std::vector<float>& dy, const std::vector<float>& h,
+                                        const std::vector<float>& gamma,
+                                        const std::vector<float>& rstd, std::int64_t rows,
+                                        std::int64_t dim, int cores, int partitions,
+                                        float (*round)(float));
+
 // One AdamW step as adamw_kernel computes it, element by element (FP32, one
 // rounding per instruction); the vectors are updated in place and the bf16
 // copy of the parameters returned.

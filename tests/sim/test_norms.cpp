@@ -11,6 +11,7 @@
 #include "kernel/kernels.h"
 #include "kernel/reference.h"
 #include "num/convert.h"
+#include "run_kernel.h"
 #include "sim/simulator.h"
 #include "util/error.h"
 
@@ -102,6 +103,62 @@ INSTANTIATE_TEST_SUITE_P(Shapes, RmsNorm,
                                            Case{129, 77, DType::fp16, true, 1, "trn2"},
                                            Case{200, 384, DType::fp32, false, 2, "trn1"},
                                            Case{700, 256, DType::bf16, true, 3, "trn2"}));
+
+class RmsNormBackward : public ::testing::TestWithParam<Case> {};
+
+TEST_P(RmsNormBackward, BitExactAgainstHostReferenceAndCloseToFp64) {
+  const Case c = GetParam();
+  const auto chip = arch::load_chip(c.chip);
+  kernel::RmsNormSpec spec;
+  spec.rows = c.rows, spec.dim = c.dim, spec.dtype = c.dt, spec.cores = c.cores;
+  float (*round)(float) = c.dt == DType::bf16 ? to_bf16 : c.dt == DType::fp16 ? to_fp16 : to_fp32;
+  auto dy = normal(static_cast<std::size_t>(c.rows * c.dim), 11);
+  auto h = normal(static_cast<std::size_t>(c.rows * c.dim), 12, 0.3f);
+  auto gamma = normal(static_cast<std::size_t>(c.dim), 13, 1.0f);
+  for (auto* v : {&dy, &h, &gamma})
+    for (float& x : *v) x = round(x);
+  std::vector<float> rstd(static_cast<std::size_t>(c.rows));
+  for (std::int64_t r = 0; r < c.rows; ++r) {
+    double ss = 0;
+    for (std::int64_t j = 0; j < c.dim; ++j) ss += double(h[r * c.dim + j]) * h[r * c.dim + j];
+    rstd[r] = static_cast<float>(1.0 / std::sqrt(ss / c.dim + 1e-6));
+  }
+  const auto sp =
+      testing_helpers::run_kernel(chip, kernel::rmsnorm_backward_kernel(chip, spec),
+                                  {{"dy", &dy}, {"h", &h}, {"gamma", &gamma}, {"rstd", &rstd}});
+  const sim::Simulator& s = *sp;
+  const auto want = kernel::rmsnorm_backward_reference(dy, h, gamma, rstd, c.rows, c.dim, c.cores,
+                                                       chip.sbuf_partitions, round);
+  const auto dh = s.read("dh"), parts = s.read("dgamma_parts");
+  EXPECT_EQ(mismatches(dh, want.dh, "dh"), 0u);
+  EXPECT_EQ(mismatches(parts, want.dgamma_parts, "dgamma_parts"), 0u);
+  // The analytic gradient in FP64 (what autograd computes).
+  const auto D = static_cast<std::size_t>(c.dim);
+  const double tol = c.dt == DType::fp32 ? 1e-4 : 1e-2;
+  for (std::size_t r = 0; r < static_cast<std::size_t>(c.rows); r += 29) {
+    double dot = 0;
+    for (std::size_t j = 0; j < D; ++j) dot += double(dy[r * D + j]) * gamma[j] * h[r * D + j];
+    const double t = rstd[r];
+    for (std::size_t j = 0; j < D; j += 7) {
+      const double w = t * dy[r * D + j] * gamma[j] - h[r * D + j] * dot * t * t * t / c.dim;
+      ASSERT_NEAR(dh[r * D + j], w, tol * (1 + std::fabs(w))) << r << "," << j;
+    }
+  }
+  for (std::size_t j = 0; j < D; j += 5) {
+    double w = 0, got = 0;
+    for (std::size_t r = 0; r < static_cast<std::size_t>(c.rows); ++r)
+      w += double(dy[r * D + j]) * h[r * D + j] * rstd[r];
+    for (int k = 0; k < c.cores; ++k) got += parts[k * D + j];
+    ASSERT_NEAR(got, w, 1e-4 * (1 + std::fabs(w))) << j;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, RmsNormBackward,
+                         ::testing::Values(Case{256, 512, DType::bf16, false, 1, "trn3"},
+                                           Case{300, 1000, DType::bf16, false, 2, "trn3"},
+                                           Case{1, 1, DType::fp32, false, 1, "trn3"},
+                                           Case{129, 77, DType::fp16, false, 1, "trn2"},
+                                           Case{700, 256, DType::fp32, false, 3, "trn2"}));
 
 TEST(RmsNorm, RejectsBadInput) {
   const auto chip = arch::load_chip("trn3");

@@ -12,6 +12,7 @@
 #include "kernel/kernels.h"
 #include "kernel/reference.h"
 #include "num/convert.h"
+#include "run_kernel.h"
 #include "sim/simulator.h"
 #include "util/error.h"
 
@@ -56,13 +57,9 @@ TEST_P(AdamW, BitExactAgainstHostReferenceAndCloseToFp64) {
     v[i] = 1e-5f * std::fabs(d(rng));
   }
   if (c.grad == DType::bf16) num::round_array(*isa::format_of(DType::bf16), g);
-  sim::Simulator s(chip);
-  s.load(kernel::adamw_kernel(chip, spec));
-  s.write("param", p);
-  s.write("grad", g);
-  s.write("m", m);
-  s.write("v", v);
-  s.run();
+  const auto sp = testing_helpers::run_kernel(chip, kernel::adamw_kernel(chip, spec),
+                                              {{"param", &p}, {"grad", &g}, {"m", &m}, {"v", &v}});
+  const sim::Simulator& s = *sp;
   std::vector<float> rp = p, rm = m, rv = v;
   const auto pb = kernel::adamw_reference(rp, g, rm, rv, spec);
   EXPECT_EQ(mismatches(s.read("param_out"), rp, "param"), 0u);
