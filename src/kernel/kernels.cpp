@@ -614,10 +614,17 @@ isa::Program rmsnorm_backward_kernel(const arch::ChipSpec& chip, const RmsNormSp
   // PSUM columns per matmul (one bank of FP32).
   const std::int64_t TN =
       std::min<std::int64_t>(chip.tensor.moving_fmax, chip.psum_bank_bytes().value() / 4);
-  // Per partition: gamma, the FP32 dgamma accumulator, and per buffer dy, h
-  // and dh in the dtype and three FP32 rows.
+  // dgamma accumulates on the Tensor engine in PSUM ([1, D] FP32 on one
+  // partition, one bank per TN columns).
+  if (ceil_div(D, TN) > chip.psum_banks) {
+    throw NotSupported(fmt::format(
+        "rmsnorm backward with D = {}: dgamma accumulates in PSUM, which holds {} columns", D,
+        chip.psum_banks * TN));
+  }
+  // Per partition: gamma, and per buffer dy, h and dh in the dtype and three
+  // FP32 rows.
   constexpr int kBuf = 2;
-  const std::int64_t need = D * esz + D * 4 + kBuf * (3 * D * esz + 3 * D * 4 + 64);
+  const std::int64_t need = D * esz + kBuf * (3 * D * esz + 3 * D * 4 + 64);
   const std::int64_t budget = chip.sbuf_partition_bytes.value() * 3 / 4;
   if (need > budget) {
     throw NotSupported(fmt::format(
@@ -632,12 +639,10 @@ isa::Program rmsnorm_backward_kernel(const arch::ChipSpec& chip, const RmsNormSp
     const int gp = static_cast<int>(std::min(P, R));
     const Tensor g = b.sbuf(gp, D, s.dtype);
     b.dma_copy(g, bias_rows(gamma, gp, 0, D));
-    // dgamma partial sums per partition (rows tile by tile), summed over
-    // partitions by the Tensor engine at the end: ones^T @ acc.
-    const Tensor acc = b.sbuf(static_cast<int>(P), D, DType::fp32);
-    b.memset(acc, 0.0f, Engine::gpsimd);
-    const Tensor ones = b.sbuf(static_cast<int>(P), 1, DType::fp32);
-    b.memset(ones, 1.0f, Engine::gpsimd);
+    // dgamma: rstd^T @ (dy * h) per tile, accumulated in PSUM over the
+    // core's tiles (the Tensor engine is otherwise idle here).
+    std::vector<Tensor> dg;
+    for (std::int64_t c0 = 0; c0 < D; c0 += TN) dg.push_back(b.psum(1, TN, DType::fp32));
     struct Bufs {
       Tensor dy, h, dh, gg, a, c, t, dot, coef;
     };
@@ -694,26 +699,25 @@ isa::Program rmsnorm_backward_kernel(const arch::ChipSpec& chip, const RmsNormSp
                       Engine::scalar);
       b.tensor_tensor(v.dh, v.a, v.c, isa::AluOp::add, Engine::gpsimd);
       b.dma_copy(dh_h.tile(v.r0, v.n, 0, D), v.dh, -1, false, Engine::gpsimd);
-      // acc += dy * (h * rstd).
-      b.tensor_scalar(v.a, v.h, isa::AluOp::multiply, v.rs, isa::AluOp::bypass, 0.0f, nullptr,
-                      Engine::scalar);
-      b.tensor_tensor(v.a, v.dy, v.a, isa::AluOp::multiply, Engine::gpsimd);
-      b.tensor_tensor(acc.tile(0, v.n, 0, D), acc.tile(0, v.n, 0, D), v.a, isa::AluOp::add);
+      // dgamma (+)= rstd^T @ (dy * h); dy * h is exact in FP32 for bf16 / fp16.
+      b.tensor_tensor(v.gg, v.dy, v.h, isa::AluOp::multiply, Engine::gpsimd);
+      for (std::size_t c = 0; c < dg.size(); ++c) {
+        const std::int64_t c0 = static_cast<std::int64_t>(c) * TN, w = std::min(TN, D - c0);
+        b.matmul(dg[c].tile(0, 1, 0, w), v.rs, v.gg.tile(0, v.n, c0, w), k > 0);
+      }
     };
     if (!mine.empty()) phase1(0);
     for (std::size_t k = 0; k < mine.size(); ++k) {
       if (k + 1 < mine.size()) phase1(k + 1);
       phase2(k);
     }
-    // dgamma_parts[core] = ones^T @ acc, one PSUM bank at a time.
-    const Tensor ps = b.psum(1, TN, DType::fp32);
-    const Tensor out = b.sbuf(1, TN, DType::fp32);
-    for (std::int64_t c0 = 0; c0 < D; c0 += TN) {
-      const std::int64_t w = std::min(TN, D - c0);
-      b.matmul(ps.tile(0, 1, 0, w), ones, acc.tile(0, static_cast<int>(P), c0, w), false);
-      b.tensor_copy(out.tile(0, 1, 0, w), ps.tile(0, 1, 0, w));
-      b.dma_copy(dg_h.tile(core, 1, c0, w), out.tile(0, 1, 0, w), -1, false, Engine::vector);
+    const Tensor out = b.sbuf(1, D, DType::fp32);
+    for (std::size_t c = 0; c < dg.size() && !mine.empty(); ++c) {
+      const std::int64_t c0 = static_cast<std::int64_t>(c) * TN, w = std::min(TN, D - c0);
+      b.tensor_copy(out.tile(0, 1, c0, w), dg[c].tile(0, 1, 0, w));
     }
+    if (mine.empty()) b.memset(out, 0.0f);  // a core without rows contributes zeros
+    b.dma_copy(dg_h.tile(core, 1, 0, D), out, -1, false, Engine::vector);
   }
   return b.finish();
 }

@@ -144,33 +144,25 @@ RmsNormGrads rmsnorm_backward_reference(const std::vector<float>& dy, const std:
   g.dh.resize(size);
   g.dgamma_parts.assign(static_cast<std::size_t>(cores * dim), 0.0f);
   const float neg_inv_d = -1.0f / static_cast<float>(dim);
-  const auto D = static_cast<std::size_t>(dim), P = static_cast<std::size_t>(partitions);
-  std::vector<float> acc(static_cast<std::size_t>(cores) * P * D, 0.0f);
+  const auto D = static_cast<std::size_t>(dim);
   const std::int64_t tiles = (rows + partitions - 1) / partitions;
   for (std::int64_t t = 0; t < tiles; ++t) {
     const auto core = static_cast<std::size_t>(t % cores);
     for (std::int64_t r = t * partitions; r < std::min(rows, (t + 1) * partitions); ++r) {
-      const std::size_t row = static_cast<std::size_t>(r) * D,
-                        p = static_cast<std::size_t>(r - t * partitions);
+      const std::size_t row = static_cast<std::size_t>(r) * D;
       const float rs = rstd[static_cast<std::size_t>(r)];
       float dot = 0.0f;
       for (std::size_t j = 0; j < D; ++j) dot = dot + (dy[row + j] * gamma[j]) * h[row + j];
       float coef = (dot * rs) * rs;
       coef = (coef * rs) * neg_inv_d;
-      float* a = acc.data() + (core * P + p) * D;
+      float* dg = g.dgamma_parts.data() + core * D;
       for (std::size_t j = 0; j < D; ++j) {
         const float gg = dy[row + j] * gamma[j];
         g.dh[row + j] = round(gg * rs + h[row + j] * coef);
-        a[j] = a[j] + dy[row + j] * (h[row + j] * rs);
+        dg[j] = dg[j] + rs * (dy[row + j] * h[row + j]);
       }
     }
   }
-  for (std::size_t c = 0; c < static_cast<std::size_t>(cores); ++c)
-    for (std::size_t j = 0; j < D; ++j) {
-      float s = 0.0f;
-      for (std::size_t p = 0; p < P; ++p) s = s + acc[(c * P + p) * D + j];
-      g.dgamma_parts[c * D + j] = s;
-    }
   return g;
 }
 

@@ -42,8 +42,8 @@ RmsNormResult rmsnorm_reference(const std::vector<float>& x, const std::vector<f
                                 std::int64_t dim, float eps, float (*round)(float));
 
 // RMSNorm backward as rmsnorm_backward_kernel computes it: dh, and
-// dgamma_parts [cores, D] (each core's rows: tiles of 128 round-robin,
-// accumulated per partition in tile order, then partitions 0..127 in order).
+// dgamma_parts [cores, D]: per core (tiles of `partitions` rows dealt
+// round-robin) the sum of rstd * (dy * h) over its rows in order.
 struct RmsNormGrads {
   std::vector<float> dh, dgamma_parts;
 };

@@ -190,6 +190,7 @@ expect_err "a row does not fit SBUF" bench kernel rmsnorm --rows 128 --dim 10000
 expect_err "name: softmax not in" bench kernel softmax
 expect_json 'j["check"]["bit_exact"] and j["check"]["elements"] == 300 * 1000 + 2 * 1000' bench kernel rmsnorm_backward --rows 300 --dim 1000 --cores 2 --json
 expect_err "not supported: rmsnorm backward with a fused residual" bench kernel rmsnorm_backward --rows 8 --dim 8 --residual
+expect_err "dgamma accumulates in PSUM, which holds 4096 columns" bench kernel rmsnorm_backward --rows 8 --dim 5000
 expect_json 'j["check"]["bit_exact"] and j["check"]["elements"] == 4 * 200 * 3000 and j["kernel"]["cores"] == 2' bench kernel adamw --rows 200 --dim 3000 --cores 2 --step 5 --json
 expect_ok "adamw step 1 \\[128, 100\\] fp32 state, fp32 gradients" bench kernel adamw --rows 128 --dim 100 --dtype fp32
 expect_err "adamw: step must be >= 1" bench kernel adamw --rows 8 --dim 8 --step 0

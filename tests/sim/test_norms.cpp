@@ -158,7 +158,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, RmsNormBackward,
                                            Case{300, 1000, DType::bf16, false, 2, "trn3"},
                                            Case{1, 1, DType::fp32, false, 1, "trn3"},
                                            Case{129, 77, DType::fp16, false, 1, "trn2"},
-                                           Case{700, 256, DType::fp32, false, 3, "trn2"}));
+                                           Case{700, 256, DType::fp32, false, 3, "trn2"},
+                                           Case{100, 64, DType::bf16, false, 2, "trn3"}));
 
 TEST(RmsNorm, RejectsBadInput) {
   const auto chip = arch::load_chip("trn3");
