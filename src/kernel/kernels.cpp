@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -147,6 +148,48 @@ Engine evacuate(Builder& b, const Epilogue& e, const Tensor& src, const Tensor& 
   return last;
 }
 
+// The HBM inputs the epilogue reads: "bias" [1, N] and "residual" [M, N]
+// (fp32), declared only when used.
+std::pair<Tensor, Tensor> epilogue_inputs(Builder& b, const Epilogue& e, std::int64_t m,
+                                          std::int64_t n) {
+  Tensor bias, residual;
+  if (e.bias) bias = b.hbm("bias", {1, n}, DType::fp32, isa::TensorKind::input);
+  if (e.residual) residual = b.hbm("residual", {m, n}, DType::fp32, isa::TensorKind::input);
+  return {bias, residual};
+}
+
+// A matmul's output side: PSUM tiles, output tiles and, with an epilogue,
+// its FP32 scratch per output slot and two bias rows (double-buffered).
+struct OutputSlots {
+  static constexpr int kPsum = 4, kOut = 4;
+  std::vector<Tensor> ps, outs;
+  std::vector<EvacTiles> evac;
+  Tensor bias[2];
+};
+OutputSlots output_slots(Builder& b, const Epilogue& e, DType out, std::int64_t tm,
+                         std::int64_t tn) {
+  OutputSlots o;
+  const int rows = static_cast<int>(tm);
+  for (int i = 0; i < OutputSlots::kPsum; ++i) o.ps.push_back(b.psum(rows, tn, DType::fp32));
+  for (int i = 0; i < OutputSlots::kOut; ++i) o.outs.push_back(b.sbuf(rows, tn, out));
+  o.evac.resize(OutputSlots::kOut);
+  if (e.any()) {
+    for (auto& t : o.evac) {
+      t.t32 = b.sbuf(rows, tn, DType::fp32);
+      if (e.residual) t.residual = b.sbuf(rows, tn, DType::fp32);
+    }
+    if (e.bias)
+      for (auto& t : o.bias) t = b.sbuf(rows, tn, DType::fp32);
+  }
+  return o;
+}
+
+// SBUF bytes per partition output_slots adds for the epilogue.
+std::int64_t epilogue_sbuf_bytes(const Epilogue& e, std::int64_t tn) {
+  if (!e.any()) return 0;
+  return (OutputSlots::kOut * (e.residual ? 2 : 1) + (e.bias ? 2 : 0)) * tn * 4;
+}
+
 // The [rows, n] HBM bias row seen by every partition (row stride 0).
 Tensor bias_rows(const Tensor& bias, int rows, std::int64_t n0, std::int64_t n) {
   Tensor v = bias;
@@ -184,9 +227,7 @@ isa::Program mx_matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
   const Tensor bt = b.hbm("b", {s.k, s.n}, DType::bf16, isa::TensorKind::input);
   const Tensor ct = b.hbm("c", {s.m, s.n}, s.out, isa::TensorKind::output);
   const Epilogue& ep = s.epilogue;
-  Tensor bias_h, residual_h;
-  if (ep.bias) bias_h = b.hbm("bias", {1, s.n}, DType::fp32, isa::TensorKind::input);
-  if (ep.residual) residual_h = b.hbm("residual", {s.m, s.n}, DType::fp32, isa::TensorKind::input);
+  const auto [bias_h, residual_h] = epilogue_inputs(b, ep, s.m, s.n);
   const std::int64_t P = chip.tensor.rows;  // packed partitions per instruction
   const std::int64_t TKL = 4 * P;           // logical contraction per instruction
   const std::int64_t TM = chip.tensor.stationary_fmax;
@@ -196,9 +237,8 @@ isa::Program mx_matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
   const std::int64_t budget = chip.sbuf_partition_bytes.value();
   // Per partition: all of A quantized (4 B x M per k tile, + 1 B scales), two
   // sets of one B column tile (4 B x TN, + scales), staging and outputs.
-  const std::int64_t need =
-      KT * (5 * s.m + 2 * 5 * TN) + 4 * (4 * TM * 2 + 4 * TN * 2) + 4 * TN * 4 +
-      (ep.any() ? (4 + (ep.residual ? 4 : 0) + (ep.bias ? 2 : 0)) * TN * 4 : 0);
+  const std::int64_t need = KT * (5 * s.m + 2 * 5 * TN) + 4 * (4 * TM * 2 + 4 * TN * 2) +
+                            4 * TN * 4 + epilogue_sbuf_bytes(ep, TN);
   if (need > budget) {
     throw NotSupported(
         fmt::format("MX matmul with M = {}, K = {}: the quantized A ({} bytes per partition) "
@@ -227,20 +267,9 @@ isa::Program mx_matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
       b_src.push_back(b.sbuf(static_cast<int>(P), 4 * TN, DType::bf16));
     }
 
-    constexpr int kPsum = 4, kOut = 4;
-    std::vector<Tensor> ps, outs;
-    for (int i = 0; i < kPsum; ++i) ps.push_back(b.psum(static_cast<int>(TM), TN, DType::fp32));
-    for (int i = 0; i < kOut; ++i) outs.push_back(b.sbuf(static_cast<int>(TM), TN, s.out));
-    std::vector<EvacTiles> evac_tiles(kOut);
-    Tensor bias_sets[2];
-    if (ep.any()) {
-      for (auto& t : evac_tiles) {
-        t.t32 = b.sbuf(static_cast<int>(TM), TN, DType::fp32);
-        if (ep.residual) t.residual = b.sbuf(static_cast<int>(TM), TN, DType::fp32);
-      }
-      if (ep.bias)
-        for (auto& t : bias_sets) t = b.sbuf(static_cast<int>(TM), TN, DType::fp32);
-    }
+    OutputSlots slots = output_slots(b, ep, s.out, TM, TN);
+    auto& [ps, outs, evac_tiles, bias_sets] = slots;
+    constexpr int kPsum = OutputSlots::kPsum, kOut = OutputSlots::kOut;
     int si = 0, pi = 0, oi = 0, set = 0;
     // Loads columns [c0, c0 + nc) of a BF16 [K, C] HBM tensor K tile by K
     // tile through the staging buffers and quantizes them into columns
@@ -322,9 +351,7 @@ isa::Program matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
   const Tensor bt = b.hbm("b", {s.k, s.n}, s.in, isa::TensorKind::input);
   const Tensor ct = b.hbm("c", {s.m, s.n}, s.out, isa::TensorKind::output);
   const Epilogue& ep = s.epilogue;
-  Tensor bias_h, residual_h;
-  if (ep.bias) bias_h = b.hbm("bias", {1, s.n}, DType::fp32, isa::TensorKind::input);
-  if (ep.residual) residual_h = b.hbm("residual", {s.m, s.n}, DType::fp32, isa::TensorKind::input);
+  const auto [bias_h, residual_h] = epilogue_inputs(b, ep, s.m, s.n);
 
   const std::int64_t TK = chip.tensor.rows;             // contraction
   const std::int64_t TM = chip.tensor.stationary_fmax;  // output partitions
@@ -336,7 +363,7 @@ isa::Program matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
   const std::int64_t budget = chip.sbuf_partition_bytes.value() * 3 / 4;
   std::int64_t BM = std::min<std::int64_t>(4 * TM, ceil_div(s.m, TM) * TM);
   // Epilogue scratch: kOut fp32 tiles (+ kOut residual tiles) and two bias rows.
-  const std::int64_t epi = ep.any() ? (4 + (ep.residual ? 4 : 0) + (ep.bias ? 2 : 0)) * TN * 4 : 0;
+  const std::int64_t epi = epilogue_sbuf_bytes(ep, TN);
   auto need = [&](std::int64_t bm) { return KT * (2 * bm + 2 * TN) * esz + 4 * TN * 4 + epi; };
   while (BM > TM && need(BM) > budget) BM -= TM;
   if (need(BM) > budget) {
@@ -372,20 +399,9 @@ isa::Program matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
     auto pair_view = [](const Tensor& first, std::int64_t width, std::int64_t c0, std::int64_t n) {
       return first.with_dims({{width, 2}, {1, n}}, c0);
     };
-    constexpr int kPsum = 4, kOut = 4;
-    std::vector<Tensor> ps, outs;
-    for (int i = 0; i < kPsum; ++i) ps.push_back(b.psum(static_cast<int>(TM), TN, DType::fp32));
-    for (int i = 0; i < kOut; ++i) outs.push_back(b.sbuf(static_cast<int>(TM), TN, s.out));
-    std::vector<EvacTiles> evac_tiles(kOut);
-    Tensor bias_sets[2];
-    if (ep.any()) {
-      for (auto& t : evac_tiles) {
-        t.t32 = b.sbuf(static_cast<int>(TM), TN, DType::fp32);
-        if (ep.residual) t.residual = b.sbuf(static_cast<int>(TM), TN, DType::fp32);
-      }
-      if (ep.bias)
-        for (auto& t : bias_sets) t = b.sbuf(static_cast<int>(TM), TN, DType::fp32);
-    }
+    OutputSlots slots = output_slots(b, ep, s.out, TM, TN);
+    auto& [ps, outs, evac_tiles, bias_sets] = slots;
+    constexpr int kPsum = OutputSlots::kPsum, kOut = OutputSlots::kOut;
     // Steps (M block, N tile) in order; the loads of step i + 1 are issued
     // before the compute of step i, so the sync engine never blocks a
     // prefetch behind a store (software pipelining, double-buffered).

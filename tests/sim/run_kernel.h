@@ -1,6 +1,8 @@
-// Runs a built-in kernel's program on named inputs (tests only).
+// Test helpers for built-in kernels: run a program on named inputs, compare bits.
 #pragma once
 
+#include <bit>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
@@ -9,6 +11,8 @@
 #include "arch/chip.h"
 #include "isa/program.h"
 #include "sim/simulator.h"
+
+#include <gtest/gtest.h>
 
 namespace tern::testing_helpers {
 
@@ -22,6 +26,18 @@ inline std::unique_ptr<sim::Simulator> run_kernel(
   for (const auto& [name, values] : inputs) s->write(name, *values);
   s->run();
   return s;
+}
+
+// Elements whose bits differ (the first five reported as failures, named
+// `what`[i]).
+inline std::size_t mismatches(const std::vector<float>& got, const std::vector<float>& want,
+                              const char* what = "element") {
+  EXPECT_EQ(got.size(), want.size()) << what;
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < got.size() && i < want.size(); ++i)
+    if (std::bit_cast<std::uint32_t>(got[i]) != std::bit_cast<std::uint32_t>(want[i]) && bad++ < 5)
+      ADD_FAILURE() << what << "[" << i << "] = " << got[i] << ", want " << want[i];
+  return bad;
 }
 
 }  // namespace tern::testing_helpers

@@ -13,6 +13,7 @@
 #include "kernel/kernels.h"
 #include "kernel/reference.h"
 #include "num/convert.h"
+#include "run_kernel.h"
 #include "sim/simulator.h"
 #include "util/error.h"
 
@@ -34,15 +35,7 @@ std::vector<float> rounded(std::vector<float> v, DType dt) {
   return v;
 }
 
-std::size_t mismatches(const std::vector<float>& got, const std::vector<float>& want) {
-  EXPECT_EQ(got.size(), want.size());
-  std::size_t bad = 0;
-  for (std::size_t i = 0; i < got.size() && i < want.size(); ++i) {
-    if (std::bit_cast<std::uint32_t>(got[i]) != std::bit_cast<std::uint32_t>(want[i]) && bad++ < 5)
-      ADD_FAILURE() << "element " << i << ": " << got[i] << ", want " << want[i];
-  }
-  return bad;
-}
+using testing_helpers::mismatches;
 
 struct Case {
   const char* epilogue;

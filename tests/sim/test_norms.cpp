@@ -38,16 +38,7 @@ float to_fp32(float x) {
   return x;
 }
 
-std::size_t mismatches(const std::vector<float>& got, const std::vector<float>& want,
-                       const char* what) {
-  EXPECT_EQ(got.size(), want.size()) << what;
-  std::size_t bad = 0;
-  for (std::size_t i = 0; i < got.size() && i < want.size(); ++i) {
-    if (std::bit_cast<std::uint32_t>(got[i]) != std::bit_cast<std::uint32_t>(want[i]) && bad++ < 5)
-      ADD_FAILURE() << what << "[" << i << "] = " << got[i] << ", want " << want[i];
-  }
-  return bad;
-}
+using testing_helpers::mismatches;
 
 struct Case {
   std::int64_t rows, dim;
