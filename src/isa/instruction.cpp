@@ -165,6 +165,39 @@ std::int64_t apply_alu_int(AluOp op, std::int64_t a, std::int64_t b, bool is_sig
   throw NotSupported(fmt::format("integer {}", alu_name(op)));
 }
 
+void bn_stats_row(const float* x, std::size_t n, float out[6]) {
+  for (std::size_t half = 0; half < 2; ++half) {
+    float count = 0, sum = 0, m2 = 0;
+    for (std::size_t i = half; i < n; i += 2) {
+      sum += x[i];
+      count += 1;
+    }
+    const float mean = count > 0 ? sum / count : 0.0f;
+    for (std::size_t i = half; i < n; i += 2) {
+      const float dlt = x[i] - mean;
+      m2 += dlt * dlt;
+    }
+    out[3 * half] = count;
+    out[3 * half + 1] = mean;
+    out[3 * half + 2] = m2;
+  }
+}
+
+void bn_aggr_row(const float* stats, std::size_t groups, float out[2]) {
+  float n = 0, mean = 0, m2 = 0;
+  for (std::size_t g = 0; g < groups; ++g) {
+    const float nb = stats[3 * g], mb = stats[3 * g + 1], m2b = stats[3 * g + 2];
+    if (nb == 0) continue;
+    const float total = n + nb;
+    const float delta = mb - mean;
+    mean = mean + delta * (nb / total);
+    m2 = m2 + m2b + delta * delta * (n * nb / total);
+    n = total;
+  }
+  out[0] = mean;
+  out[1] = n > 0 ? m2 / n : 0.0f;
+}
+
 float apply_act(ActFunc f, float x) {
   constexpr float kSqrt2OverPi = 0.7978845608028654f;
   switch (f) {

@@ -5,6 +5,7 @@
 // completes, which is how engines order themselves (hardware.md section 1).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -107,6 +108,13 @@ std::string_view act_name(ActFunc f);
 ActFunc parse_act(std::string_view s);
 // f(x) in FP32 (host libm; see docs/sim.md).
 float apply_act(ActFunc f, float x);
+// bn_stats of one partition's `n` values (stride 1): out[0..2] = count, mean,
+// M2 of the even-indexed elements, out[3..5] of the odd ones, each summed in
+// FP32 in index order.
+void bn_stats_row(const float* x, std::size_t n, float out[6]);
+// bn_aggr of `groups` (count, mean, M2) triples: Chan et al.'s pairwise
+// combination in order, in FP32; out = mean, population variance.
+void bn_aggr_row(const float* stats, std::size_t groups, float out[2]);
 
 // Tensor engine performance modes (nki matmul_perf_mode).
 enum class PerfMode : std::uint8_t {

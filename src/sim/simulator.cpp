@@ -630,23 +630,8 @@ struct Simulator::Impl {
         const std::vector<float> a = read(core, ops[1], "the source");
         const std::size_t f = static_cast<std::size_t>(ops[1].free_size());
         std::vector<float> out(static_cast<std::size_t>(d.rows()) * 6);
-        for (std::size_t r = 0; r < static_cast<std::size_t>(d.rows()); ++r) {
-          for (std::size_t half = 0; half < 2; ++half) {
-            float n = 0, sum = 0, m2 = 0;
-            for (std::size_t i = half; i < f; i += 2) {
-              sum += a[r * f + i];
-              n += 1;
-            }
-            const float mean = n > 0 ? sum / n : 0.0f;
-            for (std::size_t i = half; i < f; i += 2) {
-              const float dlt = a[r * f + i] - mean;
-              m2 += dlt * dlt;
-            }
-            out[r * 6 + 3 * half] = n;
-            out[r * 6 + 3 * half + 1] = mean;
-            out[r * 6 + 3 * half + 2] = m2;
-          }
-        }
+        for (std::size_t r = 0; r < static_cast<std::size_t>(d.rows()); ++r)
+          isa::bn_stats_row(a.data() + r * f, f, out.data() + r * 6);
         write(core, d, out);
         break;
       }
@@ -656,20 +641,8 @@ struct Simulator::Impl {
         const std::vector<float> a = read(core, ops[1], "the bn_stats input");
         const std::size_t f = static_cast<std::size_t>(ops[1].free_size());
         std::vector<float> out(static_cast<std::size_t>(d.rows()) * 2);
-        for (std::size_t r = 0; r < static_cast<std::size_t>(d.rows()); ++r) {
-          float n = 0, mean = 0, m2 = 0;
-          for (std::size_t g = 0; g < f; g += 3) {
-            const float nb = a[r * f + g], mb = a[r * f + g + 1], m2b = a[r * f + g + 2];
-            if (nb == 0) continue;
-            const float total = n + nb;
-            const float delta = mb - mean;
-            mean = mean + delta * (nb / total);
-            m2 = m2 + m2b + delta * delta * (n * nb / total);
-            n = total;
-          }
-          out[r * 2] = mean;
-          out[r * 2 + 1] = n > 0 ? m2 / n : 0.0f;
-        }
+        for (std::size_t r = 0; r < static_cast<std::size_t>(d.rows()); ++r)
+          isa::bn_aggr_row(a.data() + r * f, f / 3, out.data() + r * 2);
         write(core, d, out);
         break;
       }
