@@ -341,15 +341,17 @@ void add_bench_kernel(CLI::App& bench) {
                       check = "auto", trace;
     std::int64_t rows = 4096, dim = 4096, step = 1;
     int cores = 1;
+    float eps = -1;  // the kernel's default
     bool residual = false, json = false;
   };
   auto a = std::make_shared<A>();
   auto* cmd = bench.add_subcommand(
       "kernel", "A built-in memory-bound kernel: latency, % of HBM bandwidth, engine busy");
   cmd->add_option("name", a->name,
-                  "rmsnorm, rmsnorm_backward, adamw or epilogue (matmul: `tern bench matmul`)")
+                  "rmsnorm, rmsnorm_backward, layernorm, adamw or epilogue (matmul: `tern bench "
+                  "matmul`)")
       ->required()
-      ->check(CLI::IsMember({"rmsnorm", "rmsnorm_backward", "adamw", "epilogue"}));
+      ->check(CLI::IsMember({"rmsnorm", "rmsnorm_backward", "layernorm", "adamw", "epilogue"}));
   cmd->add_option("--arch", a->arch, "Chip")->capture_default_str();
   cmd->add_option("--rows", a->rows, "Rows (M)")->capture_default_str();
   cmd->add_option("--dim", a->dim, "Columns (the normalized dim; N for epilogue)")
@@ -358,7 +360,9 @@ void add_bench_kernel(CLI::App& bench) {
                   "rmsnorm: fp32, bf16 or fp16; adamw: the gradients' fp32 or bf16; epilogue: "
                   "output fp32 or bf16")
       ->capture_default_str();
-  cmd->add_flag("--residual", a->residual, "rmsnorm: fuse the residual add (outputs h too)");
+  cmd->add_flag("--residual", a->residual,
+                "rmsnorm, layernorm: fuse the residual add (outputs h too)");
+  cmd->add_option("--eps", a->eps, "Norms: epsilon (default 1e-6 rmsnorm, 1e-5 layernorm)");
   cmd->add_option("--epilogue", a->epilogue, "epilogue: the chain (see bench matmul --help)")
       ->capture_default_str();
   cmd->add_option("--step", a->step, "adamw: the step t (bias correction)")->capture_default_str();
@@ -378,13 +382,15 @@ void add_bench_kernel(CLI::App& bench) {
     rs.cores = a->cores;
     const kernel::Epilogue ep = kernel::parse_epilogue(a->epilogue);
     const bool rms = a->name == "rmsnorm", adam = a->name == "adamw",
-               rms_bwd = a->name == "rmsnorm_backward";
+               rms_bwd = a->name == "rmsnorm_backward", ln = a->name == "layernorm";
+    rs.eps = a->eps >= 0 ? a->eps : ln ? 1e-5f : 1e-6f;
     kernel::AdamWSpec as;
     as.rows = a->rows, as.cols = a->dim, as.grad = dt, as.step = a->step, as.cores = a->cores;
-    const isa::Program p = rms_bwd ? kernel::rmsnorm_backward_kernel(chip, rs)
-                           : rms   ? kernel::rmsnorm_kernel(chip, rs)
-                           : adam  ? kernel::adamw_kernel(chip, as)
-                                   : kernel::epilogue_kernel(chip, a->rows, a->dim, ep, dt);
+    const isa::Program p = ln        ? kernel::layernorm_kernel(chip, rs)
+                           : rms_bwd ? kernel::rmsnorm_backward_kernel(chip, rs)
+                           : rms     ? kernel::rmsnorm_kernel(chip, rs)
+                           : adam    ? kernel::adamw_kernel(chip, as)
+                                     : kernel::epilogue_kernel(chip, a->rows, a->dim, ep, dt);
     const bool small = static_cast<double>(a->rows) * static_cast<double>(a->dim) <= 1 << 24;
     if (a->check != "auto" && a->check != "yes" && a->check != "no")
       throw Error(fmt::format("--check '{}': expected auto, yes or no", a->check));
@@ -422,7 +428,12 @@ void add_bench_kernel(CLI::App& bench) {
           : dt == isa::DType::fp16
               ? +[](float x) { return num::round_to(*isa::format_of(isa::DType::fp16), x); }
               : +[](float x) { return x; };
-      if (rms_bwd) {
+      if (ln) {
+        auto r = kernel::layernorm_reference(in[0], in[1], in[2], a->residual ? &in[3] : nullptr,
+                                             a->rows, a->dim, rs.eps, chip.bn_stats_fmax, round);
+        want = {{"y", r.y}, {"mean", r.mean}, {"rstd", r.rstd}};
+        if (a->residual) want.emplace_back("h", r.h);
+      } else if (rms_bwd) {
         auto r = kernel::rmsnorm_backward_reference(in[0], in[1], in[2], in[3], a->rows, a->dim,
                                                     a->cores, chip.sbuf_partitions, round);
         want = {{"dh", r.dh}, {"dgamma_parts", r.dgamma_parts}};
@@ -465,20 +476,22 @@ void add_bench_kernel(CLI::App& bench) {
     if (opt.trace) profile::write_trace(st, chip, a->trace);
     const auto sum = profile::summarize(st, chip);
     const std::string what =
-        rms_bwd ? fmt::format("rmsnorm backward [{}, {}] {}", a->rows, a->dim, a->dtype)
-        : rms   ? fmt::format("rmsnorm [{}, {}] {}{}", a->rows, a->dim, a->dtype,
+        ln        ? fmt::format("layernorm [{}, {}] {}{}", a->rows, a->dim, a->dtype,
+                         a->residual ? " + residual" : "")
+        : rms_bwd ? fmt::format("rmsnorm backward [{}, {}] {}", a->rows, a->dim, a->dtype)
+        : rms     ? fmt::format("rmsnorm [{}, {}] {}{}", a->rows, a->dim, a->dtype,
                             a->residual ? " + residual" : "")
-        : adam  ? fmt::format("adamw step {} [{}, {}] fp32 state, {} gradients", a->step, a->rows,
-                              a->dim, a->dtype)
-                : fmt::format("epilogue {} [{}, {}] fp32 -> {}", kernel::to_string(ep), a->rows,
-                              a->dim, a->dtype);
+        : adam    ? fmt::format("adamw step {} [{}, {}] fp32 state, {} gradients", a->step, a->rows,
+                                a->dim, a->dtype)
+                  : fmt::format("epilogue {} [{}, {}] fp32 -> {}", kernel::to_string(ep), a->rows,
+                                a->dim, a->dtype);
     if (a->json) {
       json j = profile::to_json(sum);
       j["kernel"] = {{"name", a->name},
                      {"rows", a->rows},
                      {"dim", a->dim},
                      {"dtype", a->dtype},
-                     {"cores", rms || rms_bwd || adam ? a->cores : 1},
+                     {"cores", a->name == "epilogue" ? 1 : a->cores},
                      {"arch", chip.name},
                      {"what", what}};
       j["check"] = check_result;

@@ -519,12 +519,54 @@ isa::Program epilogue_kernel(const arch::ChipSpec& chip, std::int64_t m, std::in
   return b.finish();
 }
 
-isa::Program rmsnorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& s) {
+namespace {
+
+// The checks every norm kernel makes of its spec.
+void check_norm(const char* name, const RmsNormSpec& s) {
   if (s.rows < 1 || s.dim < 1)
-    throw Error(fmt::format("rmsnorm: shape [{}, {}] must be >= 1", s.rows, s.dim));
+    throw Error(fmt::format("{}: shape [{}, {}] must be >= 1", name, s.rows, s.dim));
   if (s.dtype != DType::fp32 && s.dtype != DType::bf16 && s.dtype != DType::fp16)
-    throw NotSupported(fmt::format("rmsnorm of {} (fp32, bf16, fp16 are)", isa::name(s.dtype)));
-  if (!(s.eps >= 0.0f)) throw Error(fmt::format("rmsnorm: eps must be >= 0, got {}", s.eps));
+    throw NotSupported(fmt::format("{} of {} (fp32, bf16, fp16 are)", name, isa::name(s.dtype)));
+  if (!(s.eps >= 0.0f)) throw Error(fmt::format("{}: eps must be >= 0, got {}", name, s.eps));
+}
+
+// SBUF bytes per partition a norm kernel may plan for (a quarter stays free
+// for the compiler's and runtime's own tiles).
+std::int64_t norm_budget(const arch::ChipSpec& chip) {
+  return chip.sbuf_partition_bytes.value() * 3 / 4;
+}
+
+// Throws "not supported" when a row of the norm does not fit SBUF.
+void check_fits(const arch::ChipSpec& chip, const char* name, const RmsNormSpec& s,
+                std::int64_t need) {
+  if (need > norm_budget(chip)) {
+    throw NotSupported(fmt::format(
+        "{} with D = {} at {}: a row does not fit SBUF ({} bytes per partition needed, budget {})",
+        name, s.dim, isa::name(s.dtype), need, norm_budget(chip)));
+  }
+}
+
+// h = x + residual for the [n, D] tile `hx` (rows r0.. of the HBM tensors),
+// in the input dtype (what the residual stream holds), into `hx`, using
+// `staging` for the residual; the columns split between GpSimd and Vector;
+// h is stored to `h_hbm`.
+void add_residual(Builder& b, const Tensor& hx, const Tensor& staging, const Tensor& res_hbm,
+                  const Tensor& h_hbm, int r0) {
+  const int n = hx.rows();
+  const std::int64_t D = hx.cols(), half = D / 2;
+  b.dma_copy(staging, res_hbm.tile(r0, n, 0, D));
+  if (half > 0)
+    b.tensor_tensor(hx.tile(0, n, 0, half), hx.tile(0, n, 0, half), staging.tile(0, n, 0, half),
+                    isa::AluOp::add, Engine::gpsimd);
+  b.tensor_tensor(hx.tile(0, n, half, D - half), hx.tile(0, n, half, D - half),
+                  staging.tile(0, n, half, D - half), isa::AluOp::add, Engine::vector);
+  b.dma_copy(h_hbm.tile(r0, n, 0, D), hx, -1, false, Engine::vector);
+}
+
+}  // namespace
+
+isa::Program rmsnorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& s) {
+  check_norm("rmsnorm", s);
   Builder b(chip, s.cores);
   const std::int64_t R = s.rows, D = s.dim;
   const Tensor x = b.hbm("x", {R, D}, s.dtype, isa::TensorKind::input);
@@ -544,14 +586,8 @@ isa::Program rmsnorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& s) {
   auto need = [&](int bufs) {
     return D * esz + bufs * (D * esz * (s.residual ? 4 : 3) + D * 4 + 16);
   };
-  const std::int64_t budget = chip.sbuf_partition_bytes.value() * 3 / 4;
-  const int bufs = need(kMaxBuf) <= budget ? kMaxBuf : 2;
-  if (need(bufs) > budget) {
-    throw NotSupported(
-        fmt::format("rmsnorm with D = {} at {}: a row does not fit SBUF ({} bytes per partition "
-                    "needed, budget {})",
-                    D, isa::name(s.dtype), need(bufs), budget));
-  }
+  const int bufs = need(kMaxBuf) <= norm_budget(chip) ? kMaxBuf : 2;
+  check_fits(chip, "rmsnorm", s, need(bufs));
   const std::int64_t tiles = ceil_div(R, P);
   for (int core = 0; core < s.cores; ++core) {
     b.set_core(core);
@@ -576,18 +612,7 @@ isa::Program rmsnorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& s) {
       const int r0 = static_cast<int>(t * P), n = static_cast<int>(std::min(P, R - t * P));
       const Tensor hx = xs[i].tile(0, n, 0, D);
       b.dma_copy(hx, x.tile(r0, n, 0, D));
-      if (s.residual) {
-        // h = x + residual, in the input dtype (what the residual stream
-        // holds); the columns split between the Vector and GpSimd engines.
-        b.dma_copy(rs[i].tile(0, n, 0, D), res.tile(r0, n, 0, D));
-        const std::int64_t half = D / 2;
-        if (half > 0)
-          b.tensor_tensor(hx.tile(0, n, 0, half), hx.tile(0, n, 0, half), rs[i].tile(0, n, 0, half),
-                          isa::AluOp::add, Engine::gpsimd);
-        b.tensor_tensor(hx.tile(0, n, half, D - half), hx.tile(0, n, half, D - half),
-                        rs[i].tile(0, n, half, D - half), isa::AluOp::add, Engine::vector);
-        b.dma_copy(h.tile(r0, n, 0, D), hx, -1, false, Engine::vector);
-      }
+      if (s.residual) add_residual(b, hx, rs[i].tile(0, n, 0, D), res, h, r0);
       // Three engines, one pass each, pipelined across tiles:
       //   Scalar: the sum of squares (its row accumulator), then
       //           rstd = rsqrt(sum / D + eps) in one more instruction;
@@ -608,12 +633,85 @@ isa::Program rmsnorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& s) {
   return b.finish();
 }
 
+isa::Program layernorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& s) {
+  check_norm("layernorm", s);
+  Builder b(chip, s.cores);
+  const std::int64_t R = s.rows, D = s.dim;
+  const Tensor x = b.hbm("x", {R, D}, s.dtype, isa::TensorKind::input);
+  const Tensor gamma = b.hbm("gamma", {1, D}, s.dtype, isa::TensorKind::input);
+  const Tensor beta = b.hbm("beta", {1, D}, s.dtype, isa::TensorKind::input);
+  Tensor res, h;
+  if (s.residual) res = b.hbm("residual", {R, D}, s.dtype, isa::TensorKind::input);
+  const Tensor y = b.hbm("y", {R, D}, s.dtype, isa::TensorKind::output);
+  const Tensor mean_h = b.hbm("mean", {R, 1}, DType::fp32, isa::TensorKind::output);
+  const Tensor rstd_h = b.hbm("rstd", {R, 1}, DType::fp32, isa::TensorKind::output);
+  if (s.residual) h = b.hbm("h", {R, D}, s.dtype, isa::TensorKind::output);
+  const std::int64_t P = chip.sbuf_partitions, FB = chip.bn_stats_fmax;
+  const std::int64_t chunks = ceil_div(D, FB);
+  const int esz = isa::size_bytes(s.dtype);
+  // Per partition: gamma, beta, and per buffer x (residual), y in the dtype,
+  // one FP32 row, bn_stats output (6 per chunk) and small columns.
+  constexpr int kBuf = 2;
+  const std::int64_t need =
+      2 * D * esz + kBuf * (D * esz * (s.residual ? 3 : 2) + D * 4 + chunks * 24 + 16);
+  check_fits(chip, "layernorm", s, need);
+  const std::int64_t tiles = ceil_div(R, P);
+  for (int core = 0; core < s.cores; ++core) {
+    b.set_core(core);
+    const int gp = static_cast<int>(std::min(P, R));
+    const Tensor g = b.sbuf(gp, D, s.dtype), bt = b.sbuf(gp, D, s.dtype);
+    b.dma_copy(g, bias_rows(gamma, gp, 0, D));
+    b.dma_copy(bt, bias_rows(beta, gp, 0, D));
+    const Tensor eps = b.sbuf(gp, 1, DType::fp32);
+    b.memset(eps, s.eps, Engine::gpsimd);
+    struct Bufs {
+      Tensor x, r, y, u, stats, mv, rstd;
+    };
+    Bufs bu[kBuf];
+    for (auto& t : bu) {
+      t.x = b.sbuf(static_cast<int>(P), D, s.dtype);
+      if (s.residual) t.r = b.sbuf(static_cast<int>(P), D, s.dtype);
+      t.y = b.sbuf(static_cast<int>(P), D, s.dtype);
+      t.u = b.sbuf(static_cast<int>(P), D, DType::fp32);
+      t.stats = b.sbuf(static_cast<int>(P), 6 * chunks, DType::fp32);
+      t.mv = b.sbuf(static_cast<int>(P), 2, DType::fp32);
+      t.rstd = b.sbuf(static_cast<int>(P), 1, DType::fp32);
+    }
+    int i = 0;
+    for (std::int64_t t = core; t < tiles; t += s.cores, i = (i + 1) % kBuf) {
+      const int r0 = static_cast<int>(t * P), n = static_cast<int>(std::min(P, R - t * P));
+      const Bufs& v = bu[i];
+      const Tensor hx = v.x.tile(0, n, 0, D);
+      b.dma_copy(hx, x.tile(r0, n, 0, D));
+      if (s.residual) add_residual(b, hx, v.r.tile(0, n, 0, D), res, h, r0);
+      // mean and variance: bn_stats per chunk, then bn_aggr (Vector).
+      for (std::int64_t c = 0; c < chunks; ++c) {
+        const std::int64_t c0 = c * FB, w = std::min(FB, D - c0);
+        b.bn_stats(v.stats.tile(0, n, 6 * c, 6), hx.tile(0, n, c0, w));
+      }
+      const Tensor mv = v.mv.tile(0, n, 0, 2), mean = v.mv.tile(0, n, 0, 1),
+                   var = v.mv.tile(0, n, 1, 1), rstd = v.rstd.tile(0, n, 0, 1);
+      b.bn_aggr(mv, v.stats.tile(0, n, 0, 6 * chunks));
+      b.dma_copy(mean_h.tile(r0, n, 0, 1), mean, -1, false, Engine::vector);
+      // rstd = rsqrt(var + eps) on the Scalar engine.
+      const Tensor eps_n = eps.tile(0, n, 0, 1);
+      b.activation(rstd, isa::ActFunc::rsqrt, var, &eps_n);
+      b.dma_copy(rstd_h.tile(r0, n, 0, 1), rstd, -1, false, Engine::scalar);
+      // u = (h - mean) * rstd (Scalar, column operands); y = u * gamma + beta
+      // (Vector, then GpSimd with the cast).
+      const Tensor u = v.u.tile(0, n, 0, D), yo = v.y.tile(0, n, 0, D);
+      b.tensor_scalar(u, hx, isa::AluOp::subtract, mean, isa::AluOp::multiply, 0.0f, &rstd,
+                      Engine::scalar);
+      b.tensor_tensor(u, u, g.tile(0, n, 0, D), isa::AluOp::multiply, Engine::vector);
+      b.tensor_tensor(yo, u, bt.tile(0, n, 0, D), isa::AluOp::add, Engine::gpsimd);
+      b.dma_copy(y.tile(r0, n, 0, D), yo, -1, false, Engine::gpsimd);
+    }
+  }
+  return b.finish();
+}
+
 isa::Program rmsnorm_backward_kernel(const arch::ChipSpec& chip, const RmsNormSpec& s) {
-  if (s.rows < 1 || s.dim < 1)
-    throw Error(fmt::format("rmsnorm backward: shape [{}, {}] must be >= 1", s.rows, s.dim));
-  if (s.dtype != DType::fp32 && s.dtype != DType::bf16 && s.dtype != DType::fp16)
-    throw NotSupported(
-        fmt::format("rmsnorm backward of {} (fp32, bf16, fp16 are)", isa::name(s.dtype)));
+  check_norm("rmsnorm backward", s);
   if (s.residual)
     throw NotSupported(
         "rmsnorm backward with a fused residual (dh is the residual's gradient too)");
@@ -641,13 +739,7 @@ isa::Program rmsnorm_backward_kernel(const arch::ChipSpec& chip, const RmsNormSp
   // FP32 rows.
   constexpr int kBuf = 2;
   const std::int64_t need = D * esz + kBuf * (3 * D * esz + 3 * D * 4 + 64);
-  const std::int64_t budget = chip.sbuf_partition_bytes.value() * 3 / 4;
-  if (need > budget) {
-    throw NotSupported(fmt::format(
-        "rmsnorm backward with D = {} at {}: a row does not fit SBUF ({} bytes per partition "
-        "needed, budget {})",
-        D, isa::name(s.dtype), need, budget));
-  }
+  check_fits(chip, "rmsnorm backward", s, need);
   const std::int64_t tiles = ceil_div(R, P);
   const float neg_inv_d = -1.0f / static_cast<float>(D);
   for (int core = 0; core < s.cores; ++core) {

@@ -166,4 +166,42 @@ RmsNormGrads rmsnorm_backward_reference(const std::vector<float>& dy, const std:
   return g;
 }
 
+LayerNormResult layernorm_reference(const std::vector<float>& x, const std::vector<float>& gamma,
+                                    const std::vector<float>& beta,
+                                    const std::vector<float>* residual, std::int64_t rows,
+                                    std::int64_t dim, float eps, std::int64_t chunk,
+                                    float (*round)(float)) {
+  const auto size = static_cast<std::size_t>(rows * dim), D = static_cast<std::size_t>(dim);
+  if (x.size() != size || gamma.size() != D || beta.size() != D ||
+      (residual && residual->size() != size) || chunk < 1) {
+    throw Error("layernorm_reference: sizes do not match the [R, D] shape");
+  }
+  LayerNormResult r;
+  r.y.resize(size);
+  r.mean.resize(static_cast<std::size_t>(rows));
+  r.rstd.resize(static_cast<std::size_t>(rows));
+  std::vector<float> h = x;
+  if (residual) {
+    for (std::size_t i = 0; i < size; ++i) h[i] = round(x[i] + (*residual)[i]);
+    r.h = h;
+  }
+  const auto C = static_cast<std::size_t>(chunk);
+  std::vector<float> stats(6 * ((D + C - 1) / C));
+  for (std::size_t i = 0; i < static_cast<std::size_t>(rows); ++i) {
+    const float* row = h.data() + i * D;
+    for (std::size_t c0 = 0, k = 0; c0 < D; c0 += C, ++k)
+      isa::bn_stats_row(row + c0, std::min(C, D - c0), stats.data() + 6 * k);
+    float mv[2];
+    isa::bn_aggr_row(stats.data(), stats.size() / 3, mv);
+    const float rstd = isa::apply_act(isa::ActFunc::rsqrt, mv[1] * 1.0f + eps);
+    r.mean[i] = mv[0];
+    r.rstd[i] = rstd;
+    for (std::size_t j = 0; j < D; ++j) {
+      const float u = ((row[j] - mv[0]) * rstd) * gamma[j];
+      r.y[i * D + j] = round(u + beta[j]);
+    }
+  }
+  return r;
+}
+
 }  // namespace tern::kernel

@@ -41,6 +41,18 @@ RmsNormResult rmsnorm_reference(const std::vector<float>& x, const std::vector<f
                                 const std::vector<float>* residual, std::int64_t rows,
                                 std::int64_t dim, float eps, float (*round)(float));
 
+// LayerNorm forward as layernorm_kernel computes it: statistics by
+// isa::bn_stats_row over chunks of `chunk` columns and isa::bn_aggr_row,
+// rstd = rsqrt(var + eps), y = round(((h - mean) * rstd) * gamma + beta).
+struct LayerNormResult {
+  std::vector<float> y, mean, rstd, h;
+};
+LayerNormResult layernorm_reference(const std::vector<float>& x, const std::vector<float>& gamma,
+                                    const std::vector<float>& beta,
+                                    const std::vector<float>* residual, std::int64_t rows,
+                                    std::int64_t dim, float eps, std::int64_t chunk,
+                                    float (*round)(float));
+
 // RMSNorm backward as rmsnorm_backward_kernel computes it: dh, and
 // dgamma_parts [cores, D]: per core (tiles of `partitions` rows dealt
 // round-robin) the sum of rstd * (dy * h) over its rows in order.

@@ -188,6 +188,8 @@ expect_ok "rmsnorm \\[512, 256\\] bf16 on trn3" bench kernel rmsnorm --rows 512 
 expect_err "not supported: rmsnorm of float8_e4m3fn" bench kernel rmsnorm --dtype fp8_e4m3 --rows 8 --dim 8
 expect_err "a row does not fit SBUF" bench kernel rmsnorm --rows 128 --dim 1000000
 expect_err "name: softmax not in" bench kernel softmax
+expect_json 'j["check"]["bit_exact"] and j["check"]["elements"] == 300 * 1000 * 2 + 600' bench kernel layernorm --rows 300 --dim 1000 --residual --cores 2 --json
+expect_json 'j["check"]["bit_exact"]' bench kernel layernorm --rows 64 --dim 700 --dtype fp32 --eps 0.01 --arch trn1 --json
 expect_json 'j["check"]["bit_exact"] and j["check"]["elements"] == 300 * 1000 + 2 * 1000' bench kernel rmsnorm_backward --rows 300 --dim 1000 --cores 2 --json
 expect_err "not supported: rmsnorm backward with a fused residual" bench kernel rmsnorm_backward --rows 8 --dim 8 --residual
 expect_err "dgamma accumulates in PSUM, which holds 4096 columns" bench kernel rmsnorm_backward --rows 8 --dim 5000

@@ -48,15 +48,26 @@ struct Case {
   const char* chip;
 };
 
+kernel::RmsNormSpec spec_of(const Case& c, float eps = 1e-6f) {
+  kernel::RmsNormSpec s;
+  s.rows = c.rows, s.dim = c.dim, s.dtype = c.dt, s.residual = c.residual, s.cores = c.cores,
+  s.eps = eps;
+  return s;
+}
+
+// Rounds to the case's dtype.
+using Round = float (*)(float);
+Round rounder(DType dt) {
+  return dt == DType::bf16 ? to_bf16 : dt == DType::fp16 ? to_fp16 : to_fp32;
+}
+
 class RmsNorm : public ::testing::TestWithParam<Case> {};
 
 TEST_P(RmsNorm, BitExactAgainstHostReference) {
   const Case c = GetParam();
   const auto chip = arch::load_chip(c.chip);
-  kernel::RmsNormSpec spec;
-  spec.rows = c.rows, spec.dim = c.dim, spec.dtype = c.dt, spec.residual = c.residual,
-  spec.cores = c.cores;
-  float (*round)(float) = c.dt == DType::bf16 ? to_bf16 : c.dt == DType::fp16 ? to_fp16 : to_fp32;
+  const kernel::RmsNormSpec spec = spec_of(c);
+  const Round round = rounder(c.dt);
   auto x = normal(static_cast<std::size_t>(c.rows * c.dim), 1, 0.5f);
   auto res = normal(static_cast<std::size_t>(c.rows * c.dim), 2);
   for (float& v : x) v = round(v);
@@ -95,14 +106,63 @@ INSTANTIATE_TEST_SUITE_P(Shapes, RmsNorm,
                                            Case{200, 384, DType::fp32, false, 2, "trn1"},
                                            Case{700, 256, DType::bf16, true, 3, "trn2"}));
 
+class LayerNorm : public ::testing::TestWithParam<Case> {};
+
+TEST_P(LayerNorm, BitExactAgainstHostReferenceAndCloseToFp64) {
+  const Case c = GetParam();
+  const auto chip = arch::load_chip(c.chip);
+  const kernel::RmsNormSpec spec = spec_of(c, 1e-5f);
+  const Round round = rounder(c.dt);
+  auto x = normal(static_cast<std::size_t>(c.rows * c.dim), 21, 0.7f);
+  auto res = normal(static_cast<std::size_t>(c.rows * c.dim), 22);
+  auto gamma = normal(static_cast<std::size_t>(c.dim), 23, 1.0f);
+  auto beta = normal(static_cast<std::size_t>(c.dim), 24);
+  for (auto* v : {&x, &res, &gamma, &beta})
+    for (float& e : *v) e = round(e);
+  std::vector<std::pair<std::string, const std::vector<float>*>> in = {
+      {"x", &x}, {"gamma", &gamma}, {"beta", &beta}};
+  if (c.residual) in.emplace_back("residual", &res);
+  const auto sp = testing_helpers::run_kernel(chip, kernel::layernorm_kernel(chip, spec), in);
+  const auto want = kernel::layernorm_reference(x, gamma, beta, c.residual ? &res : nullptr, c.rows,
+                                                c.dim, spec.eps, chip.bn_stats_fmax, round);
+  const auto y = sp->read("y");
+  EXPECT_EQ(mismatches(y, want.y, "y"), 0u);
+  EXPECT_EQ(mismatches(sp->read("mean"), want.mean, "mean"), 0u);
+  EXPECT_EQ(mismatches(sp->read("rstd"), want.rstd, "rstd"), 0u);
+  if (c.residual) {
+    EXPECT_EQ(mismatches(sp->read("h"), want.h, "h"), 0u);
+  }
+  // Against the FP64 definition (torch.nn.functional.layer_norm).
+  const auto D = static_cast<std::size_t>(c.dim);
+  const double tol = c.dt == DType::fp32 ? 1e-4 : 1e-2;
+  for (std::size_t r = 0; r < static_cast<std::size_t>(c.rows); r += 31) {
+    const float* hr = (c.residual ? want.h.data() : x.data()) + r * D;
+    double mean = 0, var = 0;
+    for (std::size_t j = 0; j < D; ++j) mean += hr[j];
+    mean /= static_cast<double>(D);
+    for (std::size_t j = 0; j < D; ++j) var += (hr[j] - mean) * (hr[j] - mean);
+    var /= static_cast<double>(D);
+    for (std::size_t j = 0; j < D; ++j) {
+      const double w = (hr[j] - mean) / std::sqrt(var + 1e-5) * gamma[j] + beta[j];
+      ASSERT_NEAR(y[r * D + j], w, tol * (1 + std::fabs(w))) << r << "," << j;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, LayerNorm,
+                         ::testing::Values(Case{256, 512, DType::bf16, false, 1, "trn3"},
+                                           Case{300, 1000, DType::bf16, true, 2, "trn3"},
+                                           Case{1, 1, DType::fp32, false, 1, "trn3"},
+                                           Case{129, 77, DType::fp16, true, 1, "trn2"},
+                                           Case{200, 1300, DType::fp32, false, 2, "trn1"}));
+
 class RmsNormBackward : public ::testing::TestWithParam<Case> {};
 
 TEST_P(RmsNormBackward, BitExactAgainstHostReferenceAndCloseToFp64) {
   const Case c = GetParam();
   const auto chip = arch::load_chip(c.chip);
-  kernel::RmsNormSpec spec;
-  spec.rows = c.rows, spec.dim = c.dim, spec.dtype = c.dt, spec.cores = c.cores;
-  float (*round)(float) = c.dt == DType::bf16 ? to_bf16 : c.dt == DType::fp16 ? to_fp16 : to_fp32;
+  const kernel::RmsNormSpec spec = spec_of(c);
+  const Round round = rounder(c.dt);
   auto dy = normal(static_cast<std::size_t>(c.rows * c.dim), 11);
   auto h = normal(static_cast<std::size_t>(c.rows * c.dim), 12, 0.3f);
   auto gamma = normal(static_cast<std::size_t>(c.dim), 13, 1.0f);
