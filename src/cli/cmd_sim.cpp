@@ -56,6 +56,56 @@ std::pair<std::string, std::string> split_assignment(const std::string& s, const
   return {s.substr(0, eq), s.substr(eq + 1)};
 }
 
+// --mode and --check of a bench command, resolved: under "auto", `small`
+// shapes run with data and are checked, larger ones run timing only.
+struct BenchPlan {
+  sim::Options opt;
+  bool check = false;
+};
+BenchPlan plan_bench(const std::string& mode, const std::string& check, const std::string& trace,
+                     bool small) {
+  if (check != "auto" && check != "yes" && check != "no")
+    throw Error(fmt::format("--check '{}': expected auto, yes or no", check));
+  BenchPlan plan;
+  plan.opt.mode =
+      mode == "auto" ? (small ? sim::Mode::both : sim::Mode::timing) : sim::parse_mode(mode);
+  plan.opt.trace = !trace.empty();
+  if (check == "yes" && plan.opt.mode == sim::Mode::timing)
+    throw Error("--check yes needs data: not with --mode timing");
+  plan.check = plan.opt.mode != sim::Mode::timing && (check == "yes" || (check == "auto" && small));
+  return plan;
+}
+
+// The result check of a bench command, for the table and the JSON.
+struct CheckReport {
+  json result = nullptr;
+  std::string text = "result check: skipped (timing-only or large shape; --check yes forces it)";
+};
+// Compares the named outputs of `s` with the expected values bit for bit;
+// throws (with the report's text) when any element differs.
+CheckReport check_bits(const sim::Simulator& s,
+                       const std::vector<std::pair<std::string, std::vector<float>>>& want) {
+  std::size_t mismatches = 0, elements = 0;
+  for (const auto& [name, w] : want) {
+    const auto got = s.read(name);
+    if (got.size() != w.size())
+      throw Error(fmt::format("result check: '{}' has {} elements, the reference {}", name,
+                              got.size(), w.size()));
+    elements += got.size();
+    for (std::size_t i = 0; i < got.size(); ++i)
+      mismatches += std::bit_cast<std::uint32_t>(got[i]) != std::bit_cast<std::uint32_t>(w[i]);
+  }
+  CheckReport r;
+  r.result = {{"bit_exact", mismatches == 0}, {"mismatches", mismatches}, {"elements", elements}};
+  r.text = mismatches == 0
+               ? fmt::format("result check: bit-exact against the host reference ({} elements)",
+                             elements)
+               : fmt::format("result check: {} of {} elements differ from the host reference",
+                             mismatches, elements);
+  if (mismatches) throw Error(r.text);
+  return r;
+}
+
 void add_run(CLI::App& app) {
   struct A {
     std::string program, arch, trace, mode = "both";
@@ -194,17 +244,7 @@ void add_bench(CLI::App& app) {
     const double work =
         static_cast<double>(a->m) * static_cast<double>(a->n) * static_cast<double>(a->k);
     const bool small = work <= 1.1e9;
-    sim::Options opt;
-    opt.mode = a->mode == "auto" ? (small ? sim::Mode::both : sim::Mode::timing)
-                                 : sim::parse_mode(a->mode);
-    opt.trace = !a->trace.empty();
-    if (a->check != "auto" && a->check != "yes" && a->check != "no") {
-      throw Error(fmt::format("--check '{}': expected auto, yes or no", a->check));
-    }
-    const bool check =
-        opt.mode != sim::Mode::timing && (a->check == "yes" || (a->check == "auto" && small));
-    if (a->check == "yes" && opt.mode == sim::Mode::timing)
-      throw Error("--check yes needs data: not with --mode timing");
+    const auto [opt, check] = plan_bench(a->mode, a->check, a->trace, small);
     sim::Simulator s(chip);
     s.load(p);
     std::vector<float> at, b, bias, residual;
@@ -219,9 +259,7 @@ void add_bench(CLI::App& app) {
     const auto t1 = std::chrono::steady_clock::now();
     const sim::RunStats st = s.run(opt);
     const auto t2 = std::chrono::steady_clock::now();
-    json check_result = nullptr;
-    std::string check_text =
-        "result check: skipped (timing-only or large shape; --check yes forces it)";
+    CheckReport report;
     if (check) {
       const bool e5m2 = spec.in == isa::DType::fp8_e5m2_x4;
       auto want =
@@ -231,19 +269,7 @@ void add_bench(CLI::App& app) {
              : kernel::matmul_reference(at, b, a->m, a->n, a->k, spec.in == isa::DType::fp32);
       kernel::epilogue_reference(want, bias, residual, ep, a->m, a->n);
       if (spec.out != isa::DType::fp32) num::round_array(*isa::format_of(spec.out), want);
-      const auto got = s.read("c");
-      std::size_t mismatches = 0;
-      for (std::size_t i = 0; i < got.size(); ++i)
-        mismatches += std::bit_cast<std::uint32_t>(got[i]) != std::bit_cast<std::uint32_t>(want[i]);
-      check_result = {
-          {"bit_exact", mismatches == 0}, {"mismatches", mismatches}, {"elements", got.size()}};
-      check_text =
-          mismatches == 0
-              ? fmt::format("result check: bit-exact against the host reference ({} elements)",
-                            got.size())
-              : fmt::format("result check: {} of {} elements differ from the host reference",
-                            mismatches, got.size());
-      if (mismatches) throw Error(check_text);
+      report = check_bits(s, {{"c", std::move(want)}});
     }
     if (opt.trace) profile::write_trace(st, chip, a->trace);
     const auto sum = profile::summarize(st, chip);
@@ -300,7 +326,7 @@ void add_bench(CLI::App& app) {
       j["mode"] = opt.mode == sim::Mode::timing       ? "timing"
                   : opt.mode == sim::Mode::functional ? "functional"
                                                       : "both";
-      j["check"] = check_result;
+      j["check"] = report.result;
       std::printf("%s\n", j.dump(2).c_str());
       return;
     }
@@ -317,7 +343,7 @@ void add_bench(CLI::App& app) {
         flops / st.latency_ns / 1e3);
     std::printf("host time        %.3f s to simulate (%.0f instructions/s), %.3f s to build\n",
                 host_s, static_cast<double>(st.instructions) / std::max(host_s, 1e-9), build_s);
-    std::printf("%s\n", check_text.c_str());
+    std::printf("%s\n", report.text.c_str());
     if (!unfused.is_null()) {
       std::printf("\nunfused chain (separate kernels through HBM, timing only):\n");
       for (const auto& k : unfused["kernels"])
@@ -392,16 +418,7 @@ void add_bench_kernel(CLI::App& bench) {
                            : adam    ? kernel::adamw_kernel(chip, as)
                                      : kernel::epilogue_kernel(chip, a->rows, a->dim, ep, dt);
     const bool small = static_cast<double>(a->rows) * static_cast<double>(a->dim) <= 1 << 24;
-    if (a->check != "auto" && a->check != "yes" && a->check != "no")
-      throw Error(fmt::format("--check '{}': expected auto, yes or no", a->check));
-    sim::Options opt;
-    opt.mode = a->mode == "auto" ? (small ? sim::Mode::both : sim::Mode::timing)
-                                 : sim::parse_mode(a->mode);
-    opt.trace = !a->trace.empty();
-    if (a->check == "yes" && opt.mode == sim::Mode::timing)
-      throw Error("--check yes needs data: not with --mode timing");
-    const bool check =
-        opt.mode != sim::Mode::timing && (a->check == "yes" || (a->check == "auto" && small));
+    const auto [opt, check] = plan_bench(a->mode, a->check, a->trace, small);
     sim::Simulator s(chip);
     s.load(p);
     std::vector<std::vector<float>> in;
@@ -416,9 +433,7 @@ void add_bench_kernel(CLI::App& bench) {
       }
     }
     const sim::RunStats st = s.run(opt);
-    json check_result = nullptr;
-    std::string check_text =
-        "result check: skipped (timing-only or large shape; --check yes forces it)";
+    CheckReport report;
     if (check) {
       // Expected outputs by name, from the inputs in declaration order.
       std::vector<std::pair<std::string, std::vector<float>>> want;
@@ -456,22 +471,7 @@ void add_bench_kernel(CLI::App& bench) {
         if (dt != isa::DType::fp32) num::round_array(*isa::format_of(dt), y);
         want = {{"y", y}};
       }
-      std::size_t mismatches = 0, elements = 0;
-      for (const auto& [name, w] : want) {
-        const auto got = s.read(name);
-        elements += got.size();
-        for (std::size_t i = 0; i < got.size(); ++i)
-          mismatches += std::bit_cast<std::uint32_t>(got[i]) != std::bit_cast<std::uint32_t>(w[i]);
-      }
-      check_result = {
-          {"bit_exact", mismatches == 0}, {"mismatches", mismatches}, {"elements", elements}};
-      check_text =
-          mismatches == 0
-              ? fmt::format("result check: bit-exact against the host reference ({} elements)",
-                            elements)
-              : fmt::format("result check: {} of {} elements differ from the host reference",
-                            mismatches, elements);
-      if (mismatches) throw Error(check_text);
+      report = check_bits(s, want);
     }
     if (opt.trace) profile::write_trace(st, chip, a->trace);
     const auto sum = profile::summarize(st, chip);
@@ -494,13 +494,13 @@ void add_bench_kernel(CLI::App& bench) {
                      {"cores", a->name == "epilogue" ? 1 : a->cores},
                      {"arch", chip.name},
                      {"what", what}};
-      j["check"] = check_result;
+      j["check"] = report.result;
       std::printf("%s\n", j.dump(2).c_str());
       return;
     }
     std::printf("%s on %s (%s)\n%s%s\n", what.c_str(), chip.name.c_str(),
                 opt.mode == sim::Mode::timing ? "timing only" : "functional + timing",
-                profile::to_text(sum).c_str(), check_text.c_str());
+                profile::to_text(sum).c_str(), report.text.c_str());
     if (opt.trace)
       std::printf("trace written to %s (open in https://ui.perfetto.dev)\n", a->trace.c_str());
   });

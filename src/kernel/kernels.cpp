@@ -98,47 +98,46 @@ Engine evacuate(Builder& b, const Epilogue& e, const Tensor& src, const Tensor& 
   const int tm = src.rows();
   const std::int64_t tn = src.cols();
   const Tensor t32 = tiles.t32.tile(0, tm, 0, tn);
-  struct Step {
-    int kind;  // 0 scale (+act), 1 bias, 2 act, 3 residual
-  };
+  // With a bias the scale and the activation are separate steps around it;
+  // without, one Scalar activation computes act(scale * x).
+  enum class Step { scale, scale_act, add_bias, act, add_residual };
   std::vector<Step> steps;
   if (e.bias) {
-    if (e.scale != 1.0f) steps.push_back({0});
-    steps.push_back({1});
-    if (e.act != isa::ActFunc::identity) steps.push_back({2});
+    if (e.scale != 1.0f) steps.push_back(Step::scale);
+    steps.push_back(Step::add_bias);
+    if (e.act != isa::ActFunc::identity) steps.push_back(Step::act);
   } else if (e.scale != 1.0f || e.act != isa::ActFunc::identity) {
-    steps.push_back({0});
+    steps.push_back(Step::scale_act);
   }
   Tensor res;
   if (e.residual) {
     res = tiles.residual.tile(0, tm, 0, tn);
     b.dma_copy(res, *residual_hbm);
-    steps.push_back({3});
+    steps.push_back(Step::add_residual);
   }
   Tensor x = src;
   Engine last = plain;
   for (std::size_t i = 0; i < steps.size(); ++i) {
     const Tensor dst = i + 1 == steps.size() ? o : t32;
-    switch (steps[i].kind) {
-      case 0:
-        if (e.bias) {  // scale alone; the activation comes after the bias
-          b.tensor_scalar(dst, x, isa::AluOp::multiply, e.scale, isa::AluOp::bypass, 0.0f,
-                          Engine::vector);
-          last = Engine::vector;
-        } else {
-          b.activation(dst, e.act, x, nullptr, e.scale);
-          last = Engine::scalar;
-        }
+    switch (steps[i]) {
+      case Step::scale:
+        b.tensor_scalar(dst, x, isa::AluOp::multiply, e.scale, isa::AluOp::bypass, 0.0f,
+                        Engine::vector);
+        last = Engine::vector;
         break;
-      case 1:
+      case Step::scale_act:
+        b.activation(dst, e.act, x, nullptr, e.scale);
+        last = Engine::scalar;
+        break;
+      case Step::add_bias:
         b.tensor_tensor(dst, x, bias->tile(0, tm, 0, tn), isa::AluOp::add, Engine::vector);
         last = Engine::vector;
         break;
-      case 2:
+      case Step::act:
         b.activation(dst, e.act, x);
         last = Engine::scalar;
         break;
-      default:
+      case Step::add_residual:
         b.tensor_tensor(dst, x, res, isa::AluOp::add, Engine::vector);
         last = Engine::vector;
         break;
@@ -485,9 +484,7 @@ isa::Program epilogue_kernel(const arch::ChipSpec& chip, std::int64_t m, std::in
   Builder b(chip);
   const Tensor x = b.hbm("x", {m, n}, DType::fp32, isa::TensorKind::input);
   const Tensor y = b.hbm("y", {m, n}, out, isa::TensorKind::output);
-  Tensor bias_h, residual_h;
-  if (e.bias) bias_h = b.hbm("bias", {1, n}, DType::fp32, isa::TensorKind::input);
-  if (e.residual) residual_h = b.hbm("residual", {m, n}, DType::fp32, isa::TensorKind::input);
+  const auto [bias_h, residual_h] = epilogue_inputs(b, e, m, n);
   // The same tile shape as the matmul's output tiles, double-buffered.
   const std::int64_t TP = chip.sbuf_partitions;
   const std::int64_t TF =
@@ -502,17 +499,19 @@ isa::Program epilogue_kernel(const arch::ChipSpec& chip, std::int64_t m, std::in
     if (e.residual) tiles[i].residual = b.sbuf(static_cast<int>(TP), TF, DType::fp32);
     if (e.bias) biases[i] = b.sbuf(static_cast<int>(TP), TF, DType::fp32);
   }
-  int i = 0;
-  for (std::int64_t c0 = 0; c0 < n; c0 += TF) {
+  int i = 0, cb = 0;
+  for (std::int64_t c0 = 0; c0 < n; c0 += TF, cb ^= 1) {
     const std::int64_t tc = std::min(TF, n - c0);
+    // The bias columns, once per column tile (double-buffered).
+    const int br = static_cast<int>(std::min(TP, m));
+    if (e.bias) b.dma_copy(biases[cb].tile(0, br, 0, tc), bias_rows(bias_h, br, c0, tc));
     for (std::int64_t r0 = 0; r0 < m; r0 += TP, i = (i + 1) % kBuf) {
       const int tr = static_cast<int>(std::min(TP, m - r0));
       const Tensor vx = xs[i].tile(0, tr, 0, tc), vo = os[i].tile(0, tr, 0, tc);
       b.dma_copy(vx, x.tile(static_cast<int>(r0), tr, c0, tc));
-      if (e.bias) b.dma_copy(biases[i].tile(0, tr, 0, tc), bias_rows(bias_h, tr, c0, tc));
       const Tensor res_h =
           e.residual ? residual_h.tile(static_cast<int>(r0), tr, c0, tc) : Tensor{};
-      const Engine last = evacuate(b, e, vx, vo, tiles[i], &biases[i], &res_h, Engine::vector);
+      const Engine last = evacuate(b, e, vx, vo, tiles[i], &biases[cb], &res_h, Engine::vector);
       b.dma_copy(y.tile(static_cast<int>(r0), tr, c0, tc), vo, -1, false, last);
     }
   }
