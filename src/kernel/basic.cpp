@@ -1,0 +1,77 @@
+// Small utility kernels: elementwise add, transpose.
+#include <algorithm>
+#include <cmath>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "kernel/builder.h"
+#include "kernel/detail.h"
+#include "kernel/kernels.h"
+#include "util/error.h"
+
+namespace tern::kernel {
+
+using isa::DType;
+using isa::Engine;
+using namespace detail;
+
+isa::Program add_kernel(const arch::ChipSpec& chip, std::int64_t rows, std::int64_t cols,
+                        DType dt) {
+  if (rows < 1 || cols < 1)
+    throw Error(fmt::format("add: shape [{}, {}] must be >= 1", rows, cols));
+  Builder b(chip);
+  const Tensor a = b.hbm("a", {rows, cols}, dt, isa::TensorKind::input);
+  const Tensor x = b.hbm("b", {rows, cols}, dt, isa::TensorKind::input);
+  const Tensor out = b.hbm("out", {rows, cols}, dt, isa::TensorKind::output);
+  const std::int64_t TP = chip.sbuf_partitions, TF = 2048;
+  Tensor ta[2] = {b.sbuf(static_cast<int>(TP), TF, dt), b.sbuf(static_cast<int>(TP), TF, dt)};
+  Tensor tb[2] = {b.sbuf(static_cast<int>(TP), TF, dt), b.sbuf(static_cast<int>(TP), TF, dt)};
+  Tensor to[2] = {b.sbuf(static_cast<int>(TP), TF, dt), b.sbuf(static_cast<int>(TP), TF, dt)};
+  int i = 0;
+  for (std::int64_t r0 = 0; r0 < rows; r0 += TP) {
+    const int tr = static_cast<int>(std::min(TP, rows - r0));
+    for (std::int64_t c0 = 0; c0 < cols; c0 += TF, i ^= 1) {
+      const std::int64_t tc = std::min(TF, cols - c0);
+      const Tensor va = ta[i].tile(0, tr, 0, tc), vb = tb[i].tile(0, tr, 0, tc),
+                   vo = to[i].tile(0, tr, 0, tc);
+      b.dma_copy(va, a.tile(static_cast<int>(r0), tr, c0, tc));
+      b.dma_copy(vb, x.tile(static_cast<int>(r0), tr, c0, tc));
+      b.tensor_tensor(vo, va, vb, isa::AluOp::add);
+      b.dma_copy(out.tile(static_cast<int>(r0), tr, c0, tc), vo);
+    }
+  }
+  return b.finish();
+}
+
+isa::Program transpose_kernel(const arch::ChipSpec& chip, std::int64_t rows, std::int64_t cols,
+                              DType dt) {
+  if (rows < 1 || cols < 1)
+    throw Error(fmt::format("transpose: shape [{}, {}] must be >= 1", rows, cols));
+  if (dt != DType::fp32 && dt != DType::bf16 && dt != DType::fp16) {
+    throw NotSupported(fmt::format("transpose of {} (fp32, bf16, fp16 are)", isa::name(dt)));
+  }
+  Builder b(chip);
+  const Tensor in = b.hbm("in", {rows, cols}, dt, isa::TensorKind::input);
+  const Tensor out = b.hbm("out", {cols, rows}, dt, isa::TensorKind::output);
+  const std::int64_t T = std::min<std::int64_t>(chip.tensor.rows, chip.tensor.cols);
+  Tensor src[2] = {b.sbuf(static_cast<int>(T), T, dt), b.sbuf(static_cast<int>(T), T, dt)};
+  Tensor dst[2] = {b.sbuf(static_cast<int>(T), T, dt), b.sbuf(static_cast<int>(T), T, dt)};
+  Tensor ps[2] = {b.psum(static_cast<int>(T), T, DType::fp32),
+                  b.psum(static_cast<int>(T), T, DType::fp32)};
+  int i = 0;
+  for (std::int64_t r0 = 0; r0 < rows; r0 += T) {
+    const int tr = static_cast<int>(std::min(T, rows - r0));
+    for (std::int64_t c0 = 0; c0 < cols; c0 += T, i ^= 1) {
+      const int tc = static_cast<int>(std::min(T, cols - c0));
+      b.dma_copy(src[i].tile(0, tr, 0, tc), in.tile(static_cast<int>(r0), tr, c0, tc));
+      b.transpose(ps[i].tile(0, tc, 0, tr), src[i].tile(0, tr, 0, tc));
+      b.tensor_copy(dst[i].tile(0, tc, 0, tr), ps[i].tile(0, tc, 0, tr));
+      b.dma_copy(out.tile(static_cast<int>(c0), tc, r0, tr), dst[i].tile(0, tc, 0, tr));
+    }
+  }
+  return b.finish();
+}
+
+}  // namespace tern::kernel

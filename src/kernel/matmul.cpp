@@ -1,0 +1,295 @@
+// Matmul kernels: the regular (bf16 / fp32 / fp8) and the MX (trn3) paths.
+#include <algorithm>
+#include <cmath>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "kernel/builder.h"
+#include "kernel/detail.h"
+#include "kernel/kernels.h"
+#include "util/error.h"
+
+namespace tern::kernel {
+
+using isa::DType;
+using isa::Engine;
+using namespace detail;
+
+namespace {
+
+// HBM view of a [K, C] row-major tensor as MX source rows: partition p of
+// the result holds, for each column c, the 4 values of rows k0 + 4p + j.
+Tensor interleave4(const Tensor& t, std::int64_t k0, int parts, std::int64_t c0, std::int64_t nc) {
+  const std::int64_t cols = t.cols();
+  Tensor v = t;
+  v.ap.offset += (k0 * cols + c0) * isa::size_bytes(t.dtype());
+  v.ap.dims = {{4 * cols, parts}, {1, nc}, {cols, 4}};
+  v.ap.partitions = parts;
+  return v;
+}
+
+isa::Program mx_matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
+  if (chip.core_version < 4) {
+    throw NotSupported(fmt::format("MX matmul on {} ({}): MXFP8 needs NeuronCore-v4", chip.name,
+                                   chip.core_generation));
+  }
+  if (s.k % 128 != 0) {
+    throw NotSupported(fmt::format("MX matmul with K = {}: K must be a multiple of 128", s.k));
+  }
+  Builder b(chip, s.cores, s.lnc);
+  const Tensor at = b.hbm("at", {s.k, s.m}, DType::bf16, isa::TensorKind::input);
+  const Tensor bt = b.hbm("b", {s.k, s.n}, DType::bf16, isa::TensorKind::input);
+  const Tensor ct = b.hbm("c", {s.m, s.n}, s.out, isa::TensorKind::output);
+  const Epilogue& ep = s.epilogue;
+  const auto [bias_h, residual_h] = epilogue_inputs(b, ep, s.m, s.n);
+  const std::int64_t P = chip.tensor.rows;  // packed partitions per instruction
+  const std::int64_t TKL = 4 * P;           // logical contraction per instruction
+  const std::int64_t TM = chip.tensor.stationary_fmax;
+  const std::int64_t TN =
+      std::min<std::int64_t>(chip.tensor.moving_fmax, chip.psum_bank_bytes().value() / 4);
+  const std::int64_t KT = ceil_div(s.k, TKL);
+  const std::int64_t budget = chip.sbuf_partition_bytes.value();
+  // Per partition: all of A quantized (4 B x M per k tile, + 1 B scales), two
+  // sets of one B column tile (4 B x TN, + scales), staging and outputs.
+  const std::int64_t need = KT * (5 * s.m + 2 * 5 * TN) + 4 * (4 * TM * 2 + 4 * TN * 2) +
+                            4 * TN * 4 + epilogue_sbuf_bytes(ep, TN);
+  if (need > budget) {
+    throw NotSupported(
+        fmt::format("MX matmul with M = {}, K = {}: the quantized A ({} bytes per partition) "
+                    "does not fit SBUF in one pass (budget {})",
+                    s.m, s.k, need, budget));
+  }
+  for (int core = 0; core < s.cores; ++core) {
+    b.set_core(core);
+    // This core's rows of C: M tiles core, core + cores, ...
+    std::vector<Tensor> aq(KT), as(KT), bq[2], bs[2];
+    for (std::int64_t kt = 0; kt < KT; ++kt) {
+      const int parts = static_cast<int>(std::min(TKL, s.k - kt * TKL) / 4);
+      aq[kt] = b.sbuf(parts, s.m, s.in);
+      as[kt] = b.sbuf(parts / 8, s.m, DType::uint8);
+      for (int i = 0; i < 2; ++i) {
+        bq[i].push_back(b.sbuf(parts, TN, s.in));
+        bs[i].push_back(b.sbuf(parts / 8, TN, DType::uint8));
+      }
+    }
+    // Staging for the BF16 sources: enough buffers that DMA latency hides
+    // behind quantization.
+    constexpr int kStage = 4;
+    std::vector<Tensor> a_src, b_src;
+    for (int i = 0; i < kStage; ++i) {
+      a_src.push_back(b.sbuf(static_cast<int>(P), 4 * TM, DType::bf16));
+      b_src.push_back(b.sbuf(static_cast<int>(P), 4 * TN, DType::bf16));
+    }
+
+    OutputSlots slots = output_slots(b, ep, s.out, TM, TN);
+    auto& [ps, outs, evac_tiles, bias_sets] = slots;
+    constexpr int kPsum = OutputSlots::kPsum, kOut = OutputSlots::kOut;
+    int si = 0, pi = 0, oi = 0, set = 0;
+    // Loads columns [c0, c0 + nc) of a BF16 [K, C] HBM tensor K tile by K
+    // tile through the staging buffers and quantizes them into columns
+    // [q0, q0 + nc) of the x4 tiles q and their scales qs.
+    auto quantize_columns = [&](const Tensor& hbm, std::vector<Tensor>& stage, std::int64_t c0,
+                                std::int64_t nc, std::vector<Tensor>& q, std::vector<Tensor>& qs,
+                                std::int64_t q0) {
+      for (std::int64_t kt = 0; kt < KT; ++kt) {
+        const int parts = static_cast<int>(std::min(TKL, s.k - kt * TKL) / 4);
+        const Tensor src = stage[si].tile(0, parts, 0, 4 * nc);
+        si = (si + 1) % kStage;
+        b.dma_copy(src, interleave4(hbm, kt * TKL, parts, c0, nc));
+        b.quantize_mx(q[kt].tile(0, parts, q0, nc), qs[kt].tile(0, parts / 8, q0, nc), src);
+      }
+    };
+    // A's columns are quantized once, just before the first N tile uses them;
+    // B column tiles one step ahead of the matmuls that use them
+    // (double-buffered), so quantization overlaps the Tensor engine.
+    auto prepare_a = [&](std::int64_t m0) {
+      quantize_columns(at, a_src, m0, std::min(TM, s.m - m0), aq, as, m0);
+    };
+    auto prepare_b = [&](std::int64_t n0, int which) {
+      quantize_columns(bt, b_src, n0, std::min(TN, s.n - n0), bq[which], bs[which], 0);
+    };
+    prepare_b(0, 0);
+    for (std::int64_t n0 = 0; n0 < s.n; n0 += TN) {
+      const std::int64_t tn = std::min(TN, s.n - n0);
+      auto& q = bq[set];
+      auto& qs = bs[set];
+      if (n0 + TN < s.n) prepare_b(n0 + TN, set ^ 1);
+      const Tensor* bias = nullptr;
+      if (ep.bias) {
+        const int rows = static_cast<int>(std::min(TM, s.m));
+        b.dma_copy(bias_sets[set].tile(0, rows, 0, tn), bias_rows(bias_h, rows, n0, tn));
+        bias = &bias_sets[set];
+      }
+      set ^= 1;
+      for (std::int64_t m0 = core * TM; m0 < s.m; m0 += TM * s.cores) {
+        if (n0 == 0) prepare_a(m0);
+        const int tm = static_cast<int>(std::min(TM, s.m - m0));
+        const Tensor p = ps[pi].tile(0, tm, 0, tn);
+        pi = (pi + 1) % kPsum;
+        for (std::int64_t kt = 0; kt < KT; ++kt) {
+          const int parts = static_cast<int>(std::min(TKL, s.k - kt * TKL) / 4);
+          b.matmul_mx(p, aq[kt].tile(0, parts, m0, tm), as[kt].tile(0, parts / 8, m0, tm),
+                      q[kt].tile(0, parts, 0, tn), qs[kt].tile(0, parts / 8, 0, tn), kt > 0);
+        }
+        const Tensor o = outs[oi].tile(0, tm, 0, tn);
+        const Tensor res_h =
+            ep.residual ? residual_h.tile(static_cast<int>(m0), tm, n0, tn) : Tensor{};
+        const Engine evac = evacuate(b, ep, p, o, evac_tiles[static_cast<std::size_t>(oi)], bias,
+                                     &res_h, oi % 2 ? Engine::scalar : Engine::vector);
+        oi = (oi + 1) % kOut;
+        b.dma_copy(ct.tile(static_cast<int>(m0), tm, n0, tn), o, -1, false, evac);
+      }
+    }
+  }
+  return b.finish();
+}
+
+}  // namespace
+
+isa::Program matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
+  if (s.m < 1 || s.n < 1 || s.k < 1) {
+    throw Error(fmt::format("matmul: M, N, K must be >= 1, got {} x {} x {}", s.m, s.n, s.k));
+  }
+  if (s.out != DType::fp32 && s.out != DType::bf16) {
+    throw NotSupported(fmt::format("matmul with {} output (fp32 and bf16 are)", isa::name(s.out)));
+  }
+  if (s.in == DType::fp8_e4m3_x4 || s.in == DType::fp8_e5m2_x4) return mx_matmul_kernel(chip, s);
+  const bool ok_in = s.in == DType::bf16 || s.in == DType::fp16 || s.in == DType::fp32 ||
+                     s.in == DType::tf32 || isa::is_fp8(s.in);
+  if (!ok_in) {
+    throw NotSupported(fmt::format(
+        "matmul with {} inputs (bf16, fp16, fp32, tf32, fp8 and MXFP8 x4 are)", isa::name(s.in)));
+  }
+  Builder b(chip, s.cores, s.lnc);
+  const Tensor at = b.hbm("at", {s.k, s.m}, s.in, isa::TensorKind::input);
+  const Tensor bt = b.hbm("b", {s.k, s.n}, s.in, isa::TensorKind::input);
+  const Tensor ct = b.hbm("c", {s.m, s.n}, s.out, isa::TensorKind::output);
+  const Epilogue& ep = s.epilogue;
+  const auto [bias_h, residual_h] = epilogue_inputs(b, ep, s.m, s.n);
+
+  const std::int64_t TK = chip.tensor.rows;             // contraction
+  const std::int64_t TM = chip.tensor.stationary_fmax;  // output partitions
+  const std::int64_t bank_fp32 = chip.psum_bank_bytes().value() / 4;
+  const std::int64_t TN = std::min<std::int64_t>(chip.tensor.moving_fmax, bank_fp32);
+  const std::int64_t KT = ceil_div(s.k, TK);
+  const int esz = isa::size_bytes(s.in);
+  // SBUF per partition: two A^T blocks (2 x KT x BM) + two B sets (2 x KT x TN) + outputs.
+  const std::int64_t budget = chip.sbuf_partition_bytes.value() * 3 / 4;
+  std::int64_t BM = std::min<std::int64_t>(4 * TM, ceil_div(s.m, TM) * TM);
+  // Epilogue scratch: kOut fp32 tiles (+ kOut residual tiles) and two bias rows.
+  const std::int64_t epi = epilogue_sbuf_bytes(ep, TN);
+  auto need = [&](std::int64_t bm) { return KT * (2 * bm + 2 * TN) * esz + 4 * TN * 4 + epi; };
+  while (BM > TM && need(BM) > budget) BM -= TM;
+  if (need(BM) > budget) {
+    throw NotSupported(
+        fmt::format("matmul with K = {} at {}: the K dimension does not fit SBUF "
+                    "in one pass ({} bytes per partition needed, budget {})",
+                    s.k, isa::name(s.in), need(BM), budget));
+  }
+  const std::int64_t MB = ceil_div(s.m, BM);
+  for (int core = 0; core < s.cores; ++core) {
+    b.set_core(core);
+    // K tiles are allocated in pairs side by side ([TK, 2 x width]) so that
+    // an FP8 pair can feed one double-row matmul; a_sets[s][kt] is the half.
+    std::vector<Tensor> a_sets[2], b_sets[2];
+    for (auto& set : a_sets) set.resize(static_cast<std::size_t>(KT));
+    for (auto& set : b_sets) set.resize(static_cast<std::size_t>(KT));
+    for (std::int64_t kt = 0; kt < KT; kt += 2) {
+      const int rows = static_cast<int>(std::min(TK, s.k - kt * TK));
+      const bool pair = kt + 1 < KT;
+      for (auto* sets : {a_sets, b_sets}) {
+        const std::int64_t w = sets == a_sets ? BM : TN;
+        for (int set = 0; set < 2; ++set) {
+          const Tensor t = b.sbuf(rows, (pair ? 2 : 1) * w, s.in);
+          sets[set][kt] = t.tile(0, rows, 0, w);
+          if (pair)
+            sets[set][kt + 1] =
+                t.tile(0, static_cast<int>(std::min(TK, s.k - (kt + 1) * TK)), w, w);
+        }
+      }
+    }
+    // Double row (FP8, v3+): a pair of full K tiles in one instruction.
+    const bool double_row = isa::is_fp8(s.in) && chip.core_version >= 3;
+    auto pair_view = [](const Tensor& first, std::int64_t width, std::int64_t c0, std::int64_t n) {
+      return first.with_dims({{width, 2}, {1, n}}, c0);
+    };
+    OutputSlots slots = output_slots(b, ep, s.out, TM, TN);
+    auto& [ps, outs, evac_tiles, bias_sets] = slots;
+    constexpr int kPsum = OutputSlots::kPsum, kOut = OutputSlots::kOut;
+    // Steps (M block, N tile) in order; the loads of step i + 1 are issued
+    // before the compute of step i, so the sync engine never blocks a
+    // prefetch behind a store (software pipelining, double-buffered).
+    struct Step {
+      std::int64_t mb, n0;
+      int a_set, b_set;
+    };
+    std::vector<Step> steps;
+    for (std::int64_t mb = core; mb < MB; mb += s.cores) {
+      for (std::int64_t n0 = 0; n0 < s.n; n0 += TN) {
+        const int a_set = steps.empty() ? 0 : steps.back().a_set ^ (steps.back().mb != mb ? 1 : 0);
+        steps.push_back({mb, n0, a_set, static_cast<int>(steps.size() % 2)});
+      }
+    }
+    auto load = [&](std::size_t i) {
+      const Step& st = steps[i];
+      const std::int64_t m0 = st.mb * BM, bm = std::min(BM, s.m - m0);
+      if (i == 0 || steps[i - 1].mb != st.mb) {
+        for (std::int64_t kt = 0; kt < KT; ++kt) {
+          const int tk = static_cast<int>(std::min(TK, s.k - kt * TK));
+          b.dma_copy(a_sets[st.a_set][kt].tile(0, tk, 0, bm),
+                     at.tile(static_cast<int>(kt * TK), tk, m0, bm));
+        }
+      }
+      const std::int64_t tn = std::min(TN, s.n - st.n0);
+      for (std::int64_t kt = 0; kt < KT; ++kt) {
+        const int tk = static_cast<int>(std::min(TK, s.k - kt * TK));
+        b.dma_copy(b_sets[st.b_set][kt].tile(0, tk, 0, tn),
+                   bt.tile(static_cast<int>(kt * TK), tk, st.n0, tn));
+      }
+      if (ep.bias) {
+        const int rows = static_cast<int>(std::min(TM, s.m));
+        b.dma_copy(bias_sets[st.b_set].tile(0, rows, 0, tn), bias_rows(bias_h, rows, st.n0, tn));
+      }
+    };
+    int pi = 0, oi = 0;
+    if (!steps.empty()) load(0);
+    for (std::size_t i = 0; i < steps.size(); ++i) {
+      if (i + 1 < steps.size()) load(i + 1);
+      const Step& st = steps[i];
+      const std::int64_t m0 = st.mb * BM, bm = std::min(BM, s.m - m0);
+      const std::int64_t tn = std::min(TN, s.n - st.n0);
+      for (std::int64_t mi = 0; mi * TM < bm; ++mi) {
+        const int tm = static_cast<int>(std::min(TM, bm - mi * TM));
+        const Tensor p = ps[pi].tile(0, tm, 0, tn);
+        pi = (pi + 1) % kPsum;
+        for (std::int64_t kt = 0; kt < KT; ++kt) {
+          const int tk = static_cast<int>(std::min(TK, s.k - kt * TK));
+          if (double_row && kt + 1 < KT && s.k - (kt + 1) * TK >= TK) {
+            b.matmul(p, pair_view(a_sets[st.a_set][kt], BM, mi * TM, tm),
+                     pair_view(b_sets[st.b_set][kt], TN, 0, tn), kt > 0, isa::PerfMode::double_row);
+            ++kt;
+            continue;
+          }
+          b.matmul(p, a_sets[st.a_set][kt].tile(0, tk, mi * TM, tm),
+                   b_sets[st.b_set][kt].tile(0, tk, 0, tn), kt > 0);
+        }
+        const Tensor o = outs[oi].tile(0, tm, 0, tn);
+        const int r0 = static_cast<int>(m0 + mi * TM);
+        const Tensor res_h = ep.residual ? residual_h.tile(r0, tm, st.n0, tn) : Tensor{};
+        // Alternate the PSUM evacuation between Vector and Scalar; the epilogue
+        // (if any) runs in the evacuation.
+        const Engine evac =
+            evacuate(b, ep, p, o, evac_tiles[static_cast<std::size_t>(oi)], &bias_sets[st.b_set],
+                     &res_h, oi % 2 ? Engine::scalar : Engine::vector);
+        oi = (oi + 1) % kOut;
+        // The evacuating engine triggers the store, so no load waits behind it.
+        b.dma_copy(ct.tile(r0, tm, st.n0, tn), o, -1, false, evac);
+      }
+    }
+  }
+  return b.finish();
+}
+
+}  // namespace tern::kernel

@@ -1,0 +1,331 @@
+// Normalization kernels: RMSNorm and LayerNorm, forward and backward.
+#include <algorithm>
+#include <cmath>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "kernel/builder.h"
+#include "kernel/detail.h"
+#include "kernel/kernels.h"
+#include "util/error.h"
+
+namespace tern::kernel {
+
+using isa::DType;
+using isa::Engine;
+using namespace detail;
+
+namespace {
+
+// The checks every norm kernel makes of its spec.
+void check_norm(const char* name, const RmsNormSpec& s) {
+  if (s.rows < 1 || s.dim < 1)
+    throw Error(fmt::format("{}: shape [{}, {}] must be >= 1", name, s.rows, s.dim));
+  if (s.dtype != DType::fp32 && s.dtype != DType::bf16 && s.dtype != DType::fp16)
+    throw NotSupported(fmt::format("{} of {} (fp32, bf16, fp16 are)", name, isa::name(s.dtype)));
+  if (!(s.eps >= 0.0f)) throw Error(fmt::format("{}: eps must be >= 0, got {}", name, s.eps));
+}
+
+// SBUF bytes per partition a norm kernel may plan for (a quarter stays free
+// for the compiler's and runtime's own tiles).
+std::int64_t norm_budget(const arch::ChipSpec& chip) {
+  return chip.sbuf_partition_bytes.value() * 3 / 4;
+}
+
+// Throws "not supported" when a row of the norm does not fit SBUF.
+void check_fits(const arch::ChipSpec& chip, const char* name, const RmsNormSpec& s,
+                std::int64_t need) {
+  if (need > norm_budget(chip)) {
+    throw NotSupported(fmt::format(
+        "{} with D = {} at {}: a row does not fit SBUF ({} bytes per partition needed, budget {})",
+        name, s.dim, isa::name(s.dtype), need, norm_budget(chip)));
+  }
+}
+
+// h = x + residual for the [n, D] tile `hx` (rows r0.. of the HBM tensors),
+// in the input dtype (what the residual stream holds), into `hx`, using
+// `staging` for the residual; the columns split between GpSimd and Vector;
+// h is stored to `h_hbm`.
+void add_residual(Builder& b, const Tensor& hx, const Tensor& staging, const Tensor& res_hbm,
+                  const Tensor& h_hbm, int r0) {
+  const int n = hx.rows();
+  const std::int64_t D = hx.cols(), half = D / 2;
+  b.dma_copy(staging, res_hbm.tile(r0, n, 0, D));
+  if (half > 0)
+    b.tensor_tensor(hx.tile(0, n, 0, half), hx.tile(0, n, 0, half), staging.tile(0, n, 0, half),
+                    isa::AluOp::add, Engine::gpsimd);
+  b.tensor_tensor(hx.tile(0, n, half, D - half), hx.tile(0, n, half, D - half),
+                  staging.tile(0, n, half, D - half), isa::AluOp::add, Engine::vector);
+  b.dma_copy(h_hbm.tile(r0, n, 0, D), hx, -1, false, Engine::vector);
+}
+
+}  // namespace
+
+isa::Program rmsnorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& s) {
+  check_norm("rmsnorm", s);
+  Builder b(chip, s.cores);
+  const std::int64_t R = s.rows, D = s.dim;
+  const Tensor x = b.hbm("x", {R, D}, s.dtype, isa::TensorKind::input);
+  const Tensor gamma = b.hbm("gamma", {1, D}, s.dtype, isa::TensorKind::input);
+  Tensor res, h;
+  if (s.residual) res = b.hbm("residual", {R, D}, s.dtype, isa::TensorKind::input);
+  const Tensor y = b.hbm("y", {R, D}, s.dtype, isa::TensorKind::output);
+  const Tensor rstd_h = b.hbm("rstd", {R, 1}, DType::fp32, isa::TensorKind::output);
+  if (s.residual) h = b.hbm("h", {R, D}, s.dtype, isa::TensorKind::output);
+  const std::int64_t P = chip.sbuf_partitions;
+  const int esz = isa::size_bytes(s.dtype);
+  // Per partition: gamma, and per buffer x (residual), y and the squares in
+  // the dtype, one FP32 row (h * gamma) and small columns.
+  // Three buffers when they fit (a load, a compute and a store in flight),
+  // else two.
+  constexpr int kMaxBuf = 3;
+  auto need = [&](int bufs) {
+    return D * esz + bufs * (D * esz * (s.residual ? 4 : 3) + D * 4 + 16);
+  };
+  const int bufs = need(kMaxBuf) <= norm_budget(chip) ? kMaxBuf : 2;
+  check_fits(chip, "rmsnorm", s, need(bufs));
+  const std::int64_t tiles = ceil_div(R, P);
+  for (int core = 0; core < s.cores; ++core) {
+    b.set_core(core);
+    const int gp = static_cast<int>(std::min(P, R));
+    const Tensor g = b.sbuf(gp, D, s.dtype);
+    b.dma_copy(g, bias_rows(gamma, gp, 0, D));
+    const Tensor eps = b.sbuf(gp, 1, DType::fp32);
+    b.memset(eps, s.eps, Engine::gpsimd);
+    Tensor xs[kMaxBuf], rs[kMaxBuf], ys[kMaxBuf], sq[kMaxBuf], y32[kMaxBuf], ss[kMaxBuf],
+        rstd[kMaxBuf];
+    for (int i = 0; i < bufs; ++i) {
+      xs[i] = b.sbuf(static_cast<int>(P), D, s.dtype);
+      if (s.residual) rs[i] = b.sbuf(static_cast<int>(P), D, s.dtype);
+      ys[i] = b.sbuf(static_cast<int>(P), D, s.dtype);
+      sq[i] = b.sbuf(static_cast<int>(P), D, s.dtype);  // only the row sums are used
+      y32[i] = b.sbuf(static_cast<int>(P), D, DType::fp32);
+      ss[i] = b.sbuf(static_cast<int>(P), 1, DType::fp32);
+      rstd[i] = b.sbuf(static_cast<int>(P), 1, DType::fp32);
+    }
+    int i = 0;
+    for (std::int64_t t = core; t < tiles; t += s.cores, i = (i + 1) % bufs) {
+      const int r0 = static_cast<int>(t * P), n = static_cast<int>(std::min(P, R - t * P));
+      const Tensor hx = xs[i].tile(0, n, 0, D);
+      b.dma_copy(hx, x.tile(r0, n, 0, D));
+      if (s.residual) add_residual(b, hx, rs[i].tile(0, n, 0, D), res, h, r0);
+      // Three engines, one pass each, pipelined across tiles:
+      //   Scalar: the sum of squares (its row accumulator), then
+      //           rstd = rsqrt(sum / D + eps) in one more instruction;
+      //   Vector: t = h * gamma (exact in FP32 for bf16 / fp16 inputs);
+      //   GpSimd: y = t * rstd (a per-partition column operand), cast.
+      const Tensor sum = ss[i].tile(0, n, 0, 1), rs_col = rstd[i].tile(0, n, 0, 1);
+      b.activation(sq[i].tile(0, n, 0, D), isa::ActFunc::square, hx, nullptr, 1.0f, &sum);
+      const Tensor eps_n = eps.tile(0, n, 0, 1);
+      b.activation(rs_col, isa::ActFunc::rsqrt, sum, &eps_n, 1.0f / static_cast<float>(D));
+      b.dma_copy(rstd_h.tile(r0, n, 0, 1), rs_col, -1, false, Engine::scalar);
+      const Tensor tf = y32[i].tile(0, n, 0, D), yo = ys[i].tile(0, n, 0, D);
+      b.tensor_tensor(tf, hx, g.tile(0, n, 0, D), isa::AluOp::multiply, Engine::vector);
+      b.tensor_scalar(yo, tf, isa::AluOp::multiply, rs_col, isa::AluOp::bypass, 0.0f, nullptr,
+                      Engine::gpsimd);
+      b.dma_copy(y.tile(r0, n, 0, D), yo, -1, false, Engine::gpsimd);
+    }
+  }
+  return b.finish();
+}
+
+isa::Program layernorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& s) {
+  check_norm("layernorm", s);
+  Builder b(chip, s.cores);
+  const std::int64_t R = s.rows, D = s.dim;
+  const Tensor x = b.hbm("x", {R, D}, s.dtype, isa::TensorKind::input);
+  const Tensor gamma = b.hbm("gamma", {1, D}, s.dtype, isa::TensorKind::input);
+  const Tensor beta = b.hbm("beta", {1, D}, s.dtype, isa::TensorKind::input);
+  Tensor res, h;
+  if (s.residual) res = b.hbm("residual", {R, D}, s.dtype, isa::TensorKind::input);
+  const Tensor y = b.hbm("y", {R, D}, s.dtype, isa::TensorKind::output);
+  const Tensor mean_h = b.hbm("mean", {R, 1}, DType::fp32, isa::TensorKind::output);
+  const Tensor rstd_h = b.hbm("rstd", {R, 1}, DType::fp32, isa::TensorKind::output);
+  if (s.residual) h = b.hbm("h", {R, D}, s.dtype, isa::TensorKind::output);
+  const std::int64_t P = chip.sbuf_partitions, FB = chip.bn_stats_fmax;
+  const std::int64_t chunks = ceil_div(D, FB);
+  const int esz = isa::size_bytes(s.dtype);
+  // Per partition: gamma, beta, and per buffer x (residual), y in the dtype,
+  // one FP32 row, bn_stats output (6 per chunk) and small columns.
+  constexpr int kBuf = 2;
+  const std::int64_t need =
+      2 * D * esz + kBuf * (D * esz * (s.residual ? 3 : 2) + D * 4 + chunks * 24 + 16);
+  check_fits(chip, "layernorm", s, need);
+  const std::int64_t tiles = ceil_div(R, P);
+  for (int core = 0; core < s.cores; ++core) {
+    b.set_core(core);
+    const int gp = static_cast<int>(std::min(P, R));
+    const Tensor g = b.sbuf(gp, D, s.dtype), bt = b.sbuf(gp, D, s.dtype);
+    b.dma_copy(g, bias_rows(gamma, gp, 0, D));
+    b.dma_copy(bt, bias_rows(beta, gp, 0, D));
+    const Tensor eps = b.sbuf(gp, 1, DType::fp32);
+    b.memset(eps, s.eps, Engine::gpsimd);
+    struct Bufs {
+      Tensor x, r, y, u, stats, mv, rstd;
+    };
+    Bufs bu[kBuf];
+    for (auto& t : bu) {
+      t.x = b.sbuf(static_cast<int>(P), D, s.dtype);
+      if (s.residual) t.r = b.sbuf(static_cast<int>(P), D, s.dtype);
+      t.y = b.sbuf(static_cast<int>(P), D, s.dtype);
+      t.u = b.sbuf(static_cast<int>(P), D, DType::fp32);
+      t.stats = b.sbuf(static_cast<int>(P), 6 * chunks, DType::fp32);
+      t.mv = b.sbuf(static_cast<int>(P), 2, DType::fp32);
+      t.rstd = b.sbuf(static_cast<int>(P), 1, DType::fp32);
+    }
+    int i = 0;
+    for (std::int64_t t = core; t < tiles; t += s.cores, i = (i + 1) % kBuf) {
+      const int r0 = static_cast<int>(t * P), n = static_cast<int>(std::min(P, R - t * P));
+      const Bufs& v = bu[i];
+      const Tensor hx = v.x.tile(0, n, 0, D);
+      b.dma_copy(hx, x.tile(r0, n, 0, D));
+      if (s.residual) add_residual(b, hx, v.r.tile(0, n, 0, D), res, h, r0);
+      // mean and variance: bn_stats per chunk, then bn_aggr (Vector).
+      for (std::int64_t c = 0; c < chunks; ++c) {
+        const std::int64_t c0 = c * FB, w = std::min(FB, D - c0);
+        b.bn_stats(v.stats.tile(0, n, 6 * c, 6), hx.tile(0, n, c0, w));
+      }
+      const Tensor mv = v.mv.tile(0, n, 0, 2), mean = v.mv.tile(0, n, 0, 1),
+                   var = v.mv.tile(0, n, 1, 1), rstd = v.rstd.tile(0, n, 0, 1);
+      b.bn_aggr(mv, v.stats.tile(0, n, 0, 6 * chunks));
+      b.dma_copy(mean_h.tile(r0, n, 0, 1), mean, -1, false, Engine::vector);
+      // rstd = rsqrt(var + eps) on the Scalar engine.
+      const Tensor eps_n = eps.tile(0, n, 0, 1);
+      b.activation(rstd, isa::ActFunc::rsqrt, var, &eps_n);
+      b.dma_copy(rstd_h.tile(r0, n, 0, 1), rstd, -1, false, Engine::scalar);
+      // u = (h - mean) * rstd (Scalar, column operands); y = u * gamma + beta
+      // (Vector, then GpSimd with the cast).
+      const Tensor u = v.u.tile(0, n, 0, D), yo = v.y.tile(0, n, 0, D);
+      b.tensor_scalar(u, hx, isa::AluOp::subtract, mean, isa::AluOp::multiply, 0.0f, &rstd,
+                      Engine::scalar);
+      b.tensor_tensor(u, u, g.tile(0, n, 0, D), isa::AluOp::multiply, Engine::vector);
+      b.tensor_tensor(yo, u, bt.tile(0, n, 0, D), isa::AluOp::add, Engine::gpsimd);
+      b.dma_copy(y.tile(r0, n, 0, D), yo, -1, false, Engine::gpsimd);
+    }
+  }
+  return b.finish();
+}
+
+isa::Program rmsnorm_backward_kernel(const arch::ChipSpec& chip, const RmsNormSpec& s) {
+  check_norm("rmsnorm backward", s);
+  if (s.residual)
+    throw NotSupported(
+        "rmsnorm backward with a fused residual (dh is the residual's gradient too)");
+  Builder b(chip, s.cores);
+  const std::int64_t R = s.rows, D = s.dim;
+  const Tensor dy_h = b.hbm("dy", {R, D}, s.dtype, isa::TensorKind::input);
+  const Tensor h_h = b.hbm("h", {R, D}, s.dtype, isa::TensorKind::input);
+  const Tensor gamma = b.hbm("gamma", {1, D}, s.dtype, isa::TensorKind::input);
+  const Tensor rstd_h = b.hbm("rstd", {R, 1}, DType::fp32, isa::TensorKind::input);
+  const Tensor dh_h = b.hbm("dh", {R, D}, s.dtype, isa::TensorKind::output);
+  const Tensor dg_h = b.hbm("dgamma_parts", {s.cores, D}, DType::fp32, isa::TensorKind::output);
+  const std::int64_t P = chip.sbuf_partitions;
+  const int esz = isa::size_bytes(s.dtype);
+  // PSUM columns per matmul (one bank of FP32).
+  const std::int64_t TN =
+      std::min<std::int64_t>(chip.tensor.moving_fmax, chip.psum_bank_bytes().value() / 4);
+  // dgamma accumulates on the Tensor engine in PSUM ([1, D] FP32 on one
+  // partition, one bank per TN columns).
+  if (ceil_div(D, TN) > chip.psum_banks) {
+    throw NotSupported(fmt::format(
+        "rmsnorm backward with D = {}: dgamma accumulates in PSUM, which holds {} columns", D,
+        chip.psum_banks * TN));
+  }
+  // Per partition: gamma, and per buffer dy, h and dh in the dtype and three
+  // FP32 rows.
+  constexpr int kBuf = 2;
+  const std::int64_t need = D * esz + kBuf * (3 * D * esz + 3 * D * 4 + 64);
+  check_fits(chip, "rmsnorm backward", s, need);
+  const std::int64_t tiles = ceil_div(R, P);
+  const float neg_inv_d = -1.0f / static_cast<float>(D);
+  for (int core = 0; core < s.cores; ++core) {
+    b.set_core(core);
+    const int gp = static_cast<int>(std::min(P, R));
+    const Tensor g = b.sbuf(gp, D, s.dtype);
+    b.dma_copy(g, bias_rows(gamma, gp, 0, D));
+    // dgamma: rstd^T @ (dy * h) per tile, accumulated in PSUM over the
+    // core's tiles (the Tensor engine is otherwise idle here).
+    std::vector<Tensor> dg;
+    for (std::int64_t c0 = 0; c0 < D; c0 += TN) dg.push_back(b.psum(1, TN, DType::fp32));
+    struct Bufs {
+      Tensor dy, h, dh, gg, a, c, t, dot, coef;
+    };
+    Bufs bu[kBuf];
+    for (auto& x : bu) {
+      x.dy = b.sbuf(static_cast<int>(P), D, s.dtype);
+      x.h = b.sbuf(static_cast<int>(P), D, s.dtype);
+      x.dh = b.sbuf(static_cast<int>(P), D, s.dtype);
+      x.gg = b.sbuf(static_cast<int>(P), D, DType::fp32);
+      x.a = b.sbuf(static_cast<int>(P), D, DType::fp32);
+      x.c = b.sbuf(static_cast<int>(P), D, DType::fp32);
+      x.t = b.sbuf(static_cast<int>(P), 1, DType::fp32);
+      x.dot = b.sbuf(static_cast<int>(P), 1, DType::fp32);
+      x.coef = b.sbuf(static_cast<int>(P), 1, DType::fp32);
+    }
+    // Software pipeline over this core's tiles (each engine runs in order):
+    // phase 1 of tile k + 1 (loads, gg and the row dot products) is issued
+    // before phase 2 of tile k (dh and the dgamma accumulation).
+    std::vector<std::int64_t> mine;
+    for (std::int64_t t = core; t < tiles; t += s.cores) mine.push_back(t);
+    struct View {
+      int r0, n;
+      Tensor dy, h, dh, gg, a, c, rs, dot, coef;
+    };
+    auto view = [&](std::size_t k) {
+      const Bufs& x = bu[k % kBuf];
+      const int r0 = static_cast<int>(mine[k] * P),
+                n = static_cast<int>(std::min(P, R - mine[k] * P));
+      auto T = [&](const Tensor& v) { return v.tile(0, n, 0, v.cols()); };
+      return View{r0,     n,      T(x.dy), T(x.h),   T(x.dh),  T(x.gg),
+                  T(x.a), T(x.c), T(x.t),  T(x.dot), T(x.coef)};
+    };
+    auto phase1 = [&](std::size_t k) {
+      const View v = view(k);
+      b.dma_copy(v.dy, dy_h.tile(v.r0, v.n, 0, D));
+      b.dma_copy(v.h, h_h.tile(v.r0, v.n, 0, D));
+      b.dma_copy(v.rs, rstd_h.tile(v.r0, v.n, 0, 1));
+      // gg = dy * gamma (exact in FP32 for bf16 / fp16), dot = sum(gg * h).
+      b.tensor_tensor(v.gg, v.dy, g.tile(0, v.n, 0, D), isa::AluOp::multiply);
+      b.tensor_tensor(v.c, v.gg, v.h, isa::AluOp::multiply);
+      b.tensor_reduce(v.dot, v.c, isa::AluOp::add);
+      // coef = ((dot * rstd) * rstd) * rstd * (-1 / D).
+      b.tensor_scalar(v.coef, v.dot, isa::AluOp::multiply, v.rs, isa::AluOp::multiply, 0.0f, &v.rs,
+                      Engine::gpsimd);
+      b.tensor_scalar(v.coef, v.coef, isa::AluOp::multiply, v.rs, isa::AluOp::multiply, neg_inv_d,
+                      nullptr, Engine::gpsimd);
+    };
+    auto phase2 = [&](std::size_t k) {
+      const View v = view(k);
+      // dh = gg * rstd + h * coef.
+      b.tensor_scalar(v.a, v.gg, isa::AluOp::multiply, v.rs, isa::AluOp::bypass, 0.0f, nullptr,
+                      Engine::scalar);
+      b.tensor_scalar(v.c, v.h, isa::AluOp::multiply, v.coef, isa::AluOp::bypass, 0.0f, nullptr,
+                      Engine::scalar);
+      b.tensor_tensor(v.dh, v.a, v.c, isa::AluOp::add, Engine::gpsimd);
+      b.dma_copy(dh_h.tile(v.r0, v.n, 0, D), v.dh, -1, false, Engine::gpsimd);
+      // dgamma (+)= rstd^T @ (dy * h); dy * h is exact in FP32 for bf16 / fp16.
+      b.tensor_tensor(v.gg, v.dy, v.h, isa::AluOp::multiply, Engine::gpsimd);
+      for (std::size_t c = 0; c < dg.size(); ++c) {
+        const std::int64_t c0 = static_cast<std::int64_t>(c) * TN, w = std::min(TN, D - c0);
+        b.matmul(dg[c].tile(0, 1, 0, w), v.rs, v.gg.tile(0, v.n, c0, w), k > 0);
+      }
+    };
+    if (!mine.empty()) phase1(0);
+    for (std::size_t k = 0; k < mine.size(); ++k) {
+      if (k + 1 < mine.size()) phase1(k + 1);
+      phase2(k);
+    }
+    const Tensor out = b.sbuf(1, D, DType::fp32);
+    for (std::size_t c = 0; c < dg.size() && !mine.empty(); ++c) {
+      const std::int64_t c0 = static_cast<std::int64_t>(c) * TN, w = std::min(TN, D - c0);
+      b.tensor_copy(out.tile(0, 1, c0, w), dg[c].tile(0, 1, 0, w));
+    }
+    if (mine.empty()) b.memset(out, 0.0f);  // a core without rows contributes zeros
+    b.dma_copy(dg_h.tile(core, 1, 0, D), out, -1, false, Engine::vector);
+  }
+  return b.finish();
+}
+
+}  // namespace tern::kernel
