@@ -5,7 +5,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -19,6 +21,7 @@
 #include "isa/program.h"
 #include "kernel/kernels.h"
 #include "kernel/reference.h"
+#include "kernel/registry.h"
 #include "num/convert.h"
 #include "profile/profile.h"
 #include "sim/simulator.h"
@@ -261,15 +264,18 @@ void add_bench(CLI::App& app) {
     const auto t2 = std::chrono::steady_clock::now();
     CheckReport report;
     if (check) {
-      const bool e5m2 = spec.in == isa::DType::fp8_e5m2_x4;
-      auto want =
-          mx ? kernel::matmul_reference(kernel::mx_roundtrip_columns(at, a->k, a->m, e5m2),
-                                        kernel::mx_roundtrip_columns(b, a->k, a->n, e5m2), a->m,
-                                        a->n, a->k, false)
-             : kernel::matmul_reference(at, b, a->m, a->n, a->k, spec.in == isa::DType::fp32);
-      kernel::epilogue_reference(want, bias, residual, ep, a->m, a->n);
-      if (spec.out != isa::DType::fp32) num::round_array(*isa::format_of(spec.out), want);
-      report = check_bits(s, {{"c", std::move(want)}});
+      const kernel::KernelEntry& me = kernel::find_kernel("matmul");
+      const kernel::Params mp(me.name, me.params,
+                              {{"m", std::to_string(a->m)},
+                               {"n", std::to_string(a->n)},
+                               {"k", std::to_string(a->k)},
+                               {"dtype", std::string(isa::name(spec.in))},
+                               {"out", std::string(isa::name(spec.out))},
+                               {"epilogue", a->epilogue}});
+      kernel::NamedData in{{"at", at}, {"b", b}};
+      if (ep.bias) in.emplace_back("bias", bias);
+      if (ep.residual) in.emplace_back("residual", residual);
+      report = check_bits(s, me.reference(chip, mp, in));
     }
     if (opt.trace) profile::write_trace(st, chip, a->trace);
     const auto sum = profile::summarize(st, chip);
@@ -358,152 +364,134 @@ void add_bench(CLI::App& app) {
   });
 }
 
-// `tern bench kernel NAME`: the memory-bound built-in kernels, run with
-// random inputs, checked bit for bit against the host reference when small,
-// and timed (latency, HBM bandwidth, engine busy).
+// A parameter's text as the JSON value it reads as (integer, number, bool).
+json param_json(const std::string& t) {
+  if (t == "true" || t == "false") return t == "true";
+  char* end = nullptr;
+  const long long i = std::strtoll(t.c_str(), &end, 10);
+  if (!t.empty() && *end == '\0') return i;
+  const double d = std::strtod(t.c_str(), &end);
+  if (!t.empty() && *end == '\0') return d;
+  return t;
+}
+
+struct BenchCommon {
+  std::string arch = "trn3", mode = "auto", check = "auto", trace;
+  bool json = false;
+};
+
+// Runs one registered kernel with random inputs, checks it bit for bit
+// against its host reference when small, and prints latency, efficiency and
+// engine busy.
+void bench_registered(const kernel::KernelEntry& e, const std::map<std::string, std::string>& given,
+                      const BenchCommon& c) {
+  const arch::ChipSpec chip = arch::load_chip(c.arch);
+  const kernel::Params params(e.name, e.params, given);
+  const isa::Program p = e.build(chip, params);
+  // "Small": a host reference of about a second at most.
+  double elements = 0;
+  for (const auto& t : p.tensors) elements += static_cast<double>(t.elements());
+  const double flops = e.useful_flops ? e.useful_flops(params) : 0.0;
+  const bool small = e.reference && elements <= (1 << 24) && flops <= 2.2e9;
+  const auto [opt, check] = plan_bench(c.mode, e.reference ? c.check : "no", c.trace, small);
+  if (c.check == "yes" && !e.reference)
+    throw Error(fmt::format("--check yes: kernel {} has no bit-exact host reference", e.name));
+  sim::Simulator s(chip);
+  s.load(p);
+  kernel::NamedData in;
+  if (opt.mode != sim::Mode::timing) {
+    std::uint64_t seed = 1;
+    for (const auto& t : p.tensors) {
+      if (t.kind != isa::TensorKind::input) continue;
+      std::vector<float> v = random_input(t, seed++);
+      if (e.prepare) e.prepare(params, t.name, v);
+      s.write(t.name, v);
+      in.emplace_back(t.name, std::move(v));
+    }
+  }
+  const sim::RunStats st = s.run(opt);
+  CheckReport report;
+  if (check) report = check_bits(s, e.reference(chip, params, in));
+  if (opt.trace) profile::write_trace(st, chip, c.trace);
+  const auto sum = profile::summarize(st, chip);
+  // Useful work: the executed FLOPs' % of peak scaled by useful / executed.
+  json useful = nullptr;
+  std::string useful_text;
+  if (flops > 0) {
+    const profile::DtypeUse* main = nullptr;
+    for (const auto& [dt, u] : sum.tensor)
+      if (!main || u.flops > main->flops) main = &u;
+    const double tflops = flops / sum.latency_ns / 1e3;
+    const double pct = main && main->flops > 0 ? main->peak_percent * flops / main->flops : 0.0;
+    useful = {{"flops", flops}, {"tflops", tflops}, {"peak_percent", pct}};
+    useful_text = fmt::format("useful work: {:.4g} GFLOP, {:.1f} TFLOPS, {:.1f} % of Tensor peak\n",
+                              flops / 1e9, tflops, pct);
+  }
+  const std::string what = e.describe(params);
+  if (c.json) {
+    json j = profile::to_json(sum);
+    json pj = json::object();
+    for (const auto& [k, v] : params.values()) pj[k] = param_json(v);
+    j["kernel"] = {
+        {"name", e.name}, {"arch", chip.name}, {"what", what}, {"bound", e.bound}, {"params", pj}};
+    j["useful"] = useful;
+    j["check"] = report.result;
+    std::printf("%s\n", j.dump(2).c_str());
+    return;
+  }
+  std::printf("%s on %s (%s)\n%s%s%s\n", what.c_str(), chip.name.c_str(),
+              opt.mode == sim::Mode::timing ? "timing only" : "functional + timing",
+              profile::to_text(sum).c_str(), useful_text.c_str(), report.text.c_str());
+  if (opt.trace)
+    std::printf("trace written to %s (open in https://ui.perfetto.dev)\n", c.trace.c_str());
+}
+
+// `tern bench kernel NAME [--param value ...]`: one subcommand per kernel
+// of the registry, its options generated from the kernel's parameters.
 void add_bench_kernel(CLI::App& bench) {
-  struct A {
-    std::string name, arch = "trn3", dtype = "bf16", epilogue = "bias,gelu", mode = "auto",
-                      check = "auto", trace;
-    std::int64_t rows = 4096, dim = 4096, step = 1;
-    int cores = 1;
-    float eps = -1;  // the kernel's default
-    bool residual = false, json = false;
-  };
-  auto a = std::make_shared<A>();
   auto* cmd = bench.add_subcommand(
-      "kernel", "A built-in memory-bound kernel: latency, % of HBM bandwidth, engine busy");
-  cmd->add_option("name", a->name,
-                  "rmsnorm, rmsnorm_backward, layernorm, adamw or epilogue (matmul: `tern bench "
-                  "matmul`)")
-      ->required()
-      ->check(CLI::IsMember({"rmsnorm", "rmsnorm_backward", "layernorm", "adamw", "epilogue"}));
-  cmd->add_option("--arch", a->arch, "Chip")->capture_default_str();
-  cmd->add_option("--rows", a->rows, "Rows (M)")->capture_default_str();
-  cmd->add_option("--dim", a->dim, "Columns (the normalized dim; N for epilogue)")
-      ->capture_default_str();
-  cmd->add_option("--dtype", a->dtype,
-                  "rmsnorm: fp32, bf16 or fp16; adamw: the gradients' fp32 or bf16; epilogue: "
-                  "output fp32 or bf16")
-      ->capture_default_str();
-  cmd->add_flag("--residual", a->residual,
-                "rmsnorm, layernorm: fuse the residual add (outputs h too)");
-  cmd->add_option("--eps", a->eps, "Norms: epsilon (default 1e-6 rmsnorm, 1e-5 layernorm)");
-  cmd->add_option("--epilogue", a->epilogue, "epilogue: the chain (see bench matmul --help)")
-      ->capture_default_str();
-  cmd->add_option("--step", a->step, "adamw: the step t (bias correction)")->capture_default_str();
-  cmd->add_option("--cores", a->cores, "NeuronCores to spread rows over (rmsnorm, adamw)")
-      ->capture_default_str();
-  cmd->add_option("--mode", a->mode, "auto (data when small enough), both, functional or timing")
-      ->capture_default_str();
-  cmd->add_option("--check", a->check, "Check against the host reference: auto, yes, no")
-      ->capture_default_str();
-  cmd->add_option("--trace", a->trace, "Write a Perfetto / chrome://tracing trace (JSON)");
-  cmd->add_flag("--json", a->json, "Print JSON");
-  cmd->callback([a] {
-    const arch::ChipSpec chip = arch::load_chip(a->arch);
-    const isa::DType dt = isa::parse_dtype(a->dtype);
-    kernel::RmsNormSpec rs;
-    rs.rows = a->rows, rs.dim = a->dim, rs.dtype = dt, rs.residual = a->residual,
-    rs.cores = a->cores;
-    const kernel::Epilogue ep = kernel::parse_epilogue(a->epilogue);
-    const bool rms = a->name == "rmsnorm", adam = a->name == "adamw",
-               rms_bwd = a->name == "rmsnorm_backward", ln = a->name == "layernorm";
-    rs.eps = a->eps >= 0 ? a->eps : ln ? 1e-5f : 1e-6f;
-    kernel::AdamWSpec as;
-    as.rows = a->rows, as.cols = a->dim, as.grad = dt, as.step = a->step, as.cores = a->cores;
-    const isa::Program p = ln        ? kernel::layernorm_kernel(chip, rs)
-                           : rms_bwd ? kernel::rmsnorm_backward_kernel(chip, rs)
-                           : rms     ? kernel::rmsnorm_kernel(chip, rs)
-                           : adam    ? kernel::adamw_kernel(chip, as)
-                                     : kernel::epilogue_kernel(chip, a->rows, a->dim, ep, dt);
-    const bool small = static_cast<double>(a->rows) * static_cast<double>(a->dim) <= 1 << 24;
-    const auto [opt, check] = plan_bench(a->mode, a->check, a->trace, small);
-    sim::Simulator s(chip);
-    s.load(p);
-    std::vector<std::vector<float>> in;
-    if (opt.mode != sim::Mode::timing) {
-      std::uint64_t seed = 1;
-      for (const auto& t : p.tensors) {
-        if (t.kind != isa::TensorKind::input) continue;
-        in.emplace_back(random_input(t, seed++));
-        if ((adam && t.name == "v") || (rms_bwd && t.name == "rstd"))  // >= 0
-          for (float& x : in.back()) x = std::fabs(x);
-        s.write(t.name, in.back());
-      }
+      "kernel", "A built-in kernel: latency, % of HBM bandwidth or Tensor peak, engine busy");
+  // An unknown name is left as an extra argument: name the known kernels.
+  cmd->allow_extras();
+  cmd->callback([cmd] {
+    if (!cmd->get_subcommands().empty()) return;
+    const auto rest = cmd->remaining();
+    if (rest.empty()) {
+      std::string names;
+      for (const auto& e : kernel::kernel_registry()) names += " " + e.name;
+      throw Error("bench kernel: name a kernel:" + names);
     }
-    const sim::RunStats st = s.run(opt);
-    CheckReport report;
-    if (check) {
-      // Expected outputs by name, from the inputs in declaration order.
-      std::vector<std::pair<std::string, std::vector<float>>> want;
-      float (*round)(float) =
-          dt == isa::DType::bf16
-              ? +[](float x) { return num::round_to(*isa::format_of(isa::DType::bf16), x); }
-          : dt == isa::DType::fp16
-              ? +[](float x) { return num::round_to(*isa::format_of(isa::DType::fp16), x); }
-              : +[](float x) { return x; };
-      if (ln) {
-        auto r = kernel::layernorm_reference(in[0], in[1], in[2], a->residual ? &in[3] : nullptr,
-                                             a->rows, a->dim, rs.eps, chip.bn_stats_fmax, round);
-        want = {{"y", r.y}, {"mean", r.mean}, {"rstd", r.rstd}};
-        if (a->residual) want.emplace_back("h", r.h);
-      } else if (rms_bwd) {
-        auto r = kernel::rmsnorm_backward_reference(in[0], in[1], in[2], in[3], a->rows, a->dim,
-                                                    a->cores, chip.sbuf_partitions, round);
-        want = {{"dh", r.dh}, {"dgamma_parts", r.dgamma_parts}};
-      } else if (rms) {
-        auto r = kernel::rmsnorm_reference(in[0], in[1], a->residual ? &in[2] : nullptr, a->rows,
-                                           a->dim, rs.eps, round);
-        want = {{"y", r.y}, {"rstd", r.rstd}};
-        if (a->residual) want.emplace_back("h", r.h);
-      } else if (adam) {
-        std::vector<float> p0 = in[0], m0 = in[2], v0 = in[3];
-        auto pb = kernel::adamw_reference(p0, in[1], m0, v0, as);
-        want = {{"param_out", p0}, {"m_out", m0}, {"v_out", v0}, {"param_bf16", pb}};
-      } else {
-        std::vector<float> y = in[0];
-        std::size_t k = 1;
-        const std::vector<float> none;
-        const std::vector<float>& bias = ep.bias ? in[k++] : none;
-        const std::vector<float>& res = ep.residual ? in[k++] : none;
-        kernel::epilogue_reference(y, bias, res, ep, a->rows, a->dim);
-        if (dt != isa::DType::fp32) num::round_array(*isa::format_of(dt), y);
-        want = {{"y", y}};
-      }
-      report = check_bits(s, want);
-    }
-    if (opt.trace) profile::write_trace(st, chip, a->trace);
-    const auto sum = profile::summarize(st, chip);
-    const std::string what =
-        ln        ? fmt::format("layernorm [{}, {}] {}{}", a->rows, a->dim, a->dtype,
-                         a->residual ? " + residual" : "")
-        : rms_bwd ? fmt::format("rmsnorm backward [{}, {}] {}", a->rows, a->dim, a->dtype)
-        : rms     ? fmt::format("rmsnorm [{}, {}] {}{}", a->rows, a->dim, a->dtype,
-                            a->residual ? " + residual" : "")
-        : adam    ? fmt::format("adamw step {} [{}, {}] fp32 state, {} gradients", a->step, a->rows,
-                                a->dim, a->dtype)
-                  : fmt::format("epilogue {} [{}, {}] fp32 -> {}", kernel::to_string(ep), a->rows,
-                                a->dim, a->dtype);
-    if (a->json) {
-      json j = profile::to_json(sum);
-      j["kernel"] = {{"name", a->name},
-                     {"rows", a->rows},
-                     {"dim", a->dim},
-                     {"dtype", a->dtype},
-                     {"cores", a->name == "epilogue" ? 1 : a->cores},
-                     {"arch", chip.name},
-                     {"what", what}};
-      j["check"] = report.result;
-      std::printf("%s\n", j.dump(2).c_str());
-      return;
-    }
-    std::printf("%s on %s (%s)\n%s%s\n", what.c_str(), chip.name.c_str(),
-                opt.mode == sim::Mode::timing ? "timing only" : "functional + timing",
-                profile::to_text(sum).c_str(), report.text.c_str());
-    if (opt.trace)
-      std::printf("trace written to %s (open in https://ui.perfetto.dev)\n", a->trace.c_str());
+    kernel::find_kernel(rest.front());  // throws, naming them
   });
+  for (const auto& e : kernel::kernel_registry()) {
+    auto* sub = cmd->add_subcommand(e.name, e.summary);
+    sub->allow_extras(false);
+    auto given = std::make_shared<std::map<std::string, std::string>>();
+    auto common = std::make_shared<BenchCommon>();
+    for (const auto& d : e.params) {
+      std::string opt = "--" + d.name;
+      std::replace(opt.begin(), opt.end(), '_', '-');
+      const std::string name = d.name;
+      if (d.flag()) {
+        sub->add_flag_callback(
+            opt, [given, name] { (*given)[name] = "true"; }, d.help);
+      } else {
+        auto* o = sub->add_option_function<std::string>(
+            opt, [given, name](const std::string& v) { (*given)[name] = v; }, d.help);
+        if (!d.default_value.empty()) o->default_str(d.default_value);
+      }
+    }
+    sub->add_option("--arch", common->arch, "Chip")->capture_default_str();
+    sub->add_option("--mode", common->mode,
+                    "auto (data when small enough), both, functional or timing")
+        ->capture_default_str();
+    sub->add_option("--check", common->check, "Check against the host reference: auto, yes, no")
+        ->capture_default_str();
+    sub->add_option("--trace", common->trace, "Write a Perfetto / chrome://tracing trace (JSON)");
+    sub->add_flag("--json", common->json, "Print JSON");
+    const kernel::KernelEntry* entry = &e;
+    sub->callback([entry, given, common] { bench_registered(*entry, *given, *common); });
+  }
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // tern._core: the C++ layers for Python (pybind11). A thin, explicit API:
 // hardware descriptions, the kernel builder and the simulator. The NKI
 // frontend (python/tern/nki) is written on top of it.
+#include <map>
+
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -10,6 +12,7 @@
 #include "kernel/builder.h"
 #include "kernel/kernels.h"
 #include "kernel/reference.h"
+#include "kernel/registry.h"
 #include "profile/profile.h"
 #include "sim/simulator.h"
 #include "util/error.h"
@@ -280,6 +283,40 @@ PYBIND11_MODULE(_core, m) {
       py::arg("cores") = 1,
       "One AdamW step: HBM 'param', 'grad', 'm', 'v' -> 'param_out', 'm_out', 'v_out', "
       "'param_bf16'");
+
+  // Every built-in kernel by name (src/kernel/registry.h); parameters as
+  // keyword arguments (any value; its str() is parsed by the kernel).
+  m.def(
+      "build_kernel",
+      [](const arch::ChipSpec& chip, const std::string& name, const py::kwargs& kw) {
+        std::map<std::string, std::string> given;
+        for (const auto& [k, v] : kw) {
+          std::string text = py::str(v);
+          if (py::isinstance<py::bool_>(v)) text = v.cast<bool>() ? "true" : "false";
+          given[k.cast<std::string>()] = text;
+        }
+        return kernel::build_kernel(chip, name, given);
+      },
+      py::arg("chip"), py::arg("name"),
+      "Builds the built-in kernel `name` with its parameters as keyword arguments "
+      "(see kernel_params)");
+  m.def(
+      "kernel_params",
+      [](const std::string& name) {
+        py::dict d;
+        for (const auto& p : kernel::find_kernel(name).params)
+          d[py::str(p.name)] = py::make_tuple(p.default_value, p.help);
+        return d;
+      },
+      "{parameter: (default, help)} of a built-in kernel");
+  m.def(
+      "kernel_names",
+      [] {
+        std::vector<std::string> v;
+        for (const auto& e : kernel::kernel_registry()) v.push_back(e.name);
+        return v;
+      },
+      "Names of the built-in kernels");
 
   py::class_<isa::Program>(m, "Program")
       .def("instruction_count", &isa::Program::instruction_count)
