@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
+#include <limits>
 
 namespace tern::sim {
 
@@ -137,6 +139,47 @@ double CostModel::duration_ns(const isa::Instruction& in, bool dependent) const 
   return cycles(in, dependent) / ghz;
 }
 
+double HbmCalendar::reserve(double start, double duration, double horizon) {
+  // Forget what can no longer matter.
+  while (!busy_.empty() && busy_.begin()->second < horizon) busy_.erase(busy_.begin());
+  double need = duration, cur = start;
+  // The interval containing `cur`, if any, pushes it to that interval's end.
+  auto it = busy_.upper_bound(cur);
+  if (it != busy_.begin()) {
+    auto prev = std::prev(it);
+    if (prev->second > cur) cur = prev->second;
+  }
+  while (true) {
+    it = busy_.upper_bound(cur);  // the next interval starting after cur
+    const double gap_end = it == busy_.end() ? std::numeric_limits<double>::infinity() : it->first;
+    const double take = std::min(need, gap_end - cur);
+    if (take > 0) {
+      // Insert [cur, cur + take), merging with neighbours that touch it.
+      double lo = cur, hi = cur + take;
+      auto left = busy_.lower_bound(lo);
+      if (left != busy_.begin()) {
+        auto p = std::prev(left);
+        if (p->second >= lo) {
+          lo = p->first;
+          busy_.erase(p);
+        }
+      }
+      auto right = busy_.lower_bound(hi);
+      if (right != busy_.end() && right->first <= hi) {
+        hi = right->second;
+        busy_.erase(right);
+      }
+      busy_[lo] = hi;
+      need -= take;
+      cur += take;
+    }
+    if (need <= 0) return cur;
+    // cur sits at the start of the next busy interval: skip past it.
+    const auto nxt = busy_.upper_bound(cur);
+    cur = std::prev(nxt)->second;
+  }
+}
+
 DmaModel::DmaModel(const arch::ChipSpec& chip, int cores)
     : chip_(chip),
       engine_free_(cores, std::vector<double>(chip.dma.engines_per_core, 0.0)),
@@ -157,6 +200,7 @@ double DmaModel::transfer(int core, const isa::Instruction& in, double issue) {
   const bool hbm = dst.mem == Mem::hbm || src.mem == Mem::hbm;
   double done = 0;
   auto& free = engine_free_[core];
+  horizon_ = std::max(horizon_, issue);
   for (int j = 0; j < parts; ++j) {
     // Rows are dealt out evenly; the queue id rotates which engine goes first.
     const int part_rows = rows / parts + (j < rows % parts ? 1 : 0);
@@ -167,9 +211,9 @@ double DmaModel::transfer(int core, const isa::Instruction& in, double issue) {
     busy_ += busy;
     double leave = start + busy;
     if (hbm) {
-      const double hbm_start = std::max(start, hbm_free_);
-      hbm_free_ = hbm_start + part_rows * row_bytes / chip_.hbm_bandwidth.value();
-      leave = std::max(leave, hbm_free_);
+      const double hbm_done =
+          hbm_.reserve(start, part_rows * row_bytes / chip_.hbm_bandwidth.value(), horizon_);
+      leave = std::max(leave, hbm_done);
     }
     done = std::max(done, leave + chip_.dma.fixed_cost.value());
   }

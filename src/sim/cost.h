@@ -8,6 +8,7 @@
 // states each formula.
 #pragma once
 
+#include <map>
 #include <vector>
 
 #include "arch/chip.h"
@@ -27,6 +28,24 @@ class CostModel {
   const arch::ChipSpec& chip_;
 };
 
+// The chip's HBM as a shared resource in time: busy intervals, and
+// reservations that take the first free capacity at or after their start,
+// filling gaps left by earlier reservations (a transfer may be split over
+// gaps). Reservations arrive in simulation order, which is not time order:
+// a DMA queued behind others on its engine reserves in the future, and a
+// later-processed transfer that can start earlier must still find the
+// bandwidth that is free before it (a plain FIFO would leave that idle).
+class HbmCalendar {
+ public:
+  // Reserves `duration` ns of the HBM from `start` on; returns when the last
+  // of it ends. Intervals that end before `horizon` (no later request can
+  // start before it) are forgotten.
+  double reserve(double start, double duration, double horizon);
+
+ private:
+  std::map<double, double> busy_;  // start -> end, disjoint, non-adjacent
+};
+
 class DmaModel {
  public:
   DmaModel(const arch::ChipSpec& chip, int cores);
@@ -39,7 +58,8 @@ class DmaModel {
   const arch::ChipSpec& chip_;
   std::vector<std::vector<double>> engine_free_;  // [core][engine]
   std::vector<std::vector<double>> queue_done_;   // [core][queue]: in-order completion
-  double hbm_free_ = 0;
+  HbmCalendar hbm_;
+  double horizon_ = 0;  // the latest issue time seen (issues arrive in time order)
   double busy_ = 0;
 };
 

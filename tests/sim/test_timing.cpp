@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "helpers.h"
+#include "sim/cost.h"
 #include "sim/simulator.h"
 
 namespace tern {
@@ -213,6 +214,26 @@ TEST(Timing, SemaphoresOrderEngines) {
   add(p, b);
   const auto st = run_timing(chip, p);
   EXPECT_DOUBLE_EQ(event(st, "tensor_copy").start_ns, event(st, "memset").dur_ns);
+}
+
+}  // namespace
+}  // namespace tern
+
+namespace tern {
+namespace {
+
+// The HBM calendar fills the bandwidth left free before later reservations
+// (requests arrive in simulation order, not time order).
+TEST(HbmCalendar, FillsGapsBeforeLaterReservations) {
+  tern::sim::HbmCalendar c;
+  EXPECT_DOUBLE_EQ(c.reserve(0, 10, 0), 10);   // [0, 10)
+  EXPECT_DOUBLE_EQ(c.reserve(20, 5, 0), 25);   // [20, 25), a gap [10, 20)
+  EXPECT_DOUBLE_EQ(c.reserve(5, 4, 0), 14);    // waits for 10, fits the gap
+  EXPECT_DOUBLE_EQ(c.reserve(12, 10, 0), 29);  // split: [14, 20) and [25, 29)
+  EXPECT_DOUBLE_EQ(c.reserve(0, 1, 0), 30);
+  EXPECT_DOUBLE_EQ(c.reserve(100, 1, 0), 101);
+  // Intervals ending before the horizon are forgotten (no request starts there).
+  EXPECT_DOUBLE_EQ(c.reserve(50, 2, 50), 52);
 }
 
 }  // namespace
