@@ -17,6 +17,7 @@ packages=(
   python3            # /usr/bin/python3: JSON checks in the CLI tests
   python3-jsonschema # trace schema check
   python3-dev pybind11-dev python3-numpy python3-pytest  # the tern Python package and its tests
+  python3-torch      # the independent oracle of the kernel and training tests
 )
 
 missing=()

@@ -33,18 +33,6 @@ namespace {
 
 using nlohmann::json;
 
-// Deterministic inputs: normal(0, 1) values rounded to the tensor's dtype.
-std::vector<float> random_input(const isa::HbmTensor& t, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> v(static_cast<std::size_t>(t.elements()));
-  for (float& x : v) x = d(rng);
-  if (const num::Format* f = isa::format_of(t.dtype); f && t.dtype != isa::DType::fp32) {
-    num::round_array(*f, v, {num::Rounding::nearest_even, num::Overflow::saturate, 0});
-  }
-  return v;
-}
-
 std::vector<std::uint8_t> read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(fmt::format("{}: cannot open input file", path));
@@ -155,7 +143,7 @@ void add_run(CLI::App& app) {
         if (t.kind != isa::TensorKind::input ||
             std::find(given.begin(), given.end(), t.name) != given.end())
           continue;
-        s.write(t.name, random_input(t, a->seed + k++));
+        s.write(t.name, kernel::random_values(t, a->seed + k++));
       }
     }
     const sim::RunStats st = s.run(opt);
@@ -252,12 +240,13 @@ void add_bench(CLI::App& app) {
     s.load(p);
     std::vector<float> at, b, bias, residual;
     if (opt.mode != sim::Mode::timing) {
-      at = random_input(p.tensor("at"), 1);
-      b = random_input(p.tensor("b"), 2);
+      at = kernel::random_values(p.tensor("at"), 1);
+      b = kernel::random_values(p.tensor("b"), 2);
       s.write("at", at);
       s.write("b", b);
-      if (ep.bias) s.write("bias", bias = random_input(p.tensor("bias"), 3));
-      if (ep.residual) s.write("residual", residual = random_input(p.tensor("residual"), 4));
+      if (ep.bias) s.write("bias", bias = kernel::random_values(p.tensor("bias"), 3));
+      if (ep.residual)
+        s.write("residual", residual = kernel::random_values(p.tensor("residual"), 4));
     }
     const auto t1 = std::chrono::steady_clock::now();
     const sim::RunStats st = s.run(opt);
@@ -400,14 +389,8 @@ void bench_registered(const kernel::KernelEntry& e, const std::map<std::string, 
   s.load(p);
   kernel::NamedData in;
   if (opt.mode != sim::Mode::timing) {
-    std::uint64_t seed = 1;
-    for (const auto& t : p.tensors) {
-      if (t.kind != isa::TensorKind::input) continue;
-      std::vector<float> v = random_input(t, seed++);
-      if (e.prepare) e.prepare(params, t.name, v);
-      s.write(t.name, v);
-      in.emplace_back(t.name, std::move(v));
-    }
+    in = kernel::make_inputs(p, e, params);
+    for (const auto& [name, v] : in) s.write(name, v);
   }
   const sim::RunStats st = s.run(opt);
   CheckReport report;

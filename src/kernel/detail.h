@@ -50,3 +50,21 @@ std::int64_t epilogue_sbuf_bytes(const Epilogue& e, std::int64_t tn);
 Tensor bias_rows(const Tensor& bias, int rows, std::int64_t n0, std::int64_t n);
 
 }  // namespace tern::kernel::detail
+
+namespace tern::kernel::detail {
+
+// SBUF bytes per partition a row-wise kernel may plan for (a quarter stays
+// free for the compiler's and runtime's own tiles).
+inline std::int64_t sbuf_budget(const arch::ChipSpec& chip) {
+  return chip.sbuf_partition_bytes.value() * 3 / 4;
+}
+
+// The checks of a row-wise kernel over [rows, dim] tensors of `dt` (fp32,
+// bf16 or fp16) spread over `cores`; throws naming the kernel.
+void check_rows(const char* name, std::int64_t rows, std::int64_t dim, isa::DType dt, int cores);
+
+// Throws "not supported" when `need` bytes per partition exceed the budget.
+void check_sbuf(const arch::ChipSpec& chip, const char* name, std::int64_t dim, isa::DType dt,
+                std::int64_t need);
+
+}  // namespace tern::kernel::detail

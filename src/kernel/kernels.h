@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -113,6 +114,37 @@ struct AdamWScalars {
   float decay, one_m_b1, one_m_b2, bc2_sqrt, neg_step_size;
 };
 AdamWScalars adamw_scalars(const AdamWSpec& spec);
+
+// Softmax over the last dim of [rows, dim], rows spread over `cores`.
+// Forward: HBM "x" -> "y" = exp(x - max) / sum (trn3: the Vector
+// engine's fast exponential; FP32 arithmetic, the result cast to dtype).
+// Backward: "dy", "y" -> "dx" = y * (dy - sum_j dy * y). dtype fp32, bf16
+// or fp16; a row (3 buffers of it) must fit SBUF.
+struct SoftmaxSpec {
+  std::int64_t rows = 4096, dim = 4096;
+  isa::DType dtype = isa::DType::bf16;
+  int cores = 1;
+};
+isa::Program softmax_kernel(const arch::ChipSpec& chip, const SoftmaxSpec& spec);
+isa::Program softmax_backward_kernel(const arch::ChipSpec& chip, const SoftmaxSpec& spec);
+
+// Cross-entropy loss fused with softmax and its gradient, in one kernel:
+// HBM "logits" [T, V] (dtype), "targets" [T, 1] int32 ->
+//   "loss" [T, 1] fp32 = logsumexp(x) - x[target] (per token),
+//   "dlogits" [T, V] (dtype) = grad_scale * (softmax(x) - onehot(target)).
+// A negative target (PyTorch's ignore_index) gives loss 0 and zero
+// gradient. grad_scale NaN means 1 / T (the gradient of the mean loss).
+// The vocabulary is processed in chunks of `chunk` columns (any V): pass 1
+// keeps a running max and sum (online softmax), pass 2 recomputes the
+// exponentials and writes the gradient. trn3 (the Vector exponential).
+struct CrossEntropySpec {
+  std::int64_t rows = 4096, vocab = 50304;
+  isa::DType dtype = isa::DType::bf16;
+  float grad_scale = std::numeric_limits<float>::quiet_NaN();
+  std::int64_t chunk = 2048;
+  int cores = 1;
+};
+isa::Program cross_entropy_kernel(const arch::ChipSpec& chip, const CrossEntropySpec& spec);
 
 // out[R, C] = a + b (all of dtype `dt`), tiled 128 rows x up to 2048 columns.
 isa::Program add_kernel(const arch::ChipSpec& chip, std::int64_t rows, std::int64_t cols,

@@ -21,27 +21,13 @@ namespace {
 
 // The checks every norm kernel makes of its spec.
 void check_norm(const char* name, const RmsNormSpec& s) {
-  if (s.rows < 1 || s.dim < 1)
-    throw Error(fmt::format("{}: shape [{}, {}] must be >= 1", name, s.rows, s.dim));
-  if (s.dtype != DType::fp32 && s.dtype != DType::bf16 && s.dtype != DType::fp16)
-    throw NotSupported(fmt::format("{} of {} (fp32, bf16, fp16 are)", name, isa::name(s.dtype)));
+  check_rows(name, s.rows, s.dim, s.dtype, s.cores);
   if (!(s.eps >= 0.0f)) throw Error(fmt::format("{}: eps must be >= 0, got {}", name, s.eps));
 }
 
-// SBUF bytes per partition a norm kernel may plan for (a quarter stays free
-// for the compiler's and runtime's own tiles).
-std::int64_t norm_budget(const arch::ChipSpec& chip) {
-  return chip.sbuf_partition_bytes.value() * 3 / 4;
-}
-
-// Throws "not supported" when a row of the norm does not fit SBUF.
 void check_fits(const arch::ChipSpec& chip, const char* name, const RmsNormSpec& s,
                 std::int64_t need) {
-  if (need > norm_budget(chip)) {
-    throw NotSupported(fmt::format(
-        "{} with D = {} at {}: a row does not fit SBUF ({} bytes per partition needed, budget {})",
-        name, s.dim, isa::name(s.dtype), need, norm_budget(chip)));
-  }
+  check_sbuf(chip, name, s.dim, s.dtype, need);
 }
 
 // h = x + residual for the [n, D] tile `hx` (rows r0.. of the HBM tensors),
@@ -84,7 +70,7 @@ isa::Program rmsnorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& s) {
   auto need = [&](int bufs) {
     return D * esz + bufs * (D * esz * (s.residual ? 4 : 3) + D * 4 + 16);
   };
-  const int bufs = need(kMaxBuf) <= norm_budget(chip) ? kMaxBuf : 2;
+  const int bufs = need(kMaxBuf) <= sbuf_budget(chip) ? kMaxBuf : 2;
   check_fits(chip, "rmsnorm", s, need(bufs));
   const std::int64_t tiles = ceil_div(R, P);
   for (int core = 0; core < s.cores; ++core) {

@@ -204,4 +204,96 @@ LayerNormResult layernorm_reference(const std::vector<float>& x, const std::vect
   return r;
 }
 
+std::vector<float> softmax_reference(const std::vector<float>& x, std::int64_t rows,
+                                     std::int64_t dim, float (*round)(float)) {
+  if (x.size() != static_cast<std::size_t>(rows * dim))
+    throw Error("softmax_reference: sizes do not match the [R, D] shape");
+  std::vector<float> y(x.size()), e(static_cast<std::size_t>(dim));
+  for (std::int64_t i = 0; i < rows; ++i) {
+    const float* row = x.data() + i * dim;
+    float m = row[0];
+    for (std::int64_t j = 1; j < dim; ++j) m = isa::apply_alu(isa::AluOp::max, m, row[j]);
+    float s = 0.0f;
+    for (std::int64_t j = 0; j < dim; ++j)
+      s += e[static_cast<std::size_t>(j)] = std::exp(row[j] - m);
+    const float r = 1.0f / s;
+    for (std::int64_t j = 0; j < dim; ++j)
+      y[static_cast<std::size_t>(i * dim + j)] = round(e[static_cast<std::size_t>(j)] * r);
+  }
+  return y;
+}
+
+std::vector<float> softmax_backward_reference(const std::vector<float>& dy,
+                                              const std::vector<float>& y, std::int64_t rows,
+                                              std::int64_t dim, float (*round)(float)) {
+  if (dy.size() != static_cast<std::size_t>(rows * dim) || y.size() != dy.size())
+    throw Error("softmax_backward_reference: sizes do not match the [R, D] shape");
+  std::vector<float> dx(dy.size());
+  for (std::int64_t i = 0; i < rows; ++i) {
+    const float* g = dy.data() + i * dim;
+    const float* p = y.data() + i * dim;
+    float dot = 0.0f;
+    for (std::int64_t j = 0; j < dim; ++j) dot += g[j] * p[j];
+    for (std::int64_t j = 0; j < dim; ++j)
+      dx[static_cast<std::size_t>(i * dim + j)] = round((g[j] - dot) * p[j]);
+  }
+  return dx;
+}
+
+CrossEntropyResult cross_entropy_reference(const std::vector<float>& logits,
+                                           const std::vector<float>& targets, std::int64_t rows,
+                                           std::int64_t vocab, std::int64_t chunk, float grad_scale,
+                                           float (*round)(float)) {
+  if (logits.size() != static_cast<std::size_t>(rows * vocab) ||
+      targets.size() != static_cast<std::size_t>(rows))
+    throw Error("cross_entropy_reference: sizes do not match [T, V] and [T]");
+  using isa::ActFunc;
+  const std::int64_t C = std::min(vocab, chunk);
+  CrossEntropyResult r;
+  r.loss.resize(static_cast<std::size_t>(rows));
+  r.dlogits.resize(logits.size());
+  for (std::int64_t i = 0; i < rows; ++i) {
+    const float* x = logits.data() + i * vocab;
+    const float tg = targets[static_cast<std::size_t>(i)];
+    const float valid = tg >= 0.0f ? 1.0f : 0.0f, gsv = valid * grad_scale;
+    const float lngsv = isa::apply_act(ActFunc::log, gsv);
+    // Pass 1: online max and sum, chunk by chunk.
+    float m = 0.0f, sum = 0.0f;
+    for (std::int64_t c0 = 0; c0 < vocab; c0 += C) {
+      const std::int64_t w = std::min(C, vocab - c0);
+      float cm = x[c0];
+      for (std::int64_t j = 1; j < w; ++j) cm = isa::apply_alu(isa::AluOp::max, cm, x[c0 + j]);
+      const float mn = c0 == 0 ? cm : isa::apply_alu(isa::AluOp::max, m, cm);
+      float sc = 0.0f;
+      for (std::int64_t j = 0; j < w; ++j) sc += std::exp(x[c0 + j] - mn);
+      if (c0 == 0) {
+        sum = sc;
+      } else {
+        const float corr = std::exp(m - mn);
+        sum = sum * corr;
+        sum = sum + sc;
+      }
+      m = mn;
+    }
+    const float lse = m + isa::apply_act(ActFunc::log, sum);
+    const float bias = lngsv - lse;
+    // Pass 2: the target's logit and the gradient.
+    float picked = 0.0f;
+    for (std::int64_t c0 = 0; c0 < vocab; c0 += C) {
+      const std::int64_t w = std::min(C, vocab - c0);
+      const float shift = tg - static_cast<float>(c0);
+      float pk = 0.0f;
+      for (std::int64_t j = 0; j < w; ++j) {
+        const float mask = static_cast<float>(j) == shift ? 1.0f : 0.0f;
+        pk += isa::apply_act(ActFunc::identity, mask * x[c0 + j]);
+        const float p = isa::apply_act(ActFunc::exp, x[c0 + j] * 1.0f + bias);
+        r.dlogits[static_cast<std::size_t>(i * vocab + c0 + j)] = round(p - mask * gsv);
+      }
+      picked = picked + pk;
+    }
+    r.loss[static_cast<std::size_t>(i)] = (lse - picked) * valid;
+  }
+  return r;
+}
+
 }  // namespace tern::kernel

@@ -72,4 +72,24 @@ std::vector<float> adamw_reference(std::vector<float>& param, const std::vector<
                                    std::vector<float>& m, std::vector<float>& v,
                                    const AdamWSpec& spec);
 
+// Softmax forward as softmax_kernel computes it: m = row max,
+// e = exp(x - m) (FP32), s = the sum of e in column order, y = round(e * (1/s)).
+std::vector<float> softmax_reference(const std::vector<float>& x, std::int64_t rows,
+                                     std::int64_t dim, float (*round)(float));
+// Softmax backward as softmax_backward_kernel computes it: dot = sum of
+// dy * y in column order, dx = round((dy - dot) * y).
+std::vector<float> softmax_backward_reference(const std::vector<float>& dy,
+                                              const std::vector<float>& y, std::int64_t rows,
+                                              std::int64_t dim, float (*round)(float));
+
+// Cross-entropy forward + gradient as cross_entropy_kernel computes it
+// (online max / sum over chunks of `chunk` columns, then the second pass).
+struct CrossEntropyResult {
+  std::vector<float> loss, dlogits;
+};
+CrossEntropyResult cross_entropy_reference(const std::vector<float>& logits,
+                                           const std::vector<float>& targets, std::int64_t rows,
+                                           std::int64_t vocab, std::int64_t chunk, float grad_scale,
+                                           float (*round)(float));
+
 }  // namespace tern::kernel

@@ -1,6 +1,7 @@
 #include "kernel/registry.h"
 
 #include <cmath>
+#include <random>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -151,6 +152,25 @@ MatmulSpec matmul_spec(const Params& p) {
   const int cores = p.i32("cores"), lnc = p.i32("lnc");
   s.cores = cores * lnc, s.lnc = lnc, s.epilogue = parse_epilogue(p.text("epilogue"));
   return s;
+}
+
+SoftmaxSpec softmax_spec(const Params& p) {
+  SoftmaxSpec s;
+  s.rows = p.i64("rows"), s.dim = p.i64("dim"), s.dtype = p.dtype("dtype"),
+  s.cores = p.i32("cores");
+  return s;
+}
+
+CrossEntropySpec cross_entropy_spec(const Params& p) {
+  CrossEntropySpec s;
+  s.rows = p.i64("rows"), s.vocab = p.i64("vocab"), s.dtype = p.dtype("dtype"),
+  s.chunk = p.i64("chunk"), s.cores = p.i32("cores");
+  if (!p.text("grad_scale").empty()) s.grad_scale = p.f32("grad_scale");
+  return s;
+}
+
+std::string rows_describe(const char* what, const Params& p) {
+  return fmt::format("{} [{}, {}] {}", what, p.i64("rows"), p.i64("dim"), p.text("dtype"));
 }
 
 std::vector<KernelEntry> make_registry() {
@@ -330,6 +350,79 @@ std::vector<KernelEntry> make_registry() {
     r.push_back(std::move(e));
   }
 
+  {
+    KernelEntry e;
+    e.name = "softmax";
+    e.summary = "Softmax over the last dim (trn3)";
+    e.params = {rows_doc(),
+                dim_doc("Columns (the softmax dim)"),
+                {"dtype", "bf16", "Tensor dtype: fp32, bf16 or fp16"},
+                cores_doc()};
+    e.build = [](const arch::ChipSpec& c, const Params& p) {
+      return softmax_kernel(c, softmax_spec(p));
+    };
+    e.reference = [](const arch::ChipSpec&, const Params& p, const NamedData& in) {
+      const SoftmaxSpec s = softmax_spec(p);
+      return NamedData{{"y", softmax_reference(input(in, "x"), s.rows, s.dim, rounder(s.dtype))}};
+    };
+    e.describe = [](const Params& p) { return rows_describe("softmax", p); };
+    r.push_back(std::move(e));
+  }
+
+  {
+    KernelEntry e;
+    e.name = "softmax_backward";
+    e.summary = "Softmax backward: dx = y * (dy - sum(dy * y))";
+    e.params = {rows_doc(),
+                dim_doc("Columns (the softmax dim)"),
+                {"dtype", "bf16", "Tensor dtype: fp32, bf16 or fp16"},
+                cores_doc()};
+    e.build = [](const arch::ChipSpec& c, const Params& p) {
+      return softmax_backward_kernel(c, softmax_spec(p));
+    };
+    e.reference = [](const arch::ChipSpec&, const Params& p, const NamedData& in) {
+      const SoftmaxSpec s = softmax_spec(p);
+      return NamedData{{"dx", softmax_backward_reference(input(in, "dy"), input(in, "y"), s.rows,
+                                                         s.dim, rounder(s.dtype))}};
+    };
+    e.describe = [](const Params& p) { return rows_describe("softmax backward", p); };
+    r.push_back(std::move(e));
+  }
+
+  {
+    KernelEntry e;
+    e.name = "cross_entropy";
+    e.summary = "Cross-entropy loss fused with softmax: per-token loss and dlogits in one kernel";
+    e.params = {{"rows", "4096", "Tokens T (spread over the cores, 128 per tile)"},
+                {"vocab", "50304", "Vocabulary V (the logits' columns)"},
+                {"dtype", "bf16", "Logits and gradient dtype: fp32, bf16 or fp16"},
+                {"grad_scale", "", "Gradient scale (default 1 / T, the mean loss)"},
+                {"chunk", "2048", "Columns per chunk of the two passes"},
+                cores_doc()};
+    e.build = [](const arch::ChipSpec& c, const Params& p) {
+      return cross_entropy_kernel(c, cross_entropy_spec(p));
+    };
+    e.reference = [](const arch::ChipSpec&, const Params& p, const NamedData& in) {
+      const CrossEntropySpec s = cross_entropy_spec(p);
+      const float gs = std::isnan(s.grad_scale) ? 1.0f / static_cast<float>(s.rows) : s.grad_scale;
+      auto res = cross_entropy_reference(input(in, "logits"), input(in, "targets"), s.rows, s.vocab,
+                                         s.chunk, gs, rounder(s.dtype));
+      return NamedData{{"loss", res.loss}, {"dlogits", res.dlogits}};
+    };
+    e.prepare = [](const Params& p, const std::string& name, std::vector<float>& v) {
+      if (name != "targets") return;
+      const std::int64_t vocab = p.i64("vocab");
+      for (float& x : v)  // deterministic ids spread over [0, V)
+        x = static_cast<float>(static_cast<std::int64_t>(std::fabs(x) * 7919.0f) %
+                               std::max<std::int64_t>(vocab, 1));
+    };
+    e.describe = [](const Params& p) {
+      return fmt::format("cross_entropy [{} tokens, vocab {}] {}", p.i64("rows"), p.i64("vocab"),
+                         p.text("dtype"));
+    };
+    r.push_back(std::move(e));
+  }
+
   return r;
 }
 
@@ -347,6 +440,28 @@ const KernelEntry& find_kernel(const std::string& name) {
     known += (known.empty() ? "" : ", ") + e.name;
   }
   throw Error(fmt::format("no built-in kernel '{}' (there are: {})", name, known));
+}
+
+std::vector<float> random_values(const isa::HbmTensor& t, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> v(static_cast<std::size_t>(t.elements()));
+  for (float& x : v) x = d(rng);
+  if (const num::Format* f = isa::format_of(t.dtype); f && t.dtype != isa::DType::fp32)
+    num::round_array(*f, v, {num::Rounding::nearest_even, num::Overflow::saturate, 0});
+  return v;
+}
+
+NamedData make_inputs(const isa::Program& p, const KernelEntry& e, const Params& params,
+                      std::uint64_t seed) {
+  NamedData in;
+  for (const auto& t : p.tensors) {
+    if (t.kind != isa::TensorKind::input) continue;
+    std::vector<float> v = random_values(t, seed++);
+    if (e.prepare) e.prepare(params, t.name, v);
+    in.emplace_back(t.name, std::move(v));
+  }
+  return in;
 }
 
 isa::Program build_kernel(const arch::ChipSpec& chip, const std::string& name,

@@ -68,6 +68,14 @@ struct KernelEntry {
 const std::vector<KernelEntry>& kernel_registry();
 // Throws tern::Error listing the known names when `name` is not one.
 const KernelEntry& find_kernel(const std::string& name);
+// Deterministic values for tensor `t`: normal(0, 1) rounded to its dtype
+// (nearest even, saturating).
+std::vector<float> random_values(const isa::HbmTensor& t, std::uint64_t seed);
+// Deterministic random inputs for every input tensor of `p` (normal(0, 1)
+// rounded to the tensor's dtype, seeds seed, seed + 1, ... in declaration
+// order), made valid by the entry's `prepare`.
+NamedData make_inputs(const isa::Program& p, const KernelEntry& e, const Params& params,
+                      std::uint64_t seed = 1);
 // Convenience: resolve `given` and build.
 isa::Program build_kernel(const arch::ChipSpec& chip, const std::string& name,
                           const std::map<std::string, std::string>& given);

@@ -1,0 +1,266 @@
+// Softmax forward and backward over the last dim, and the cross-entropy loss
+// fused with its gradient.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "kernel/builder.h"
+#include "kernel/detail.h"
+#include "kernel/kernels.h"
+#include "util/error.h"
+
+namespace tern::kernel {
+
+using isa::AluOp;
+using isa::DType;
+using isa::Engine;
+using namespace detail;
+
+namespace {
+
+// Columns [0, half) go to the Scalar engine and [half, D) to GpSimd: two
+// engines share a per-element pass whose other work keeps Vector busy.
+std::int64_t split(std::int64_t d) {
+  return d / 2;
+}
+
+}  // namespace
+
+isa::Program softmax_kernel(const arch::ChipSpec& chip, const SoftmaxSpec& s) {
+  check_rows("softmax", s.rows, s.dim, s.dtype, s.cores);
+  if (chip.core_version < 4)
+    throw NotSupported("softmax on " + chip.name +
+                       ": the kernel uses the NeuronCore-v4 Vector exponential (trn3)");
+  Builder b(chip, s.cores);
+  const std::int64_t R = s.rows, D = s.dim, P = chip.sbuf_partitions;
+  const Tensor x = b.hbm("x", {R, D}, s.dtype, isa::TensorKind::input);
+  const Tensor y = b.hbm("y", {R, D}, s.dtype, isa::TensorKind::output);
+  const int esz = isa::size_bytes(s.dtype);
+  // Buffers: x (then y, in place) in the dtype, up to 6 so loads run ahead
+  // while earlier tiles' stores drain; exp(x - max) in FP32, 2 (only the
+  // engines read it, no DMA latency in between).
+  auto need = [&](int xb) { return xb * (D * esz + 8) + 2 * D * 4; };
+  int xb = 6;
+  while (xb > 2 && need(xb) > sbuf_budget(chip)) --xb;
+  check_sbuf(chip, "softmax", D, s.dtype, need(xb));
+  const std::int64_t tiles = ceil_div(R, P), half = split(D);
+  for (int core = 0; core < s.cores; ++core) {
+    b.set_core(core);
+    std::vector<Tensor> xs, es, mx, sum;
+    for (int i = 0; i < xb; ++i) {
+      xs.push_back(b.sbuf(static_cast<int>(P), D, s.dtype));
+      mx.push_back(b.sbuf(static_cast<int>(P), 1, DType::fp32));
+      sum.push_back(b.sbuf(static_cast<int>(P), 1, DType::fp32));
+    }
+    for (int i = 0; i < 2; ++i) es.push_back(b.sbuf(static_cast<int>(P), D, DType::fp32));
+    int i = 0, j = 0;
+    for (std::int64_t t = core; t < tiles; t += s.cores, i = (i + 1) % xb, j ^= 1) {
+      const int r0 = static_cast<int>(t * P), n = static_cast<int>(std::min(P, R - t * P));
+      const Tensor xt = xs[i].tile(0, n, 0, D), et = es[j].tile(0, n, 0, D);
+      const Tensor m = mx[i].tile(0, n, 0, 1), sm = sum[i].tile(0, n, 0, 1);
+      b.dma_copy(xt, x.tile(r0, n, 0, D));
+      // Vector: the row max, e = exp(x - max) with its row sums (the v4 fast
+      // exponential), 1 / sum. Scalar and GpSimd: y = e * (1 / sum), cast.
+      b.tensor_reduce(m, xt, AluOp::max);
+      b.exponential(et, xt, &m, &sm);
+      b.reciprocal(sm, sm);
+      if (half > 0) {
+        b.tensor_scalar(xt.tile(0, n, 0, half), et.tile(0, n, 0, half), AluOp::multiply, sm,
+                        AluOp::bypass, 0.0f, nullptr, Engine::scalar);
+        b.dma_copy(y.tile(r0, n, 0, half), xt.tile(0, n, 0, half), -1, false, Engine::scalar);
+      }
+      b.tensor_scalar(xt.tile(0, n, half, D - half), et.tile(0, n, half, D - half), AluOp::multiply,
+                      sm, AluOp::bypass, 0.0f, nullptr, Engine::gpsimd);
+      b.dma_copy(y.tile(r0, n, half, D - half), xt.tile(0, n, half, D - half), -1, false,
+                 Engine::gpsimd);
+    }
+  }
+  return b.finish();
+}
+
+isa::Program softmax_backward_kernel(const arch::ChipSpec& chip, const SoftmaxSpec& s) {
+  check_rows("softmax_backward", s.rows, s.dim, s.dtype, s.cores);
+  Builder b(chip, s.cores);
+  const std::int64_t R = s.rows, D = s.dim, P = chip.sbuf_partitions;
+  const Tensor dy = b.hbm("dy", {R, D}, s.dtype, isa::TensorKind::input);
+  const Tensor y = b.hbm("y", {R, D}, s.dtype, isa::TensorKind::input);
+  const Tensor dx = b.hbm("dx", {R, D}, s.dtype, isa::TensorKind::output);
+  const int esz = isa::size_bytes(s.dtype);
+  // Per buffer: dy (then dx, in place) and y in the dtype, dy * y and
+  // dy - dot in FP32.
+  constexpr int kMaxBuf = 3;
+  auto need = [&](int bufs) { return bufs * (D * (2 * esz + 8) + 8); };
+  const int bufs = need(kMaxBuf) <= sbuf_budget(chip) ? kMaxBuf : 2;
+  check_sbuf(chip, "softmax_backward", D, s.dtype, need(bufs));
+  const std::int64_t tiles = ceil_div(R, P), half = split(D);
+  for (int core = 0; core < s.cores; ++core) {
+    b.set_core(core);
+    Tensor dys[kMaxBuf], ys[kMaxBuf], prod[kMaxBuf], diff[kMaxBuf], dot[kMaxBuf];
+    for (int i = 0; i < bufs; ++i) {
+      dys[i] = b.sbuf(static_cast<int>(P), D, s.dtype);
+      ys[i] = b.sbuf(static_cast<int>(P), D, s.dtype);
+      prod[i] = b.sbuf(static_cast<int>(P), D, DType::fp32);
+      diff[i] = b.sbuf(static_cast<int>(P), D, DType::fp32);
+      dot[i] = b.sbuf(static_cast<int>(P), 1, DType::fp32);
+    }
+    int i = 0;
+    for (std::int64_t t = core; t < tiles; t += s.cores, i = (i + 1) % bufs) {
+      const int r0 = static_cast<int>(t * P), n = static_cast<int>(std::min(P, R - t * P));
+      const Tensor dyt = dys[i].tile(0, n, 0, D), yt = ys[i].tile(0, n, 0, D);
+      const Tensor pt = prod[i].tile(0, n, 0, D), df = diff[i].tile(0, n, 0, D);
+      const Tensor d = dot[i].tile(0, n, 0, 1);
+      b.dma_copy(dyt, dy.tile(r0, n, 0, D));
+      b.dma_copy(yt, y.tile(r0, n, 0, D));
+      // dx = y * (dy - dot), dot = sum_j dy * y (the Jacobian-vector product
+      // of softmax). GpSimd: dy * y; Scalar: its row sum (the activation's
+      // accumulator); Vector: dy - dot; the last product split between
+      // Vector and GpSimd.
+      b.tensor_tensor(pt, dyt, yt, AluOp::multiply, Engine::gpsimd);
+      b.activation(pt, isa::ActFunc::identity, pt, nullptr, 1.0f, &d);
+      b.tensor_scalar(df, dyt, AluOp::subtract, d);
+      if (half > 0) {
+        b.tensor_tensor(dyt.tile(0, n, 0, half), df.tile(0, n, 0, half), yt.tile(0, n, 0, half),
+                        AluOp::multiply, Engine::vector);
+        b.dma_copy(dx.tile(r0, n, 0, half), dyt.tile(0, n, 0, half), -1, false, Engine::vector);
+      }
+      b.tensor_tensor(dyt.tile(0, n, half, D - half), df.tile(0, n, half, D - half),
+                      yt.tile(0, n, half, D - half), AluOp::multiply, Engine::gpsimd);
+      b.dma_copy(dx.tile(r0, n, half, D - half), dyt.tile(0, n, half, D - half), -1, false,
+                 Engine::gpsimd);
+    }
+  }
+  return b.finish();
+}
+
+}  // namespace tern::kernel
+
+namespace tern::kernel {
+
+isa::Program cross_entropy_kernel(const arch::ChipSpec& chip, const CrossEntropySpec& s) {
+  check_rows("cross_entropy", s.rows, s.vocab, s.dtype, s.cores);
+  if (chip.core_version < 4)
+    throw NotSupported("cross_entropy on " + chip.name +
+                       ": the kernel uses the NeuronCore-v4 Vector exponential (trn3)");
+  if (s.chunk < 1) throw Error(fmt::format("cross_entropy: chunk must be >= 1, got {}", s.chunk));
+  const float gs = std::isnan(s.grad_scale) ? 1.0f / static_cast<float>(s.rows) : s.grad_scale;
+  Builder b(chip, s.cores);
+  const std::int64_t T = s.rows, V = s.vocab, P = chip.sbuf_partitions;
+  const std::int64_t C = std::min(V, s.chunk), chunks = ceil_div(V, C);
+  const Tensor logits = b.hbm("logits", {T, V}, s.dtype, isa::TensorKind::input);
+  const Tensor targets = b.hbm("targets", {T, 1}, DType::int32, isa::TensorKind::input);
+  const Tensor loss = b.hbm("loss", {T, 1}, DType::fp32, isa::TensorKind::output);
+  const Tensor dlogits = b.hbm("dlogits", {T, V}, s.dtype, isa::TensorKind::output);
+  const int esz = isa::size_bytes(s.dtype);
+  constexpr int kBuf = 2;
+  const std::int64_t need = 4 * C + kBuf * (C * (2 * esz + 12)) + 64 * 4;
+  check_sbuf(chip, "cross_entropy", C, s.dtype, need);
+  const std::int64_t tiles = ceil_div(T, P);
+  for (int core = 0; core < s.cores; ++core) {
+    b.set_core(core);
+    const int pp = static_cast<int>(P);
+    const Tensor iota = b.sbuf(pp, C, DType::fp32);
+    b.iota(iota, 0.0f, 0.0f, 1.0f);
+    Tensor xs[kBuf], gs_[kBuf], mask[kBuf], xm[kBuf], pe[kBuf];
+    for (int i = 0; i < kBuf; ++i) {
+      xs[i] = b.sbuf(pp, C, s.dtype);
+      gs_[i] = b.sbuf(pp, C, s.dtype);
+      mask[i] = b.sbuf(pp, C, DType::fp32);
+      xm[i] = b.sbuf(pp, C, DType::fp32);
+      pe[i] = b.sbuf(pp, C, DType::fp32);
+    }
+    // [P, 1] columns of one row tile.
+    enum Col {
+      tg,
+      valid,
+      gsv,
+      lngsv,
+      m,
+      cm,
+      mnew,
+      corr,
+      sum,
+      sc,
+      lse,
+      bias,
+      picked,
+      pk,
+      shift,
+      kCols
+    };
+    Tensor cols[2][kCols];
+    for (auto& set : cols)
+      for (auto& c : set) c = b.sbuf(pp, 1, DType::fp32);
+    int buf = 0, parity = 0;
+    for (std::int64_t t = core; t < tiles; t += s.cores, parity ^= 1) {
+      const int r0 = static_cast<int>(t * P), n = static_cast<int>(std::min(P, T - t * P));
+      auto col = [&](Col c) { return cols[parity][c].tile(0, n, 0, 1); };
+      b.dma_copy(col(tg), targets.tile(r0, n, 0, 1));
+      // Rows with a negative target (PyTorch's ignore_index) have loss 0 and
+      // a zero gradient: valid = (target >= 0), gsv = grad_scale * valid and
+      // ln(gsv) (-inf for an ignored row) is folded into the exponential.
+      b.tensor_scalar(col(valid), col(tg), AluOp::is_ge, 0.0f);
+      b.tensor_scalar(col(gsv), col(valid), AluOp::multiply, gs);
+      const Tensor gsv_c = col(gsv);
+      b.activation(col(lngsv), isa::ActFunc::log, gsv_c);
+      // Pass 1 (Vector): the running max m and the running sum S of
+      // exp(x - m) over the column chunks (online softmax: S is rescaled by
+      // exp(m_old - m_new) when the max grows).
+      for (std::int64_t c = 0; c < chunks; ++c, buf = (buf + 1) % kBuf) {
+        const std::int64_t c0 = c * C, w = std::min(C, V - c0);
+        const Tensor xc = xs[buf].tile(0, n, 0, w);
+        b.dma_copy(xc, logits.tile(r0, n, c0, w));
+        const Tensor junk = pe[buf].tile(0, n, 0, w);
+        if (c == 0) {
+          b.tensor_reduce(col(m), xc, AluOp::max);
+          const Tensor mc = col(m), sm = col(sum);
+          b.exponential(junk, xc, &mc, &sm);
+          continue;
+        }
+        b.tensor_reduce(col(cm), xc, AluOp::max);
+        b.tensor_tensor(col(mnew), col(m), col(cm), AluOp::max);
+        const Tensor mn = col(mnew), scc = col(sc);
+        b.exponential(col(corr), col(m), &mn);
+        b.exponential(junk, xc, &mn, &scc);
+        b.tensor_tensor(col(sum), col(sum), col(corr), AluOp::multiply);
+        b.tensor_tensor(col(sum), col(sum), col(sc), AluOp::add);
+        b.tensor_copy(col(m), col(mnew));
+      }
+      // lse = m + ln(S); bias = ln(gsv) - lse.
+      b.activation(col(lse), isa::ActFunc::log, col(sum));
+      b.tensor_tensor(col(lse), col(m), col(lse), AluOp::add);
+      b.tensor_tensor(col(bias), col(lngsv), col(lse), AluOp::subtract);
+      b.memset(col(picked), 0.0f);
+      // Pass 2: mask = (column == target) (GpSimd), the target's logit as
+      // the row sum of mask * x (GpSimd product, Scalar sum),
+      // p = gsv * exp(x - lse) (Scalar), dlogits = p - gsv * mask (Vector).
+      for (std::int64_t c = 0; c < chunks; ++c, buf = (buf + 1) % kBuf) {
+        const std::int64_t c0 = c * C, w = std::min(C, V - c0);
+        const Tensor xc = xs[buf].tile(0, n, 0, w), mk = mask[buf].tile(0, n, 0, w);
+        const Tensor xmk = xm[buf].tile(0, n, 0, w), p = pe[buf].tile(0, n, 0, w);
+        const Tensor g = gs_[buf].tile(0, n, 0, w);
+        b.dma_copy(xc, logits.tile(r0, n, c0, w));
+        b.tensor_scalar(col(shift), col(tg), AluOp::subtract, static_cast<float>(c0), AluOp::bypass,
+                        0.0f, Engine::gpsimd);
+        b.tensor_scalar(mk, iota.tile(0, n, 0, w), AluOp::is_equal, col(shift), AluOp::bypass, 0.0f,
+                        nullptr, Engine::gpsimd);
+        b.tensor_tensor(xmk, mk, xc, AluOp::multiply, Engine::gpsimd);
+        const Tensor pkc = col(pk), bc = col(bias);
+        b.activation(xmk, isa::ActFunc::identity, xmk, nullptr, 1.0f, &pkc);
+        b.tensor_tensor(col(picked), col(picked), pkc, AluOp::add);
+        b.activation(p, isa::ActFunc::exp, xc, &bc);
+        b.tensor_scalar(mk, mk, AluOp::multiply, gsv_c);
+        b.tensor_tensor(g, p, mk, AluOp::subtract);
+        b.dma_copy(dlogits.tile(r0, n, c0, w), g, -1, false, Engine::vector);
+      }
+      // loss = (lse - picked) * valid.
+      b.tensor_tensor(col(lse), col(lse), col(picked), AluOp::subtract);
+      b.tensor_tensor(col(lse), col(lse), col(valid), AluOp::multiply);
+      b.dma_copy(loss.tile(r0, n, 0, 1), col(lse), -1, false, Engine::vector);
+    }
+  }
+  return b.finish();
+}
+
+}  // namespace tern::kernel

@@ -1,0 +1,116 @@
+// Every registered kernel with a host reference, on small and odd shapes:
+// bit for bit against the reference (the same check `tern bench kernel`
+// runs), plus the registry's parameter handling.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "arch/chip.h"
+#include "kernel/registry.h"
+#include "run_kernel.h"
+#include "sim/simulator.h"
+#include "util/error.h"
+
+namespace tern {
+namespace {
+
+struct Case {
+  std::string kernel, chip;
+  std::map<std::string, std::string> params;
+};
+
+std::string case_name(const Case& c) {
+  std::string s = c.kernel + "_" + c.chip;
+  for (const auto& [k, v] : c.params) s += "_" + k + v;
+  for (char& ch : s)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return s;
+}
+
+class RegistryBitExact : public ::testing::TestWithParam<Case> {};
+
+TEST_P(RegistryBitExact, MatchesHostReference) {
+  const Case& c = GetParam();
+  const arch::ChipSpec chip = arch::load_chip(c.chip);
+  const kernel::KernelEntry& e = kernel::find_kernel(c.kernel);
+  ASSERT_TRUE(e.reference) << c.kernel << " has no host reference";
+  const kernel::Params p(e.name, e.params, c.params);
+  const isa::Program prog = e.build(chip, p);
+  const kernel::NamedData in = kernel::make_inputs(prog, e, p, 7);
+  sim::Simulator s(chip);
+  s.load(prog);
+  for (const auto& [name, v] : in) s.write(name, v);
+  s.run();
+  for (const auto& [name, want] : e.reference(chip, p, in))
+    EXPECT_EQ(testing_helpers::mismatches(s.read(name), want, name.c_str()), 0u) << name;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Kernels, RegistryBitExact,
+    ::testing::Values(
+        Case{"softmax", "trn3", {{"rows", "200"}, {"dim", "333"}}},
+        Case{"softmax", "trn3", {{"rows", "1"}, {"dim", "1"}}},
+        Case{
+            "softmax", "trn3", {{"rows", "257"}, {"dim", "64"}, {"dtype", "fp32"}, {"cores", "3"}}},
+        Case{"softmax", "trn3", {{"rows", "130"}, {"dim", "2500"}, {"dtype", "fp16"}}},
+        Case{"softmax_backward", "trn3", {{"rows", "200"}, {"dim", "333"}}},
+        Case{"softmax_backward", "trn2", {{"rows", "129"}, {"dim", "1"}, {"dtype", "fp32"}}},
+        Case{"softmax_backward", "trn1", {{"rows", "64"}, {"dim", "700"}, {"cores", "2"}}},
+        Case{"cross_entropy", "trn3", {{"rows", "200"}, {"vocab", "65"}}},
+        Case{"cross_entropy",
+             "trn3",
+             {{"rows", "130"}, {"vocab", "5000"}, {"chunk", "1024"}, {"cores", "2"}}},
+        Case{"cross_entropy",
+             "trn3",
+             {{"rows", "3"}, {"vocab", "1"}, {"dtype", "fp32"}, {"grad_scale", "2"}}},
+        Case{"cross_entropy", "trn3", {{"rows", "64"}, {"vocab", "777"}, {"chunk", "100"}}},
+        Case{"rmsnorm", "trn3", {{"rows", "130"}, {"dim", "100"}, {"residual", "true"}}},
+        Case{"layernorm", "trn2", {{"rows", "130"}, {"dim", "100"}}},
+        Case{"adamw", "trn3", {{"rows", "130"}, {"dim", "100"}, {"step", "3"}}},
+        Case{"matmul",
+             "trn3",
+             {{"m", "130"}, {"n", "70"}, {"k", "200"}, {"epilogue", "bias,silu"}}}),
+    [](const ::testing::TestParamInfo<Case>& tp) { return case_name(tp.param); });
+
+TEST(Registry, EveryKernelHasDocumentedParametersAndBuildsWithDefaultsOnTrn3) {
+  const arch::ChipSpec chip = arch::load_chip("trn3");
+  for (const auto& e : kernel::kernel_registry()) {
+    EXPECT_FALSE(e.summary.empty()) << e.name;
+    EXPECT_TRUE(e.build && e.describe) << e.name;
+    for (const auto& d : e.params) EXPECT_FALSE(d.help.empty()) << e.name << " " << d.name;
+    if (e.bound == "compute") {
+      EXPECT_TRUE(e.useful_flops) << e.name;
+    }
+    const kernel::Params p(e.name, e.params, {});
+    EXPECT_GT(e.build(chip, p).instruction_count(), 0) << e.name;
+  }
+}
+
+TEST(Registry, BadParametersNameTheKernelAndTheParameter) {
+  const arch::ChipSpec chip = arch::load_chip("trn3");
+  try {
+    kernel::build_kernel(chip, "softmax", {{"rowz", "3"}});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("kernel softmax: unknown parameter 'rowz'"),
+              std::string::npos)
+        << e.what();
+  }
+  try {
+    kernel::build_kernel(chip, "softmax", {{"rows", "3x"}});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rows = '3x': expected an integer"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(kernel::build_kernel(chip, "nosuch", {}), Error);
+  EXPECT_THROW(kernel::build_kernel(chip, "softmax", {{"dtype", "fp8_e4m3"}}), NotSupported);
+  EXPECT_THROW(kernel::build_kernel(chip, "softmax", {{"dim", "0"}}), Error);
+  EXPECT_THROW(kernel::build_kernel(chip, "softmax", {{"dim", "1000000"}}), NotSupported);
+  EXPECT_THROW(kernel::build_kernel(arch::load_chip("trn2"), "softmax", {}), NotSupported);
+}
+
+}  // namespace
+}  // namespace tern
