@@ -146,6 +146,52 @@ struct CrossEntropySpec {
 };
 isa::Program cross_entropy_kernel(const arch::ChipSpec& chip, const CrossEntropySpec& spec);
 
+// Elementwise arithmetic over [rows, cols] (any flattening): "out" =
+// a + b, a - b, a * b (HBM "a", "b") or alpha * a (HBM "a"), all of dtype
+// fp32, bf16 or fp16, FP32 arithmetic rounded once to the dtype. Tiles of
+// 128 x 2048 alternate between the Vector and GpSimd (and for `scale` the
+// Scalar) engines; tiles are dealt over `cores`.
+enum class ElementwiseOp { add, sub, mul, scale };
+ElementwiseOp parse_elementwise_op(const std::string& s);
+std::string to_string(ElementwiseOp op);
+struct ElementwiseSpec {
+  std::int64_t rows = 4096, cols = 4096;
+  ElementwiseOp op = ElementwiseOp::add;
+  isa::DType dtype = isa::DType::bf16;
+  float alpha = 1.0f;  // the factor of `scale`
+  int cores = 1;
+};
+isa::Program elementwise_kernel(const arch::ChipSpec& chip, const ElementwiseSpec& spec);
+
+// Reductions of HBM "x" [rows, cols] (fp32, bf16, fp16) in FP32: sum, max or
+// the sum of squares (for gradient norms). Per row: "out" [rows, 1]; with
+// `all`, one partial per core: "out" [cores, 1] (row tiles dealt
+// round-robin; the caller combines the partials, as an all-reduce would).
+enum class ReduceOp { sum, max, sumsq };
+ReduceOp parse_reduce_op(const std::string& s);
+struct ReduceSpec {
+  std::int64_t rows = 4096, cols = 4096;
+  ReduceOp op = ReduceOp::sum;
+  isa::DType dtype = isa::DType::bf16;
+  bool all = false;
+  int cores = 1;
+};
+isa::Program reduce_kernel(const arch::ChipSpec& chip, const ReduceSpec& spec);
+
+// Gradient clipping by global norm (torch.nn.utils.clip_grad_norm_):
+// from "sumsq_parts" [1, parts] fp32 (the sums of squares of every
+// gradient, e.g. reduce_kernel's partials over all parameters),
+//   norm = sqrt(sum), coef = min(max_norm / (norm + 1e-6), 1),
+// "grad_out" = coef * "grad" [rows, cols] (dtype) and "norm" [1, 1] fp32.
+struct ClipSpec {
+  std::int64_t rows = 4096, cols = 4096;
+  isa::DType dtype = isa::DType::fp32;
+  std::int64_t parts = 1;
+  float max_norm = 1.0f;
+  int cores = 1;
+};
+isa::Program clip_kernel(const arch::ChipSpec& chip, const ClipSpec& spec);
+
 // out[R, C] = a + b (all of dtype `dt`), tiled 128 rows x up to 2048 columns.
 isa::Program add_kernel(const arch::ChipSpec& chip, std::int64_t rows, std::int64_t cols,
                         isa::DType dt);

@@ -296,4 +296,84 @@ CrossEntropyResult cross_entropy_reference(const std::vector<float>& logits,
   return r;
 }
 
+std::vector<float> elementwise_reference(const std::vector<float>& a, const std::vector<float>& b,
+                                         const ElementwiseSpec& s, float (*round)(float)) {
+  std::vector<float> out(a.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    switch (s.op) {
+      case ElementwiseOp::add:
+        out[i] = round(a[i] + b[i]);
+        break;
+      case ElementwiseOp::sub:
+        out[i] = round(a[i] - b[i]);
+        break;
+      case ElementwiseOp::mul:
+        out[i] = round(a[i] * b[i]);
+        break;
+      case ElementwiseOp::scale:
+        out[i] = round(a[i] * s.alpha);
+        break;
+    }
+  }
+  return out;
+}
+
+std::vector<float> reduce_reference(const std::vector<float>& x, const ReduceSpec& s,
+                                    int partitions) {
+  if (x.size() != static_cast<std::size_t>(s.rows * s.cols))
+    throw Error("reduce_reference: sizes do not match the [R, C] shape");
+  const std::int64_t width = std::min<std::int64_t>(s.cols, 2048);
+  auto combine = [&](float a, float b) {
+    return isa::apply_alu(s.op == ReduceOp::max ? isa::AluOp::max : isa::AluOp::add, a, b);
+  };
+  std::vector<float> rows(static_cast<std::size_t>(s.rows));
+  for (std::int64_t r = 0; r < s.rows; ++r) {
+    const float* v = x.data() + r * s.cols;
+    float row = 0.0f;
+    for (std::int64_t c0 = 0; c0 < s.cols; c0 += width) {
+      const std::int64_t w = std::min(width, s.cols - c0);
+      float part;
+      if (s.op == ReduceOp::sumsq) {
+        part = 0.0f;
+        for (std::int64_t j = 0; j < w; ++j)
+          part += isa::apply_act(isa::ActFunc::square, v[c0 + j]);
+      } else {
+        part = v[c0];
+        for (std::int64_t j = 1; j < w; ++j) part = combine(part, v[c0 + j]);
+      }
+      row = c0 == 0 ? part : combine(row, part);
+    }
+    rows[static_cast<std::size_t>(r)] = row;
+  }
+  if (!s.all) return rows;
+  const std::int64_t P = partitions, pp = std::min<std::int64_t>(P, s.rows);
+  std::vector<float> out(static_cast<std::size_t>(s.cores));
+  for (int core = 0; core < s.cores; ++core) {
+    std::vector<float> acc(static_cast<std::size_t>(pp), s.op == ReduceOp::max ? -INFINITY : 0.0f);
+    for (std::int64_t t = core; t * P < s.rows; t += s.cores)
+      for (std::int64_t p = 0; p < P && t * P + p < s.rows; ++p)
+        acc[static_cast<std::size_t>(p)] =
+            combine(acc[static_cast<std::size_t>(p)], rows[static_cast<std::size_t>(t * P + p)]);
+    float total = acc[0];
+    for (std::size_t p = 1; p < acc.size(); ++p) total = combine(total, acc[p]);
+    out[static_cast<std::size_t>(core)] = total;
+  }
+  return out;
+}
+
+ClipResult clip_reference(const std::vector<float>& grad, const std::vector<float>& parts,
+                          const ClipSpec& s, float (*round)(float)) {
+  float sum = parts.at(0);
+  for (std::size_t i = 1; i < parts.size(); ++i) sum = sum + parts[i];
+  const float norm = isa::apply_act(isa::ActFunc::sqrt, sum);
+  float coef = norm + 1e-6f;
+  coef = 1.0f / coef;
+  coef = isa::apply_alu(isa::AluOp::min, coef * s.max_norm, 1.0f);
+  ClipResult r;
+  r.norm = {norm};
+  r.grad.resize(grad.size());
+  for (std::size_t i = 0; i < grad.size(); ++i) r.grad[i] = round(grad[i] * coef);
+  return r;
+}
+
 }  // namespace tern::kernel

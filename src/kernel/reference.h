@@ -92,4 +92,18 @@ CrossEntropyResult cross_entropy_reference(const std::vector<float>& logits,
                                            std::int64_t vocab, std::int64_t chunk, float grad_scale,
                                            float (*round)(float));
 
+// elementwise_kernel's arithmetic: one FP32 operation, rounded.
+std::vector<float> elementwise_reference(const std::vector<float>& a, const std::vector<float>& b,
+                                         const ElementwiseSpec& spec, float (*round)(float));
+// reduce_kernel's result: per row, or per core in its order (row tiles of
+// `partitions` dealt round-robin, partitions combined in order).
+std::vector<float> reduce_reference(const std::vector<float>& x, const ReduceSpec& spec,
+                                    int partitions);
+// clip_kernel's outputs: grad_out (rounded) and the norm.
+struct ClipResult {
+  std::vector<float> grad, norm;
+};
+ClipResult clip_reference(const std::vector<float>& grad, const std::vector<float>& parts,
+                          const ClipSpec& spec, float (*round)(float));
+
 }  // namespace tern::kernel

@@ -169,6 +169,27 @@ CrossEntropySpec cross_entropy_spec(const Params& p) {
   return s;
 }
 
+ElementwiseSpec elementwise_spec(const Params& p) {
+  ElementwiseSpec s;
+  s.rows = p.i64("rows"), s.cols = p.i64("dim"), s.op = parse_elementwise_op(p.text("op")),
+  s.alpha = p.f32("alpha"), s.dtype = p.dtype("dtype"), s.cores = p.i32("cores");
+  return s;
+}
+
+ReduceSpec reduce_spec(const Params& p) {
+  ReduceSpec s;
+  s.rows = p.i64("rows"), s.cols = p.i64("dim"), s.op = parse_reduce_op(p.text("op")),
+  s.all = p.flag("all"), s.dtype = p.dtype("dtype"), s.cores = p.i32("cores");
+  return s;
+}
+
+ClipSpec clip_spec(const Params& p) {
+  ClipSpec s;
+  s.rows = p.i64("rows"), s.cols = p.i64("dim"), s.parts = p.i64("parts"),
+  s.max_norm = p.f32("max_norm"), s.dtype = p.dtype("dtype"), s.cores = p.i32("cores");
+  return s;
+}
+
 std::string rows_describe(const char* what, const Params& p) {
   return fmt::format("{} [{}, {}] {}", what, p.i64("rows"), p.i64("dim"), p.text("dtype"));
 }
@@ -419,6 +440,84 @@ std::vector<KernelEntry> make_registry() {
     e.describe = [](const Params& p) {
       return fmt::format("cross_entropy [{} tokens, vocab {}] {}", p.i64("rows"), p.i64("vocab"),
                          p.text("dtype"));
+    };
+    r.push_back(std::move(e));
+  }
+
+  {
+    KernelEntry e;
+    e.name = "elementwise";
+    e.summary = "Elementwise add, sub, mul (out = a op b) or scale (out = alpha * a)";
+    e.params = {rows_doc(),
+                {"dim", "4096", "Columns (any flattening of the tensors)"},
+                {"op", "add", "add, sub, mul or scale"},
+                {"alpha", "1", "The factor of scale"},
+                {"dtype", "bf16", "Tensor dtype: fp32, bf16 or fp16"},
+                cores_doc()};
+    e.build = [](const arch::ChipSpec& c, const Params& p) {
+      return elementwise_kernel(c, elementwise_spec(p));
+    };
+    e.reference = [](const arch::ChipSpec&, const Params& p, const NamedData& in) {
+      const ElementwiseSpec s = elementwise_spec(p);
+      const std::vector<float> none;
+      const auto* b = optional_input(in, "b");
+      return NamedData{
+          {"out", elementwise_reference(input(in, "a"), b ? *b : none, s, rounder(s.dtype))}};
+    };
+    e.describe = [](const Params& p) {
+      return fmt::format("elementwise {} [{}, {}] {}", p.text("op"), p.i64("rows"), p.i64("dim"),
+                         p.text("dtype"));
+    };
+    r.push_back(std::move(e));
+  }
+
+  {
+    KernelEntry e;
+    e.name = "reduce";
+    e.summary = "Row reductions (sum, max, sum of squares) or per-core totals";
+    e.params = {rows_doc(),
+                dim_doc("Columns (reduced)"),
+                {"op", "sum", "sum, max or sumsq"},
+                {"all", "false", "Reduce everything: one partial per core ([cores, 1])"},
+                {"dtype", "bf16", "Input dtype: fp32, bf16 or fp16"},
+                cores_doc()};
+    e.build = [](const arch::ChipSpec& c, const Params& p) {
+      return reduce_kernel(c, reduce_spec(p));
+    };
+    e.reference = [](const arch::ChipSpec& c, const Params& p, const NamedData& in) {
+      return NamedData{
+          {"out", reduce_reference(input(in, "x"), reduce_spec(p), c.sbuf_partitions)}};
+    };
+    e.describe = [](const Params& p) {
+      return fmt::format("reduce {}{} [{}, {}] {}", p.text("op"), p.flag("all") ? " (all)" : "",
+                         p.i64("rows"), p.i64("dim"), p.text("dtype"));
+    };
+    r.push_back(std::move(e));
+  }
+
+  {
+    KernelEntry e;
+    e.name = "clip_by_global_norm";
+    e.summary = "Gradient clipping by global norm from partial sums of squares";
+    e.params = {rows_doc(),
+                dim_doc("Columns (the gradient viewed as [rows, dim])"),
+                {"parts", "8", "Partial sums of squares in sumsq_parts"},
+                {"max_norm", "1", "The norm to clip to"},
+                {"dtype", "fp32", "Gradient dtype: fp32, bf16 or fp16"},
+                cores_doc()};
+    e.build = [](const arch::ChipSpec& c, const Params& p) { return clip_kernel(c, clip_spec(p)); };
+    e.reference = [](const arch::ChipSpec&, const Params& p, const NamedData& in) {
+      const ClipSpec s = clip_spec(p);
+      auto res = clip_reference(input(in, "grad"), input(in, "sumsq_parts"), s, rounder(s.dtype));
+      return NamedData{{"grad_out", res.grad}, {"norm", res.norm}};
+    };
+    e.prepare = [](const Params&, const std::string& name, std::vector<float>& v) {
+      if (name == "sumsq_parts")  // sums of squares: >= 0, large enough to clip
+        for (float& x : v) x = 100.0f * std::fabs(x);
+    };
+    e.describe = [](const Params& p) {
+      return fmt::format("clip_by_global_norm [{}, {}] {} ({} partial sums)", p.i64("rows"),
+                         p.i64("dim"), p.text("dtype"), p.i64("parts"));
     };
     r.push_back(std::move(e));
   }

@@ -140,3 +140,38 @@ def test_adamw_matches_torch_optimizer():
         p, m, v = (sim.read(n).reshape(rows, cols) for n in ("param_out", "m_out", "v_out"))
         close(p, pt.detach().double(), "fp32")
     close(sim.read("param_bf16"), torch.tensor(bf16(p)), "fp32")
+
+
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "scale"])
+def test_elementwise_matches_torch(op):
+    rows, cols = 130, 2100
+    a = rng_normal((rows, cols), 20, "bf16")
+    b = rng_normal((rows, cols), 21, "bf16")
+    inputs = {"a": a} if op == "scale" else {"a": a, "b": b}
+    sim, _ = run("trn3", "elementwise", inputs, rows=rows, dim=cols, op=op, alpha=0.375, dtype="bf16", cores=2)
+    at, bt = torch.tensor(a), torch.tensor(b)
+    want = {"add": at + bt, "sub": at - bt, "mul": at * bt, "scale": at * 0.375}[op]
+    # PyTorch in bf16 rounds the FP32 result once, as the kernel does: exact.
+    want = want.to(torch.bfloat16).float().numpy()
+    assert np.array_equal(sim.read("out").reshape(rows, cols), want)
+
+
+def test_reduce_and_clip_match_torch_clip_grad_norm():
+    """Global-norm clipping of three gradient tensors: the per-tensor
+    sum-of-squares partials (reduce --all), then clip each tensor."""
+    shapes = [(300, 200), (1, 77), (130, 513)]
+    grads = [rng_normal(s, 30 + i, "fp32", 2.0) for i, s in enumerate(shapes)]
+    parts = []
+    for g in grads:
+        sim, _ = run("trn3", "reduce", {"x": g}, rows=g.shape[0], dim=g.shape[1], op="sumsq", all=True,
+                     dtype="fp32", cores=2)
+        parts.extend(sim.read("out"))
+    ts = [torch.tensor(g, dtype=torch.float64, requires_grad=True) for g in grads]
+    for t, g in zip(ts, grads):
+        t.grad = torch.tensor(g, dtype=torch.float64)
+    norm = torch.nn.utils.clip_grad_norm_(ts, max_norm=1.5)
+    for t, g in zip(ts, grads):
+        sim, _ = run("trn3", "clip_by_global_norm", {"grad": g, "sumsq_parts": np.array(parts)},
+                     rows=g.shape[0], dim=g.shape[1], parts=len(parts), max_norm=1.5, dtype="fp32")
+        close(sim.read("norm"), norm.reshape(1), "fp32")
+        close(sim.read("grad_out"), t.grad, "fp32")

@@ -1,0 +1,237 @@
+// Elementwise arithmetic, reductions and gradient clipping by global norm.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "kernel/builder.h"
+#include "kernel/detail.h"
+#include "kernel/kernels.h"
+#include "util/error.h"
+
+namespace tern::kernel {
+
+using isa::AluOp;
+using isa::DType;
+using isa::Engine;
+using namespace detail;
+
+namespace {
+
+// Work units of a [R, C] tensor: tiles of up to 128 rows x `width` columns,
+// dealt round-robin over the cores (unit u goes to core u % cores).
+struct Unit {
+  int r0, n;
+  std::int64_t c0, w;
+};
+std::vector<Unit> units(std::int64_t rows, std::int64_t cols, std::int64_t partitions,
+                        std::int64_t width) {
+  std::vector<Unit> u;
+  for (std::int64_t r0 = 0; r0 < rows; r0 += partitions)
+    for (std::int64_t c0 = 0; c0 < cols; c0 += width)
+      u.push_back({static_cast<int>(r0), static_cast<int>(std::min(partitions, rows - r0)), c0,
+                   std::min(width, cols - c0)});
+  return u;
+}
+
+constexpr std::int64_t kWidth = 2048;  // columns per tile: 4 KiB rows of bf16
+constexpr int kBufs = 4;
+
+}  // namespace
+
+ElementwiseOp parse_elementwise_op(const std::string& s) {
+  if (s == "add") return ElementwiseOp::add;
+  if (s == "sub") return ElementwiseOp::sub;
+  if (s == "mul") return ElementwiseOp::mul;
+  if (s == "scale") return ElementwiseOp::scale;
+  throw Error(fmt::format("elementwise op '{}': expected add, sub, mul or scale", s));
+}
+
+std::string to_string(ElementwiseOp op) {
+  switch (op) {
+    case ElementwiseOp::add:
+      return "add";
+    case ElementwiseOp::sub:
+      return "sub";
+    case ElementwiseOp::mul:
+      return "mul";
+    case ElementwiseOp::scale:
+      return "scale";
+  }
+  return "?";
+}
+
+ReduceOp parse_reduce_op(const std::string& s) {
+  if (s == "sum") return ReduceOp::sum;
+  if (s == "max") return ReduceOp::max;
+  if (s == "sumsq") return ReduceOp::sumsq;
+  throw Error(fmt::format("reduce op '{}': expected sum, max or sumsq", s));
+}
+
+isa::Program elementwise_kernel(const arch::ChipSpec& chip, const ElementwiseSpec& s) {
+  check_rows("elementwise", s.rows, s.cols, s.dtype, s.cores);
+  const bool binary = s.op != ElementwiseOp::scale;
+  Builder b(chip, s.cores);
+  const Tensor a = b.hbm("a", {s.rows, s.cols}, s.dtype, isa::TensorKind::input);
+  Tensor bb;
+  if (binary) bb = b.hbm("b", {s.rows, s.cols}, s.dtype, isa::TensorKind::input);
+  const Tensor out = b.hbm("out", {s.rows, s.cols}, s.dtype, isa::TensorKind::output);
+  const std::int64_t P = chip.sbuf_partitions;
+  const auto work = units(s.rows, s.cols, P, kWidth);
+  const AluOp op = s.op == ElementwiseOp::add   ? AluOp::add
+                   : s.op == ElementwiseOp::sub ? AluOp::subtract
+                                                : AluOp::multiply;
+  for (int core = 0; core < s.cores; ++core) {
+    b.set_core(core);
+    Tensor ta[kBufs], tb[kBufs];
+    for (int i = 0; i < kBufs; ++i) {
+      ta[i] = b.sbuf(static_cast<int>(P), kWidth, s.dtype);
+      if (binary) tb[i] = b.sbuf(static_cast<int>(P), kWidth, s.dtype);
+    }
+    int i = 0, k = 0;
+    for (std::size_t u = static_cast<std::size_t>(core); u < work.size();
+         u += static_cast<std::size_t>(s.cores), i = (i + 1) % kBufs, ++k) {
+      const Unit& w = work[u];
+      const Tensor va = ta[i].tile(0, w.n, 0, w.w);
+      b.dma_copy(va, a.tile(w.r0, w.n, w.c0, w.w));
+      // The result overwrites a's tile; tiles alternate between the Vector
+      // and GpSimd engines (and the Scalar engine joins for `scale`), each
+      // storing what it computed.
+      const Engine e = k % 2 == 0 ? Engine::vector : Engine::gpsimd;
+      if (binary) {
+        const Tensor vb = tb[i].tile(0, w.n, 0, w.w);
+        b.dma_copy(vb, bb.tile(w.r0, w.n, w.c0, w.w));
+        b.tensor_tensor(va, va, vb, op, e);
+        b.dma_copy(out.tile(w.r0, w.n, w.c0, w.w), va, -1, false, e);
+      } else {
+        const Engine es = k % 3 == 0   ? Engine::vector
+                          : k % 3 == 1 ? Engine::gpsimd
+                                       : Engine::scalar;
+        b.tensor_scalar(va, va, AluOp::multiply, s.alpha, AluOp::bypass, 0.0f, es);
+        b.dma_copy(out.tile(w.r0, w.n, w.c0, w.w), va, -1, false, es);
+      }
+    }
+  }
+  return b.finish();
+}
+
+isa::Program reduce_kernel(const arch::ChipSpec& chip, const ReduceSpec& s) {
+  check_rows("reduce", s.rows, s.cols, s.dtype, s.cores);
+  Builder b(chip, s.cores);
+  const Tensor x = b.hbm("x", {s.rows, s.cols}, s.dtype, isa::TensorKind::input);
+  const std::int64_t P = chip.sbuf_partitions;
+  const Tensor out = s.all ? b.hbm("out", {s.cores, 1}, DType::fp32, isa::TensorKind::output)
+                           : b.hbm("out", {s.rows, 1}, DType::fp32, isa::TensorKind::output);
+  // Whole rows per tile (the row result is one column); columns in chunks.
+  const std::int64_t width = std::min(s.cols, kWidth);
+  const std::int64_t row_tiles = ceil_div(s.rows, P), chunks = ceil_div(s.cols, width);
+  const AluOp combine = s.op == ReduceOp::max ? AluOp::max : AluOp::add;
+  const int pp = static_cast<int>(std::min(P, s.rows));
+  for (int core = 0; core < s.cores; ++core) {
+    b.set_core(core);
+    // Loads run up to 8 chunks ahead (the DMA's fixed latency is long next
+    // to a chunk's compute); the squares need only a few.
+    constexpr int kLoads = 8;
+    Tensor tx[kLoads], sq[kBufs], parts[2], rowv[2];
+    for (auto& t : tx) t = b.sbuf(static_cast<int>(P), width, s.dtype);
+    for (auto& t : sq) t = b.sbuf(static_cast<int>(P), width, DType::fp32);  // squares
+    for (auto& t : parts) t = b.sbuf(static_cast<int>(P), chunks, DType::fp32);
+    for (auto& t : rowv) t = b.sbuf(static_cast<int>(P), 1, DType::fp32);
+    Tensor acc;
+    if (s.all) {
+      acc = b.sbuf(pp, 1, DType::fp32);
+      b.memset(acc, s.op == ReduceOp::max ? -INFINITY : 0.0f);
+    }
+    // A row tile's result: its chunk partials (columns of `parts`) combined
+    // in order by one Vector reduce, then stored or added to the core's
+    // accumulator. Issued one row tile late, so the engines never wait in
+    // order for the chunks of the tile they are finishing.
+    auto finish = [&](int r0, int n, int j) {
+      const Tensor pr = parts[j].tile(0, n, 0, chunks);
+      const Tensor row = chunks == 1 ? pr : rowv[j].tile(0, n, 0, 1);
+      if (chunks > 1) b.tensor_reduce(row, pr, combine);
+      if (s.all)
+        b.tensor_tensor(acc.tile(0, n, 0, 1), acc.tile(0, n, 0, 1), row, combine);
+      else
+        b.dma_copy(out.tile(r0, n, 0, 1), row, -1, false, Engine::vector);
+    };
+    int i = 0, j = 0, flip = 0, prev_r0 = -1, prev_n = 0;
+    for (std::int64_t t = core; t < row_tiles; t += s.cores, j ^= 1) {
+      const int r0 = static_cast<int>(t * P), n = static_cast<int>(std::min(P, s.rows - t * P));
+      for (std::int64_t c = 0; c < chunks; ++c, i = (i + 1) % kLoads) {
+        const std::int64_t c0 = c * width, w = std::min(width, s.cols - c0);
+        const Tensor vx = tx[i].tile(0, n, 0, w), sqt = sq[i % kBufs].tile(0, n, 0, w);
+        b.dma_copy(vx, x.tile(r0, n, c0, w));
+        const Tensor dst = parts[j].tile(0, n, c, 1);
+        // Sum of squares: alternate chunks between the Scalar engine (x^2
+        // with its row accumulator) and GpSimd + Vector (x * x, then the row
+        // sum): the same FP32 values and order, two engines' worth of rate.
+        if (s.op == ReduceOp::sumsq && ++flip % 2 == 1) {
+          b.activation(sqt, isa::ActFunc::square, vx, nullptr, 1.0f, &dst);
+        } else if (s.op == ReduceOp::sumsq) {
+          b.tensor_tensor(sqt, vx, vx, AluOp::multiply, Engine::gpsimd);
+          b.tensor_reduce(dst, sqt, AluOp::add);
+        } else {
+          b.tensor_reduce(dst, vx, combine);
+        }
+      }
+      if (prev_r0 >= 0) finish(prev_r0, prev_n, j ^ 1);
+      prev_r0 = r0, prev_n = n;
+    }
+    if (prev_r0 >= 0) finish(prev_r0, prev_n, j ^ 1);
+    if (s.all) {
+      // The core's partial: the partitions combined in order (GpSimd).
+      const Tensor total = b.sbuf(1, 1, DType::fp32);
+      b.partition_reduce(total, acc, combine);
+      b.dma_copy(out.tile(core, 1, 0, 1), total, -1, false, Engine::gpsimd);
+    }
+  }
+  return b.finish();
+}
+
+isa::Program clip_kernel(const arch::ChipSpec& chip, const ClipSpec& s) {
+  check_rows("clip_by_global_norm", s.rows, s.cols, s.dtype, s.cores);
+  if (s.parts < 1) throw Error(fmt::format("clip_by_global_norm: parts must be >= 1"));
+  if (!(s.max_norm > 0.0f))
+    throw Error(fmt::format("clip_by_global_norm: max_norm must be > 0, got {}", s.max_norm));
+  Builder b(chip, s.cores);
+  const Tensor g = b.hbm("grad", {s.rows, s.cols}, s.dtype, isa::TensorKind::input);
+  const Tensor parts = b.hbm("sumsq_parts", {1, s.parts}, DType::fp32, isa::TensorKind::input);
+  const Tensor out = b.hbm("grad_out", {s.rows, s.cols}, s.dtype, isa::TensorKind::output);
+  const Tensor norm_h = b.hbm("norm", {1, 1}, DType::fp32, isa::TensorKind::output);
+  const std::int64_t P = chip.sbuf_partitions;
+  const int pp = static_cast<int>(std::min(P, s.rows));
+  const auto work = units(s.rows, s.cols, P, kWidth);
+  for (int core = 0; core < s.cores; ++core) {
+    b.set_core(core);
+    // Every partition computes the same coefficient from the partial sums
+    // (loaded with partition stride 0), as torch.nn.utils.clip_grad_norm_:
+    //   norm = sqrt(sum), coef = min(max_norm / (norm + 1e-6), 1).
+    const Tensor pv = b.sbuf(pp, s.parts, DType::fp32);
+    b.dma_copy(pv, bias_rows(parts, pp, 0, s.parts));
+    const Tensor sum = b.sbuf(pp, 1, DType::fp32), coef = b.sbuf(pp, 1, DType::fp32);
+    b.tensor_reduce(sum, pv, AluOp::add);
+    b.activation(sum, isa::ActFunc::sqrt, sum);
+    if (core == 0) b.dma_copy(norm_h, sum.tile(0, 1, 0, 1), -1, false, Engine::scalar);
+    b.tensor_scalar(coef, sum, AluOp::add, 1e-6f);
+    b.reciprocal(coef, coef);
+    b.tensor_scalar(coef, coef, AluOp::multiply, s.max_norm, AluOp::min, 1.0f);
+    Tensor tg[kBufs];
+    for (auto& t : tg) t = b.sbuf(static_cast<int>(P), kWidth, s.dtype);
+    int i = 0, k = 0;
+    for (std::size_t u = static_cast<std::size_t>(core); u < work.size();
+         u += static_cast<std::size_t>(s.cores), i = (i + 1) % kBufs, ++k) {
+      const Unit& w = work[u];
+      const Tensor v = tg[i].tile(0, w.n, 0, w.w);
+      b.dma_copy(v, g.tile(w.r0, w.n, w.c0, w.w));
+      const Engine e = k % 3 == 0 ? Engine::vector : k % 3 == 1 ? Engine::gpsimd : Engine::scalar;
+      b.tensor_scalar(v, v, AluOp::multiply, coef.tile(0, w.n, 0, 1), AluOp::bypass, 0.0f, nullptr,
+                      e);
+      b.dma_copy(out.tile(w.r0, w.n, w.c0, w.w), v, -1, false, e);
+    }
+  }
+  return b.finish();
+}
+
+}  // namespace tern::kernel
