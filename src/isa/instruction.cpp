@@ -37,8 +37,8 @@ constexpr std::array<std::string_view, static_cast<std::size_t>(AluOp::count_)> 
     "abs_max", "pow",         "is_equal",   "not_equal",   "is_gt",      "is_ge",      "is_lt",
     "is_le",   "bitwise_and", "bitwise_or", "bitwise_xor", "shift_left", "shift_right"};
 constexpr std::array<std::string_view, static_cast<std::size_t>(ActFunc::count_)> kActNames = {
-    "identity", "exp",  "log",   "tanh", "sigmoid", "gelu",      "gelu_tanh",
-    "silu",     "relu", "rsqrt", "sqrt", "square",  "reciprocal"};
+    "identity", "exp",   "log",  "tanh",   "sigmoid",    "gelu",    "gelu_tanh", "silu",
+    "relu",     "rsqrt", "sqrt", "square", "reciprocal", "silu_dx", "gelu_dx",   "gelu_tanh_dx"};
 
 }  // namespace
 
@@ -227,6 +227,18 @@ float apply_act(ActFunc f, float x) {
       return x * x;
     case ActFunc::reciprocal:
       return 1.0f / x;
+    case ActFunc::silu_dx: {  // s (1 + x (1 - s)), s = sigmoid(x)
+      const float s = 1.0f / (1.0f + std::exp(-x));
+      return s * (1.0f + x * (1.0f - s));
+    }
+    case ActFunc::gelu_dx:  // Phi(x) + x phi(x)
+      return 0.5f * (1.0f + std::erf(x * 0.7071067811865476f)) +
+             x * 0.3989422804014327f * std::exp(-0.5f * x * x);
+    case ActFunc::gelu_tanh_dx: {  // d/dx of 0.5 x (1 + tanh(u)), u = k (x + 0.044715 x^3)
+      const float t = std::tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x));
+      return 0.5f * (1.0f + t) +
+             0.5f * x * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * 0.044715f * x * x);
+    }
     case ActFunc::count_:
       break;
   }

@@ -102,6 +102,12 @@ enum class ActFunc : std::uint8_t {
   sqrt,
   square,
   reciprocal,
+  // Derivatives (the Scalar engine's table has them: NKI's silu_dx and
+  // gelu_dx; gelu_tanh_dx is tern's, by the same pattern, for GeGLU with
+  // the tanh approximation).
+  silu_dx,
+  gelu_dx,
+  gelu_tanh_dx,
   count_,
 };
 std::string_view act_name(ActFunc f);

@@ -192,6 +192,21 @@ struct ClipSpec {
 };
 isa::Program clip_kernel(const arch::ChipSpec& chip, const ClipSpec& spec);
 
+// Gated linear unit (SwiGLU with silu, GeGLU with gelu or gelu_tanh) over
+// [rows, cols] (dtype fp32, bf16 or fp16, FP32 arithmetic):
+//   forward:  HBM "gate", "up" -> "out" = act(gate) * up;
+//   backward: "dout", "gate", "up" -> "dup" = dout * act(gate),
+//             "dgate" = (dout * up) * act'(gate) (the Scalar engine's
+//             derivative functions silu_dx / gelu_dx / gelu_tanh_dx).
+struct GluSpec {
+  std::int64_t rows = 4096, cols = 11008;
+  isa::ActFunc act = isa::ActFunc::silu;
+  isa::DType dtype = isa::DType::bf16;
+  int cores = 1;
+};
+isa::Program glu_kernel(const arch::ChipSpec& chip, const GluSpec& spec);
+isa::Program glu_backward_kernel(const arch::ChipSpec& chip, const GluSpec& spec);
+
 // out[R, C] = a + b (all of dtype `dt`), tiled 128 rows x up to 2048 columns.
 isa::Program add_kernel(const arch::ChipSpec& chip, std::int64_t rows, std::int64_t cols,
                         isa::DType dt);

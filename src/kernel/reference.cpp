@@ -376,4 +376,29 @@ ClipResult clip_reference(const std::vector<float>& grad, const std::vector<floa
   return r;
 }
 
+std::vector<float> glu_reference(const std::vector<float>& gate, const std::vector<float>& up,
+                                 isa::ActFunc act, float (*round)(float)) {
+  std::vector<float> out(gate.size());
+  for (std::size_t i = 0; i < gate.size(); ++i)
+    out[i] = round(isa::apply_act(act, gate[i]) * up[i]);
+  return out;
+}
+
+GluGrads glu_backward_reference(const std::vector<float>& dout, const std::vector<float>& gate,
+                                const std::vector<float>& up, isa::ActFunc act,
+                                float (*round)(float)) {
+  const isa::ActFunc dact = act == isa::ActFunc::silu   ? isa::ActFunc::silu_dx
+                            : act == isa::ActFunc::gelu ? isa::ActFunc::gelu_dx
+                                                        : isa::ActFunc::gelu_tanh_dx;
+  GluGrads r;
+  r.dgate.resize(gate.size());
+  r.dup.resize(gate.size());
+  for (std::size_t i = 0; i < gate.size(); ++i) {
+    r.dup[i] = round(dout[i] * isa::apply_act(act, gate[i]));
+    const float t = dout[i] * up[i];
+    r.dgate[i] = round(t * isa::apply_act(dact, gate[i]));
+  }
+  return r;
+}
+
 }  // namespace tern::kernel

@@ -106,4 +106,14 @@ struct ClipResult {
 ClipResult clip_reference(const std::vector<float>& grad, const std::vector<float>& parts,
                           const ClipSpec& spec, float (*round)(float));
 
+// glu_kernel / glu_backward_kernel's arithmetic (one FP32 rounding per step).
+std::vector<float> glu_reference(const std::vector<float>& gate, const std::vector<float>& up,
+                                 isa::ActFunc act, float (*round)(float));
+struct GluGrads {
+  std::vector<float> dgate, dup;
+};
+GluGrads glu_backward_reference(const std::vector<float>& dout, const std::vector<float>& gate,
+                                const std::vector<float>& up, isa::ActFunc act,
+                                float (*round)(float));
+
 }  // namespace tern::kernel

@@ -190,6 +190,19 @@ ClipSpec clip_spec(const Params& p) {
   return s;
 }
 
+GluSpec glu_spec(const Params& p) {
+  GluSpec s;
+  s.rows = p.i64("rows"), s.cols = p.i64("dim"), s.dtype = p.dtype("dtype"),
+  s.cores = p.i32("cores");
+  try {
+    s.act = isa::parse_act(p.text("act"));
+  } catch (const Error&) {
+    throw Error(
+        fmt::format("kernel glu: act = '{}': expected silu, gelu or gelu_tanh", p.text("act")));
+  }
+  return s;
+}
+
 std::string rows_describe(const char* what, const Params& p) {
   return fmt::format("{} [{}, {}] {}", what, p.i64("rows"), p.i64("dim"), p.text("dtype"));
 }
@@ -518,6 +531,35 @@ std::vector<KernelEntry> make_registry() {
     e.describe = [](const Params& p) {
       return fmt::format("clip_by_global_norm [{}, {}] {} ({} partial sums)", p.i64("rows"),
                          p.i64("dim"), p.text("dtype"), p.i64("parts"));
+    };
+    r.push_back(std::move(e));
+  }
+
+  for (const bool backward : {false, true}) {
+    KernelEntry e;
+    e.name = backward ? "glu_backward" : "glu";
+    e.summary = backward ? "SwiGLU / GeGLU backward: dgate and dup"
+                         : "SwiGLU / GeGLU: out = act(gate) * up";
+    e.params = {rows_doc(),
+                dim_doc("Columns (the FFN width)"),
+                {"act", "silu", "silu (SwiGLU), gelu or gelu_tanh (GeGLU)"},
+                {"dtype", "bf16", "Tensor dtype: fp32, bf16 or fp16"},
+                cores_doc()};
+    e.build = [backward](const arch::ChipSpec& c, const Params& p) {
+      return backward ? glu_backward_kernel(c, glu_spec(p)) : glu_kernel(c, glu_spec(p));
+    };
+    e.reference = [backward](const arch::ChipSpec&, const Params& p, const NamedData& in) {
+      const GluSpec s = glu_spec(p);
+      if (!backward)
+        return NamedData{
+            {"out", glu_reference(input(in, "gate"), input(in, "up"), s.act, rounder(s.dtype))}};
+      auto g = glu_backward_reference(input(in, "dout"), input(in, "gate"), input(in, "up"), s.act,
+                                      rounder(s.dtype));
+      return NamedData{{"dgate", g.dgate}, {"dup", g.dup}};
+    };
+    e.describe = [backward](const Params& p) {
+      return fmt::format("glu{} {} [{}, {}] {}", backward ? " backward" : "", p.text("act"),
+                         p.i64("rows"), p.i64("dim"), p.text("dtype"));
     };
     r.push_back(std::move(e));
   }

@@ -175,3 +175,34 @@ def test_reduce_and_clip_match_torch_clip_grad_norm():
                      rows=g.shape[0], dim=g.shape[1], parts=len(parts), max_norm=1.5, dtype="fp32")
         close(sim.read("norm"), norm.reshape(1), "fp32")
         close(sim.read("grad_out"), t.grad, "fp32")
+
+
+GLU_ACTS = {
+    "silu": torch.nn.functional.silu,
+    "gelu": torch.nn.functional.gelu,
+    "gelu_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+}
+
+
+@pytest.mark.parametrize("act", ["silu", "gelu", "gelu_tanh"])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_glu_forward_and_backward_match_autograd(act, dtype):
+    rows, cols = 130, 2100
+    g = rng_normal((rows, cols), 40, dtype, 2.0)
+    u = rng_normal((rows, cols), 41, dtype)
+    d = rng_normal((rows, cols), 42, dtype)
+    gt = torch.tensor(g, dtype=torch.float64, requires_grad=True)
+    ut = torch.tensor(u, dtype=torch.float64, requires_grad=True)
+    out = GLU_ACTS[act](gt) * ut
+    sim, _ = run("trn3", "glu", {"gate": g, "up": u}, rows=rows, dim=cols, act=act, dtype=dtype, cores=2)
+    # Per element: the output's own rounding (bf16) or FP32 libm error.
+    tol = 2.0**-8 if dtype == "bf16" else 1e-5
+    err = np.abs(sim.read("out").reshape(rows, cols) - out.detach().numpy()) / (1 + np.abs(out.detach().numpy()))
+    assert err.max() <= tol
+    dg, du = torch.autograd.grad(out, (gt, ut), torch.tensor(d, dtype=torch.float64))
+    sim, _ = run("trn3", "glu_backward", {"dout": d, "gate": g, "up": u}, rows=rows, dim=cols, act=act,
+                 dtype=dtype, cores=2)
+    for name, want in (("dgate", dg), ("dup", du)):
+        w = want.numpy()
+        err = np.abs(sim.read(name).reshape(rows, cols) - w) / (1 + np.abs(w))
+        assert err.max() <= tol, f"{name}: {err.max():.3g}"
