@@ -91,6 +91,16 @@ isa::Program layernorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& spe
 // caller, as a gradient all-reduce would be).
 isa::Program rmsnorm_backward_kernel(const arch::ChipSpec& chip, const RmsNormSpec& spec);
 
+// LayerNorm backward for y = ((h - mean) * rstd) * gamma + beta:
+//   xhat = (h - mean) * rstd, gg = dy * gamma,
+//   dh = rstd * gg - rstd / D * (sum(gg) + xhat * sum(gg * xhat)),
+//   dgamma_parts[c] = sum over core c's rows of dy * xhat, dbeta_parts[c] of dy.
+// HBM inputs "dy", "h" [R, D] (dtype), "gamma" [1, D], "mean", "rstd"
+// [R, 1] fp32 (the forward's outputs); outputs "dh" [R, D] (dtype),
+// "dgamma_parts" and "dbeta_parts" [cores, D] fp32 (sum the rows). D <=
+// 2048 on trn3 (both accumulate in PSUM).
+isa::Program layernorm_backward_kernel(const arch::ChipSpec& chip, const RmsNormSpec& spec);
+
 // One fused AdamW step (PyTorch's torch.optim.AdamW, decoupled weight decay)
 // over parameters laid out [R, C] (rows on partitions; any flattening of the
 // model's tensors), all state FP32:

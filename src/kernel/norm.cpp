@@ -314,4 +314,142 @@ isa::Program rmsnorm_backward_kernel(const arch::ChipSpec& chip, const RmsNormSp
   return b.finish();
 }
 
+isa::Program layernorm_backward_kernel(const arch::ChipSpec& chip, const RmsNormSpec& s) {
+  check_norm("layernorm backward", s);
+  if (s.residual)
+    throw NotSupported(
+        "layernorm backward with a fused residual (dh is the residual's gradient too)");
+  Builder b(chip, s.cores);
+  const std::int64_t R = s.rows, D = s.dim;
+  const Tensor dy_h = b.hbm("dy", {R, D}, s.dtype, isa::TensorKind::input);
+  const Tensor h_h = b.hbm("h", {R, D}, s.dtype, isa::TensorKind::input);
+  const Tensor gamma = b.hbm("gamma", {1, D}, s.dtype, isa::TensorKind::input);
+  const Tensor mean_h = b.hbm("mean", {R, 1}, DType::fp32, isa::TensorKind::input);
+  const Tensor rstd_h = b.hbm("rstd", {R, 1}, DType::fp32, isa::TensorKind::input);
+  const Tensor dh_h = b.hbm("dh", {R, D}, s.dtype, isa::TensorKind::output);
+  const Tensor dg_h = b.hbm("dgamma_parts", {s.cores, D}, DType::fp32, isa::TensorKind::output);
+  const Tensor db_h = b.hbm("dbeta_parts", {s.cores, D}, DType::fp32, isa::TensorKind::output);
+  const std::int64_t P = chip.sbuf_partitions;
+  const int esz = isa::size_bytes(s.dtype);
+  const std::int64_t TN =
+      std::min<std::int64_t>(chip.tensor.moving_fmax, chip.psum_bank_bytes().value() / 4);
+  // dgamma and dbeta accumulate on the Tensor engine in PSUM, a bank per TN
+  // columns each.
+  if (2 * ceil_div(D, TN) > chip.psum_banks) {
+    throw NotSupported(fmt::format(
+        "layernorm backward with D = {}: dgamma and dbeta accumulate in PSUM, which holds {} "
+        "columns of each",
+        D, chip.psum_banks / 2 * TN));
+  }
+  constexpr int kBuf = 2;
+  const std::int64_t need = D * esz + 8 + kBuf * (3 * D * esz + 4 * D * 4 + 64);
+  check_fits(chip, "layernorm backward", s, need);
+  const std::int64_t tiles = ceil_div(R, P);
+  const float neg_inv_d = -1.0f / static_cast<float>(D);
+  for (int core = 0; core < s.cores; ++core) {
+    b.set_core(core);
+    const int gp = static_cast<int>(std::min(P, R));
+    const Tensor g = b.sbuf(gp, D, s.dtype);
+    b.dma_copy(g, bias_rows(gamma, gp, 0, D));
+    // Column sums over rows as matmuls with a ones column: dgamma = 1^T
+    // (dy * xhat), dbeta = 1^T dy, accumulated in PSUM over the core's tiles.
+    const Tensor ones32 = b.sbuf(static_cast<int>(P), 1, DType::fp32);
+    const Tensor ones = b.sbuf(static_cast<int>(P), 1, s.dtype);
+    b.memset(ones32, 1.0f, Engine::gpsimd);
+    b.memset(ones, 1.0f, Engine::gpsimd);
+    std::vector<Tensor> dg, db;
+    for (std::int64_t c0 = 0; c0 < D; c0 += TN) {
+      dg.push_back(b.psum(1, TN, DType::fp32));
+      db.push_back(b.psum(1, TN, DType::fp32));
+    }
+    struct Bufs {
+      Tensor dy, h, dh, gg, xh, a, c, mean, rs, s1, s2, coef1, coef2;
+    };
+    Bufs bu[kBuf];
+    for (auto& x : bu) {
+      x.dy = b.sbuf(static_cast<int>(P), D, s.dtype);
+      x.h = b.sbuf(static_cast<int>(P), D, s.dtype);
+      x.dh = b.sbuf(static_cast<int>(P), D, s.dtype);
+      x.gg = b.sbuf(static_cast<int>(P), D, DType::fp32);
+      x.xh = b.sbuf(static_cast<int>(P), D, DType::fp32);
+      x.a = b.sbuf(static_cast<int>(P), D, DType::fp32);
+      x.c = b.sbuf(static_cast<int>(P), D, DType::fp32);
+      for (Tensor* col : {&x.mean, &x.rs, &x.s1, &x.s2, &x.coef1, &x.coef2})
+        *col = b.sbuf(static_cast<int>(P), 1, DType::fp32);
+    }
+    std::vector<std::int64_t> mine;
+    for (std::int64_t t = core; t < tiles; t += s.cores) mine.push_back(t);
+    struct View {
+      int r0, n;
+      Tensor dy, h, dh, gg, xh, a, c, mean, rs, s1, s2, coef1, coef2;
+    };
+    auto view = [&](std::size_t k) {
+      const Bufs& x = bu[k % kBuf];
+      const int r0 = static_cast<int>(mine[k] * P),
+                n = static_cast<int>(std::min(P, R - mine[k] * P));
+      auto T = [&](const Tensor& v) { return v.tile(0, n, 0, v.cols()); };
+      return View{r0,     n,         T(x.dy), T(x.h),  T(x.dh), T(x.gg),    T(x.xh),   T(x.a),
+                  T(x.c), T(x.mean), T(x.rs), T(x.s1), T(x.s2), T(x.coef1), T(x.coef2)};
+    };
+    // Software pipeline as in rmsnorm backward: phase 1 of tile k + 1 is
+    // issued before phase 2 of tile k.
+    auto phase1 = [&](std::size_t k) {
+      const View v = view(k);
+      b.dma_copy(v.dy, dy_h.tile(v.r0, v.n, 0, D));
+      b.dma_copy(v.h, h_h.tile(v.r0, v.n, 0, D));
+      b.dma_copy(v.mean, mean_h.tile(v.r0, v.n, 0, 1));
+      b.dma_copy(v.rs, rstd_h.tile(v.r0, v.n, 0, 1));
+      // xhat = (h - mean) * rstd (GpSimd); gg = dy * gamma (Vector, exact);
+      // s1 = sum(gg) (Scalar's accumulator); s2 = sum(gg * xhat) (Vector).
+      b.tensor_scalar(v.xh, v.h, isa::AluOp::subtract, v.mean, isa::AluOp::multiply, 0.0f, &v.rs,
+                      Engine::gpsimd);
+      b.tensor_tensor(v.gg, v.dy, g.tile(0, v.n, 0, D), isa::AluOp::multiply);
+      b.activation(v.a, isa::ActFunc::identity, v.gg, nullptr, 1.0f, &v.s1);
+      b.tensor_tensor(v.c, v.gg, v.xh, isa::AluOp::multiply);
+      b.tensor_reduce(v.s2, v.c, isa::AluOp::add);
+      // coef1 = s1 * rstd * (-1/D), coef2 = s2 * rstd * (-1/D).
+      b.tensor_scalar(v.coef1, v.s1, isa::AluOp::multiply, v.rs, isa::AluOp::multiply, neg_inv_d,
+                      nullptr, Engine::gpsimd);
+      b.tensor_scalar(v.coef2, v.s2, isa::AluOp::multiply, v.rs, isa::AluOp::multiply, neg_inv_d,
+                      nullptr, Engine::gpsimd);
+    };
+    auto phase2 = [&](std::size_t k) {
+      const View v = view(k);
+      // dh = (gg * rstd + coef1) + xhat * coef2 (Scalar, Scalar, GpSimd).
+      b.tensor_scalar(v.a, v.gg, isa::AluOp::multiply, v.rs, isa::AluOp::add, 0.0f, &v.coef1,
+                      Engine::scalar);
+      b.tensor_scalar(v.c, v.xh, isa::AluOp::multiply, v.coef2, isa::AluOp::bypass, 0.0f, nullptr,
+                      Engine::scalar);
+      b.tensor_tensor(v.dh, v.a, v.c, isa::AluOp::add, Engine::gpsimd);
+      b.dma_copy(dh_h.tile(v.r0, v.n, 0, D), v.dh, -1, false, Engine::gpsimd);
+      // dgamma (+)= 1^T (dy * xhat); dbeta (+)= 1^T dy.
+      b.tensor_tensor(v.xh, v.dy, v.xh, isa::AluOp::multiply, Engine::gpsimd);
+      for (std::size_t c = 0; c < dg.size(); ++c) {
+        const std::int64_t c0 = static_cast<std::int64_t>(c) * TN, w = std::min(TN, D - c0);
+        b.matmul(dg[c].tile(0, 1, 0, w), ones32.tile(0, v.n, 0, 1), v.xh.tile(0, v.n, c0, w),
+                 k > 0);
+        b.matmul(db[c].tile(0, 1, 0, w), ones.tile(0, v.n, 0, 1), v.dy.tile(0, v.n, c0, w), k > 0);
+      }
+    };
+    if (!mine.empty()) phase1(0);
+    for (std::size_t k = 0; k < mine.size(); ++k) {
+      if (k + 1 < mine.size()) phase1(k + 1);
+      phase2(k);
+    }
+    const Tensor og = b.sbuf(1, D, DType::fp32), ob = b.sbuf(1, D, DType::fp32);
+    for (std::size_t c = 0; c < dg.size() && !mine.empty(); ++c) {
+      const std::int64_t c0 = static_cast<std::int64_t>(c) * TN, w = std::min(TN, D - c0);
+      b.tensor_copy(og.tile(0, 1, c0, w), dg[c].tile(0, 1, 0, w));
+      b.tensor_copy(ob.tile(0, 1, c0, w), db[c].tile(0, 1, 0, w), Engine::scalar);
+    }
+    if (mine.empty()) {  // a core without rows contributes zeros
+      b.memset(og, 0.0f);
+      b.memset(ob, 0.0f);
+    }
+    b.dma_copy(dg_h.tile(core, 1, 0, D), og, -1, false, Engine::vector);
+    b.dma_copy(db_h.tile(core, 1, 0, D), ob, -1, false, Engine::scalar);
+  }
+  return b.finish();
+}
+
 }  // namespace tern::kernel

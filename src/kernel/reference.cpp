@@ -401,4 +401,46 @@ GluGrads glu_backward_reference(const std::vector<float>& dout, const std::vecto
   return r;
 }
 
+LayerNormGrads layernorm_backward_reference(
+    const std::vector<float>& dy, const std::vector<float>& h, const std::vector<float>& gamma,
+    const std::vector<float>& mean, const std::vector<float>& rstd, std::int64_t rows,
+    std::int64_t dim, int cores, int partitions, float (*round)(float)) {
+  const auto size = static_cast<std::size_t>(rows * dim), D = static_cast<std::size_t>(dim);
+  if (dy.size() != size || h.size() != size || gamma.size() != D ||
+      mean.size() != static_cast<std::size_t>(rows) ||
+      rstd.size() != static_cast<std::size_t>(rows) || cores < 1 || partitions < 1)
+    throw Error("layernorm_backward_reference: sizes do not match the [R, D] shape");
+  LayerNormGrads g;
+  g.dh.resize(size);
+  g.dgamma_parts.assign(static_cast<std::size_t>(cores) * D, 0.0f);
+  g.dbeta_parts.assign(static_cast<std::size_t>(cores) * D, 0.0f);
+  const float neg_inv_d = -1.0f / static_cast<float>(dim);
+  const std::int64_t tiles = (rows + partitions - 1) / partitions;
+  std::vector<float> xh(D), gg(D);
+  for (std::int64_t t = 0; t < tiles; ++t) {
+    const auto core = static_cast<std::size_t>(t % cores);
+    for (std::int64_t r = t * partitions; r < std::min(rows, (t + 1) * partitions); ++r) {
+      const std::size_t row = static_cast<std::size_t>(r) * D;
+      const float mu = mean[static_cast<std::size_t>(r)], rs = rstd[static_cast<std::size_t>(r)];
+      float s1 = 0.0f, s2 = 0.0f;
+      for (std::size_t j = 0; j < D; ++j) {
+        xh[j] = (h[row + j] - mu) * rs;
+        gg[j] = dy[row + j] * gamma[j];
+        s1 += gg[j];
+        const float c = gg[j] * xh[j];
+        s2 = j == 0 ? c : s2 + c;
+      }
+      const float coef1 = (s1 * rs) * neg_inv_d, coef2 = (s2 * rs) * neg_inv_d;
+      float* dg = g.dgamma_parts.data() + core * D;
+      float* db = g.dbeta_parts.data() + core * D;
+      for (std::size_t j = 0; j < D; ++j) {
+        g.dh[row + j] = round((gg[j] * rs + coef1) + xh[j] * coef2);
+        dg[j] = dg[j] + dy[row + j] * xh[j];
+        db[j] = db[j] + dy[row + j];
+      }
+    }
+  }
+  return g;
+}
+
 }  // namespace tern::kernel

@@ -116,4 +116,14 @@ GluGrads glu_backward_reference(const std::vector<float>& dout, const std::vecto
                                 const std::vector<float>& up, isa::ActFunc act,
                                 float (*round)(float));
 
+// LayerNorm backward as layernorm_backward_kernel computes it (per core,
+// tiles of `partitions` rows dealt round-robin; column sums in row order).
+struct LayerNormGrads {
+  std::vector<float> dh, dgamma_parts, dbeta_parts;
+};
+LayerNormGrads layernorm_backward_reference(
+    const std::vector<float>& dy, const std::vector<float>& h, const std::vector<float>& gamma,
+    const std::vector<float>& mean, const std::vector<float>& rstd, std::int64_t rows,
+    std::int64_t dim, int cores, int partitions, float (*round)(float));
+
 }  // namespace tern::kernel

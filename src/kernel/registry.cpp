@@ -353,6 +353,31 @@ std::vector<KernelEntry> make_registry() {
 
   {
     KernelEntry e;
+    e.name = "layernorm_backward";
+    e.summary = "LayerNorm backward: dh and per-core dgamma / dbeta partial sums";
+    e.params = norm_docs("1e-5");
+    e.params[1].default_value = "2048";  // dgamma and dbeta share PSUM: D <= 2048 on trn3
+    e.build = [](const arch::ChipSpec& c, const Params& p) {
+      return layernorm_backward_kernel(c, norm_spec(p, 1e-5f));
+    };
+    e.reference = [](const arch::ChipSpec& c, const Params& p, const NamedData& in) {
+      const RmsNormSpec s = norm_spec(p, 1e-5f);
+      auto res = layernorm_backward_reference(input(in, "dy"), input(in, "h"), input(in, "gamma"),
+                                              input(in, "mean"), input(in, "rstd"), s.rows, s.dim,
+                                              s.cores, c.sbuf_partitions, rounder(s.dtype));
+      return NamedData{
+          {"dh", res.dh}, {"dgamma_parts", res.dgamma_parts}, {"dbeta_parts", res.dbeta_parts}};
+    };
+    e.prepare = [](const Params&, const std::string& name, std::vector<float>& v) {
+      if (name == "rstd")
+        for (float& x : v) x = std::fabs(x);
+    };
+    e.describe = [](const Params& p) { return norm_describe("layernorm backward", p); };
+    r.push_back(std::move(e));
+  }
+
+  {
+    KernelEntry e;
     e.name = "adamw";
     e.summary = "One fused AdamW step over fp32 master weights; outputs the bf16 copy too";
     e.params = {rows_doc(),

@@ -206,3 +206,24 @@ def test_glu_forward_and_backward_match_autograd(act, dtype):
         w = want.numpy()
         err = np.abs(sim.read(name).reshape(rows, cols) - w) / (1 + np.abs(w))
         assert err.max() <= tol, f"{name}: {err.max():.3g}"
+
+
+@pytest.mark.parametrize("rows,dim,dtype,cores", [(130, 100, "fp32", 2), (256, 768, "bf16", 1)])
+def test_layernorm_backward_matches_autograd(rows, dim, dtype, cores):
+    h = rng_normal((rows, dim), 50, dtype, 2.0)
+    gamma = rng_normal((1, dim), 51, dtype)
+    beta = rng_normal((1, dim), 52, dtype)
+    dy = rng_normal((rows, dim), 53, dtype)
+    ht = torch.tensor(h, dtype=torch.float64, requires_grad=True)
+    gt = torch.tensor(gamma[0], dtype=torch.float64, requires_grad=True)
+    bt = torch.tensor(beta[0], dtype=torch.float64, requires_grad=True)
+    y = torch.nn.functional.layer_norm(ht, (dim,), gt, bt, 1e-5)
+    dh, dg, db = torch.autograd.grad(y, (ht, gt, bt), torch.tensor(dy, dtype=torch.float64))
+    # mean and rstd as the forward kernel saves them.
+    sim, _ = run("trn3", "layernorm", {"x": h, "gamma": gamma, "beta": beta}, rows=rows, dim=dim, dtype=dtype)
+    mean, rstd = sim.read("mean"), sim.read("rstd")
+    sim, _ = run("trn3", "layernorm_backward", {"dy": dy, "h": h, "gamma": gamma, "mean": mean, "rstd": rstd},
+                 rows=rows, dim=dim, dtype=dtype, cores=cores)
+    close(sim.read("dh"), dh, dtype)
+    close(sim.read("dgamma_parts").reshape(cores, dim).sum(0), dg, "fp32")
+    close(sim.read("dbeta_parts").reshape(cores, dim).sum(0), db, "fp32")
