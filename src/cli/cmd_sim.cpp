@@ -455,7 +455,7 @@ void add_bench_kernel(CLI::App& bench) {
       std::string opt = "--" + d.name;
       std::replace(opt.begin(), opt.end(), '_', '-');
       const std::string name = d.name;
-      if (d.flag()) {
+      if (d.flag() && d.default_value == "false") {
         sub->add_flag_callback(
             opt, [given, name] { (*given)[name] = "true"; }, d.help);
       } else {

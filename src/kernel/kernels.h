@@ -217,6 +217,35 @@ struct GluSpec {
 isa::Program glu_kernel(const arch::ChipSpec& chip, const GluSpec& spec);
 isa::Program glu_backward_kernel(const arch::ChipSpec& chip, const GluSpec& spec);
 
+// Cast "x" [rows, cols] (in) to "y" (out), any of fp32, bf16, fp16,
+// fp8_e4m3, fp8_e5m2 (FP8 needs trn2+; casts to FP8 saturate, as the
+// engines' output conversion does). With `scaled`: y = cast(x * scale),
+// "scale" [1, 1] fp32 from HBM, which makes it the per-tensor FP8
+// quantization of delayed or current scaling (scale = fp8_max / amax) and
+// its dequantization (x fp8, scale = 1 / that, out bf16 / fp32). With
+// `amax`: "amax" [cores, 1] fp32, each core's max |x| (the amax history
+// entry of delayed scaling; the max over cores is the tensor's).
+struct CastSpec {
+  std::int64_t rows = 4096, cols = 4096;
+  isa::DType in = isa::DType::bf16, out = isa::DType::fp8_e4m3;
+  bool scaled = true, amax = true;
+  int cores = 1;
+};
+isa::Program cast_kernel(const arch::ChipSpec& chip, const CastSpec& spec);
+
+// MX block quantization on chip (trn3's QuantizeMX: Trainium3 scale policy;
+// the OCP and rceil policies exist in tern::num on the host only): "x" [K,
+// cols] bf16 in blocks of 32 along K -> "q" [K/4, cols] x4-packed elements
+// (element (k4, c) holds rows 4 k4 .. 4 k4 + 3) and "q_scale" [K/32, cols]
+// E8M0 codes (uint8): the operand layout of the MX matmul. K a multiple of
+// 128 (QuantizeMX works on groups of 32 partitions x 4 values).
+struct MxQuantizeSpec {
+  std::int64_t k = 4096, cols = 4096;
+  isa::DType elem = isa::DType::fp8_e4m3_x4;
+  int cores = 1;
+};
+isa::Program mx_quantize_kernel(const arch::ChipSpec& chip, const MxQuantizeSpec& spec);
+
 // out[R, C] = a + b (all of dtype `dt`), tiled 128 rows x up to 2048 columns.
 isa::Program add_kernel(const arch::ChipSpec& chip, std::int64_t rows, std::int64_t cols,
                         isa::DType dt);

@@ -443,4 +443,44 @@ LayerNormGrads layernorm_backward_reference(
   return g;
 }
 
+CastResult cast_reference(const std::vector<float>& x, float scale, const CastSpec& s,
+                          int partitions) {
+  if (x.size() != static_cast<std::size_t>(s.rows * s.cols))
+    throw Error("cast_reference: sizes do not match the [R, C] shape");
+  const num::Format* f = s.out == isa::DType::fp32 ? nullptr : isa::format_of(s.out);
+  const num::Overflow o =
+      isa::is_fp8(s.out) ? num::Overflow::saturate : num::Overflow::non_saturating;
+  CastResult r;
+  r.y.resize(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const float v = s.scaled ? x[i] * scale : x[i];
+    r.y[i] = f ? num::round_to(*f, v, num::Rounding::nearest_even, o) : v;
+  }
+  if (!s.amax) return r;
+  // Per core: per partition the max over its units, then over partitions.
+  const std::int64_t P = partitions, W = 2048, pp = std::min<std::int64_t>(P, s.rows);
+  std::vector<std::vector<float>> acc(static_cast<std::size_t>(s.cores),
+                                      std::vector<float>(static_cast<std::size_t>(pp), 0.0f));
+  std::int64_t u = 0;
+  for (std::int64_t r0 = 0; r0 < s.rows; r0 += P)
+    for (std::int64_t c0 = 0; c0 < s.cols; c0 += W, ++u) {
+      auto& a = acc[static_cast<std::size_t>(u % s.cores)];
+      for (std::int64_t p = 0; p < P && r0 + p < s.rows; ++p) {
+        const float* row = x.data() + (r0 + p) * s.cols + c0;
+        const std::int64_t w = std::min(W, s.cols - c0);
+        float m = row[0];
+        for (std::int64_t j = 1; j < w; ++j) m = isa::apply_alu(isa::AluOp::abs_max, m, row[j]);
+        m = isa::apply_alu(isa::AluOp::abs_max, m, 0.0f);
+        a[static_cast<std::size_t>(p)] =
+            isa::apply_alu(isa::AluOp::max, a[static_cast<std::size_t>(p)], m);
+      }
+    }
+  for (const auto& a : acc) {
+    float m = a[0];
+    for (std::size_t p = 1; p < a.size(); ++p) m = isa::apply_alu(isa::AluOp::max, m, a[p]);
+    r.amax.push_back(m);
+  }
+  return r;
+}
+
 }  // namespace tern::kernel

@@ -126,4 +126,12 @@ LayerNormGrads layernorm_backward_reference(
     const std::vector<float>& mean, const std::vector<float>& rstd, std::int64_t rows,
     std::int64_t dim, int cores, int partitions, float (*round)(float));
 
+// cast_kernel's outputs: y = cast(x (* scale)) and the per-core amax, with
+// the kernel's tiling (128 x 2048 units dealt round-robin over the cores).
+struct CastResult {
+  std::vector<float> y, amax;
+};
+CastResult cast_reference(const std::vector<float>& x, float scale, const CastSpec& spec,
+                          int partitions);
+
 }  // namespace tern::kernel

@@ -203,6 +203,13 @@ GluSpec glu_spec(const Params& p) {
   return s;
 }
 
+CastSpec cast_spec(const Params& p) {
+  CastSpec s;
+  s.rows = p.i64("rows"), s.cols = p.i64("dim"), s.in = p.dtype("in"), s.out = p.dtype("out"),
+  s.scaled = p.flag("scaled"), s.amax = p.flag("amax"), s.cores = p.i32("cores");
+  return s;
+}
+
 std::string rows_describe(const char* what, const Params& p) {
   return fmt::format("{} [{}, {}] {}", what, p.i64("rows"), p.i64("dim"), p.text("dtype"));
 }
@@ -585,6 +592,61 @@ std::vector<KernelEntry> make_registry() {
     e.describe = [backward](const Params& p) {
       return fmt::format("glu{} {} [{}, {}] {}", backward ? " backward" : "", p.text("act"),
                          p.i64("rows"), p.i64("dim"), p.text("dtype"));
+    };
+    r.push_back(std::move(e));
+  }
+
+  {
+    KernelEntry e;
+    e.name = "cast";
+    e.summary = "Cast, per-tensor scaled FP8 quantize / dequantize, amax capture";
+    e.params = {rows_doc(),
+                dim_doc("Columns"),
+                {"in", "bf16", "Input dtype: fp32, bf16, fp16, fp8_e4m3, fp8_e5m2"},
+                {"out", "fp8_e4m3", "Output dtype (FP8 saturates)"},
+                {"scaled", "true", "Multiply by the HBM input scale [1, 1] before the cast"},
+                {"amax", "true", "Output the per-core max |x| (delayed scaling's amax)"},
+                cores_doc()};
+    e.build = [](const arch::ChipSpec& c, const Params& p) { return cast_kernel(c, cast_spec(p)); };
+    e.reference = [](const arch::ChipSpec& c, const Params& p, const NamedData& in) {
+      const CastSpec s = cast_spec(p);
+      const auto* sc = optional_input(in, "scale");
+      auto res = cast_reference(input(in, "x"), sc ? (*sc)[0] : 1.0f, s, c.sbuf_partitions);
+      NamedData out{{"y", res.y}};
+      if (s.amax) out.emplace_back("amax", res.amax);
+      return out;
+    };
+    e.prepare = [](const Params& p, const std::string& name, std::vector<float>& v) {
+      // A scale as delayed scaling would pick for normal(0, 1) data, and a
+      // few large values so that FP8 saturation is exercised.
+      if (name == "scale") v[0] = p.text("out").rfind("fp8", 0) == 0 ? 64.0f : 0.5f;
+      if (name == "x" && p.text("in").rfind("fp8", 0) != 0)  // FP8 inputs: already in range
+        for (std::size_t i = 0; i < v.size(); i += 97) v[i] *= 128.0f;  // exact
+    };
+    e.describe = [](const Params& p) {
+      return fmt::format("cast [{}, {}] {} -> {}{}{}", p.i64("rows"), p.i64("dim"), p.text("in"),
+                         p.text("out"), p.flag("scaled") ? " scaled" : "",
+                         p.flag("amax") ? " + amax" : "");
+    };
+    r.push_back(std::move(e));
+  }
+
+  {
+    KernelEntry e;
+    e.name = "mx_quantize";
+    e.summary = "MXFP8 block quantization on chip (trn3 QuantizeMX), the MX matmul's layout";
+    e.params = {{"k", "4096", "Rows K (blocks of 32 along K)"},
+                {"dim", "4096", "Columns"},
+                {"elem", "fp8_e4m3_x4", "Element type: fp8_e4m3_x4 or fp8_e5m2_x4"},
+                cores_doc()};
+    e.build = [](const arch::ChipSpec& c, const Params& p) {
+      MxQuantizeSpec s;
+      s.k = p.i64("k"), s.cols = p.i64("dim"), s.elem = p.dtype("elem"), s.cores = p.i32("cores");
+      return mx_quantize_kernel(c, s);
+    };
+    e.describe = [](const Params& p) {
+      return fmt::format("mx_quantize [{}, {}] bf16 -> {}", p.i64("k"), p.i64("dim"),
+                         p.text("elem"));
     };
     r.push_back(std::move(e));
   }

@@ -227,3 +227,13 @@ def test_layernorm_backward_matches_autograd(rows, dim, dtype, cores):
     close(sim.read("dh"), dh, dtype)
     close(sim.read("dgamma_parts").reshape(cores, dim).sum(0), dg, "fp32")
     close(sim.read("dbeta_parts").reshape(cores, dim).sum(0), db, "fp32")
+
+
+def test_cast_to_bf16_and_amax_match_torch():
+    rows, cols = 130, 4100
+    x = rng_normal((rows, cols), 60, "fp32", 3.0)
+    sim, _ = run("trn3", "cast", {"x": x, "scale": np.array([0.5], np.float32)}, rows=rows, dim=cols,
+                 **{"in": "fp32", "out": "bf16", "cores": 2})
+    xt = torch.tensor(x)
+    assert np.array_equal(sim.read("y").reshape(rows, cols), (xt * 0.5).to(torch.bfloat16).float().numpy())
+    assert sim.read("amax").max() == xt.abs().max().item()

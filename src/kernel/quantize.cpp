@@ -1,0 +1,159 @@
+// Casts, per-tensor scaled FP8 quantization / dequantization with amax
+// capture (delayed scaling), and MX block quantization.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "kernel/builder.h"
+#include "kernel/detail.h"
+#include "kernel/kernels.h"
+#include "util/error.h"
+
+namespace tern::kernel {
+
+using isa::AluOp;
+using isa::DType;
+using isa::Engine;
+using namespace detail;
+
+namespace {
+
+bool castable(DType d) {
+  return d == DType::fp32 || d == DType::bf16 || d == DType::fp16 || d == DType::fp8_e4m3 ||
+         d == DType::fp8_e5m2;
+}
+
+constexpr std::int64_t kWidth = 2048;
+constexpr int kBufs = 4;
+
+}  // namespace
+
+isa::Program cast_kernel(const arch::ChipSpec& chip, const CastSpec& s) {
+  if (s.rows < 1 || s.cols < 1)
+    throw Error(fmt::format("cast: shape [{}, {}] must be >= 1", s.rows, s.cols));
+  if (s.cores < 1) throw Error(fmt::format("cast: cores must be >= 1, got {}", s.cores));
+  for (DType d : {s.in, s.out})
+    if (!castable(d))
+      throw NotSupported(
+          fmt::format("cast of {} (fp32, bf16, fp16, fp8_e4m3, fp8_e5m2 are)", isa::name(d)));
+  if ((isa::is_fp8(s.in) || isa::is_fp8(s.out)) && chip.core_version < 3)
+    throw NotSupported(fmt::format("cast with OCP FP8 on {} (NeuronCore-v3+: trn2, trn3)", chip.name));
+  Builder b(chip, s.cores);
+  const Tensor x = b.hbm("x", {s.rows, s.cols}, s.in, isa::TensorKind::input);
+  Tensor scale_h, amax_h;
+  if (s.scaled) scale_h = b.hbm("scale", {1, 1}, DType::fp32, isa::TensorKind::input);
+  const Tensor y = b.hbm("y", {s.rows, s.cols}, s.out, isa::TensorKind::output);
+  if (s.amax) amax_h = b.hbm("amax", {s.cores, 1}, DType::fp32, isa::TensorKind::output);
+  const std::int64_t P = chip.sbuf_partitions;
+  const int pp = static_cast<int>(std::min(P, s.rows));
+  for (int core = 0; core < s.cores; ++core) {
+    b.set_core(core);
+    Tensor sc, acc;
+    if (s.scaled) {  // the scale on every partition (partition stride 0)
+      sc = b.sbuf(pp, 1, DType::fp32);
+      b.dma_copy(sc, bias_rows(scale_h, pp, 0, 1));
+    }
+    Tensor tx[kBufs], ty[kBufs], col[kBufs];
+    for (int i = 0; i < kBufs; ++i) {
+      tx[i] = b.sbuf(static_cast<int>(P), kWidth, s.in);
+      ty[i] = b.sbuf(static_cast<int>(P), kWidth, s.out);
+      col[i] = b.sbuf(static_cast<int>(P), 1, DType::fp32);
+    }
+    if (s.amax) {
+      acc = b.sbuf(pp, 1, DType::fp32);
+      b.memset(acc, 0.0f, Engine::gpsimd);
+    }
+    std::int64_t u = 0;
+    int i = 0, k = 0;
+    for (std::int64_t r0 = 0; r0 < s.rows; r0 += P) {
+      const int n = static_cast<int>(std::min(P, s.rows - r0));
+      for (std::int64_t c0 = 0; c0 < s.cols; c0 += kWidth, ++u) {
+        if (u % s.cores != core) continue;
+        const std::int64_t w = std::min(kWidth, s.cols - c0);
+        const Tensor vx = tx[i].tile(0, n, 0, w), vy = ty[i].tile(0, n, 0, w);
+        b.dma_copy(vx, x.tile(static_cast<int>(r0), n, c0, w));
+        // amax (Vector): max |x| of the tile, then into the core's column.
+        if (s.amax) {
+          const Tensor c = col[i].tile(0, n, 0, 1);
+          b.tensor_reduce(c, vx, AluOp::abs_max);
+          b.tensor_scalar(c, c, AluOp::abs_max, 0.0f);  // |x| also for 1-column tiles
+          b.tensor_tensor(acc.tile(0, n, 0, 1), acc.tile(0, n, 0, 1), c, AluOp::max,
+                          Engine::gpsimd);
+        }
+        // The cast (times the scale), alternating GpSimd and Scalar.
+        const Engine e = k++ % 2 == 0 ? Engine::gpsimd : Engine::scalar;
+        if (s.scaled)
+          b.tensor_scalar(vy, vx, AluOp::multiply, sc.tile(0, n, 0, 1), AluOp::bypass, 0.0f,
+                          nullptr, e);
+        else
+          b.tensor_copy(vy, vx, e);
+        b.dma_copy(y.tile(static_cast<int>(r0), n, c0, w), vy, -1, false, e);
+        i = (i + 1) % kBufs;
+      }
+    }
+    if (s.amax) {
+      const Tensor total = b.sbuf(1, 1, DType::fp32);
+      b.partition_reduce(total, acc, AluOp::max);
+      b.dma_copy(amax_h.tile(core, 1, 0, 1), total, -1, false, Engine::gpsimd);
+    }
+  }
+  return b.finish();
+}
+
+isa::Program mx_quantize_kernel(const arch::ChipSpec& chip, const MxQuantizeSpec& s) {
+  if (chip.core_version < 4)
+    throw NotSupported(
+        fmt::format("MX quantization on {}: QuantizeMX is NeuronCore-v4 (trn3)", chip.name));
+  if (s.elem != DType::fp8_e4m3_x4 && s.elem != DType::fp8_e5m2_x4)
+    throw NotSupported(
+        fmt::format("MX quantization to {} (MXFP8 E4M3 / E5M2 x4 are)", isa::name(s.elem)));
+  // QuantizeMX takes 32-partition groups of 4 values each: K in steps of 128.
+  if (s.k < 1 || s.cols < 1 || s.k % 128 != 0)
+    throw Error(fmt::format("mx_quantize: K = {} must be a positive multiple of 128 (QuantizeMX "
+                            "works on 32 partitions x 4 values), columns {} >= 1",
+                            s.k, s.cols));
+  if (s.cores < 1) throw Error(fmt::format("mx_quantize: cores must be >= 1, got {}", s.cores));
+  Builder b(chip, s.cores);
+  const Tensor x = b.hbm("x", {s.k, s.cols}, DType::bf16, isa::TensorKind::input);
+  const Tensor q = b.hbm("q", {s.k / 4, s.cols}, s.elem, isa::TensorKind::output);
+  const Tensor qs = b.hbm("q_scale", {s.k / 32, s.cols}, DType::uint8, isa::TensorKind::output);
+  const std::int64_t P = chip.sbuf_partitions, TKL = 4 * P;
+  const std::int64_t TC = 512;  // columns per tile: 4 KiB of BF16 per partition
+  for (int core = 0; core < s.cores; ++core) {
+    b.set_core(core);
+    Tensor src[kBufs], dq[kBufs], ds[kBufs];
+    for (int i = 0; i < kBufs; ++i) {
+      src[i] = b.sbuf(static_cast<int>(P), 4 * TC, DType::bf16);
+      dq[i] = b.sbuf(static_cast<int>(P), TC, s.elem);
+      ds[i] = b.sbuf(static_cast<int>(P / 8), TC, DType::uint8);
+    }
+    int i = 0;
+    std::int64_t u = 0;
+    for (std::int64_t k0 = 0; k0 < s.k; k0 += TKL) {
+      const int parts = static_cast<int>(std::min(TKL, s.k - k0) / 4);
+      for (std::int64_t c0 = 0; c0 < s.cols; c0 += TC, ++u) {
+        if (u % s.cores != core) continue;
+        const std::int64_t nc = std::min(TC, s.cols - c0);
+        // Partition p holds, per column, the 4 values of rows k0 + 4p + j:
+        // the x4 layout the MX matmul contracts over.
+        const Tensor v = src[i].tile(0, parts, 0, 4 * nc);
+        Tensor view = x;
+        view.ap.offset += (k0 * s.cols + c0) * 2;
+        view.ap.dims = {{4 * s.cols, parts}, {1, nc}, {s.cols, 4}};
+        view.ap.partitions = parts;
+        b.dma_copy(v, view);
+        const Tensor oq = dq[i].tile(0, parts, 0, nc), os = ds[i].tile(0, parts / 8, 0, nc);
+        b.quantize_mx(oq, os, v);
+        b.dma_copy(q.tile(static_cast<int>(k0 / 4), parts, c0, nc), oq, -1, false, Engine::vector);
+        b.dma_copy(qs.tile(static_cast<int>(k0 / 32), parts / 8, c0, nc), os, -1, false,
+                   Engine::vector);
+        i = (i + 1) % kBufs;
+      }
+    }
+  }
+  return b.finish();
+}
+
+}  // namespace tern::kernel

@@ -1,0 +1,71 @@
+// MX quantization on chip: the bytes of q and q_scale against tern::num's
+// host quantizer (Trainium3 policy), in the layout the MX matmul reads.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+#include "arch/chip.h"
+#include "kernel/kernels.h"
+#include "num/convert.h"
+#include "num/mx.h"
+#include "run_kernel.h"
+#include "util/error.h"
+
+namespace tern {
+namespace {
+
+using isa::DType;
+
+void check_mx(std::int64_t k, std::int64_t cols, DType elem, int cores) {
+  const arch::ChipSpec chip = arch::load_chip("trn3");
+  kernel::MxQuantizeSpec s;
+  s.k = k, s.cols = cols, s.elem = elem, s.cores = cores;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> x(static_cast<std::size_t>(k * cols));
+  for (std::size_t i = 0; i < x.size(); ++i)  // blocks of very different magnitudes
+    x[i] = num::round_to(*isa::format_of(DType::bf16),
+                         d(rng) * std::ldexp(1.0f, static_cast<int>((i / 97) % 40) - 20));
+  auto sim = testing_helpers::run_kernel(chip, kernel::mx_quantize_kernel(chip, s), {{"x", &x}});
+  const auto q = sim->read_bytes("q"), qs = sim->read_bytes("q_scale");
+  ASSERT_EQ(q.size(), x.size());
+  ASSERT_EQ(qs.size(), x.size() / 32);
+  const num::MxFormat& f =
+      num::mx_format(elem == DType::fp8_e5m2_x4 ? num::MxId::mxfp8_e5m2 : num::MxId::mxfp8_e4m3);
+  std::vector<float> col(static_cast<std::size_t>(k));
+  std::vector<std::uint8_t> el(col.size()), sc(col.size() / 32);
+  std::size_t bad = 0;
+  for (std::int64_t c = 0; c < cols; ++c) {
+    for (std::int64_t i = 0; i < k; ++i)
+      col[static_cast<std::size_t>(i)] = x[static_cast<std::size_t>(i * cols + c)];
+    num::mx_quantize(f, num::ScalePolicy::trn3, col, el, sc);
+    for (std::int64_t i = 0; i < k; ++i) {
+      // Element (k4, c) of the x4 tensor is 4 bytes: rows 4 k4 .. 4 k4 + 3.
+      const std::size_t at = static_cast<std::size_t>(((i / 4) * cols + c) * 4 + i % 4);
+      bad += q[at] != el[static_cast<std::size_t>(i)];
+    }
+    for (std::int64_t b = 0; b < k / 32; ++b)
+      bad += qs[static_cast<std::size_t>(b * cols + c)] != sc[static_cast<std::size_t>(b)];
+  }
+  EXPECT_EQ(bad, 0u);
+}
+
+TEST(MxQuantize, BytesMatchTheHostQuantizer) {
+  check_mx(1024, 700, DType::fp8_e4m3_x4, 2);
+  check_mx(128, 1, DType::fp8_e5m2_x4, 1);
+  check_mx(640, 513, DType::fp8_e4m3_x4, 3);
+}
+
+TEST(MxQuantize, RejectsWhatItDoesNotSupport) {
+  kernel::MxQuantizeSpec s;
+  s.k = 100;
+  EXPECT_THROW(kernel::mx_quantize_kernel(arch::load_chip("trn3"), s), Error);
+  s.k = 128;
+  EXPECT_THROW(kernel::mx_quantize_kernel(arch::load_chip("trn2"), s), NotSupported);
+  s.elem = DType::bf16;
+  EXPECT_THROW(kernel::mx_quantize_kernel(arch::load_chip("trn3"), s), NotSupported);
+}
+
+}  // namespace
+}  // namespace tern
