@@ -455,14 +455,16 @@ void add_bench_kernel(CLI::App& bench) {
       std::string opt = "--" + d.name;
       std::replace(opt.begin(), opt.end(), '_', '-');
       const std::string name = d.name;
-      if (d.flag() && d.default_value == "false") {
-        sub->add_flag_callback(
-            opt, [given, name] { (*given)[name] = "true"; }, d.help);
-      } else {
-        auto* o = sub->add_option_function<std::string>(
-            opt, [given, name](const std::string& v) { (*given)[name] = v; }, d.help);
-        if (!d.default_value.empty()) o->default_str(d.default_value);
-      }
+      // Booleans: `--name` alone means true; `--name true|false` sets it.
+      // (A bare option would take its default string as the value: booleans
+      // state their default in the help instead.)
+      auto* o = sub->add_option_function<std::string>(
+          opt, [given, name](const std::string& v) { (*given)[name] = v.empty() ? "true" : v; },
+          d.flag() ? d.help + " [default: " + d.default_value + "]" : d.help);
+      if (d.flag())
+        o->expected(0, 1);
+      else if (!d.default_value.empty())
+        o->default_str(d.default_value);
     }
     sub->add_option("--arch", common->arch, "Chip")->capture_default_str();
     sub->add_option("--mode", common->mode,

@@ -38,6 +38,16 @@ struct MatmulSpec {
   int cores = 1;                      // physical cores; M blocks are spread over them
   int lnc = 1;                        // 2: the cores pair up into logical cores (v3+)
   Epilogue epilogue{};                // fused into the PSUM evacuation
+  // Layouts in HBM: A as A^T [K, M] ("at", NKI's lhsT, no transpose needed)
+  // or, with trans_a = false, as A [M, K] ("a"); B as [K, N] ("b") or, with
+  // trans_b, as B^T [N, K] ("bt"). The other layouts load through the DMA
+  // transpose (2-byte dtypes: bf16, fp16).
+  bool trans_a = true, trans_b = false;
+  // Batched matmul (attention's per-head products): `batch` independent
+  // products, operands stacked along their first dim ([batch * K, M] etc.,
+  // "c" [batch * M, N]); the epilogue's bias is shared, its residual is
+  // [batch * M, N]. (batch, M block) units are spread over the cores.
+  std::int64_t batch = 1;
 };
 
 // C[M, N] = A[M, K] @ B[K, N] with A given transposed in HBM ("at", [K, M],

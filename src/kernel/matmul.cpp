@@ -155,19 +155,35 @@ isa::Program matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
   if (s.out != DType::fp32 && s.out != DType::bf16) {
     throw NotSupported(fmt::format("matmul with {} output (fp32 and bf16 are)", isa::name(s.out)));
   }
-  if (s.in == DType::fp8_e4m3_x4 || s.in == DType::fp8_e5m2_x4) return mx_matmul_kernel(chip, s);
+  if (s.batch < 1) throw Error(fmt::format("matmul: batch must be >= 1, got {}", s.batch));
+  const bool mx = s.in == DType::fp8_e4m3_x4 || s.in == DType::fp8_e5m2_x4;
+  if (mx && (!s.trans_a || s.trans_b || s.batch != 1))
+    throw NotSupported(
+        "MX matmul with A as [M, K], B as [N, K] or a batch (A^T [K, M] and B [K, "
+        "N], one matrix, are)");
+  if (mx) return mx_matmul_kernel(chip, s);
   const bool ok_in = s.in == DType::bf16 || s.in == DType::fp16 || s.in == DType::fp32 ||
                      s.in == DType::tf32 || isa::is_fp8(s.in);
   if (!ok_in) {
     throw NotSupported(fmt::format(
         "matmul with {} inputs (bf16, fp16, fp32, tf32, fp8 and MXFP8 x4 are)", isa::name(s.in)));
   }
+  // Operands in the other layout go through the DMA transpose (2-byte types).
+  if ((!s.trans_a || s.trans_b) && isa::size_bytes(s.in) != 2)
+    throw NotSupported(
+        fmt::format("matmul with A as [M, K] or B as [N, K] at {}: the transposing load is the DMA "
+                    "transpose, which moves 2-byte types (bf16, fp16)",
+                    isa::name(s.in)));
   Builder b(chip, s.cores, s.lnc);
-  const Tensor at = b.hbm("at", {s.k, s.m}, s.in, isa::TensorKind::input);
-  const Tensor bt = b.hbm("b", {s.k, s.n}, s.in, isa::TensorKind::input);
-  const Tensor ct = b.hbm("c", {s.m, s.n}, s.out, isa::TensorKind::output);
+  const std::int64_t NB = s.batch;
+  // Batched operands are stacked along their first dim ([batch * rows, cols]).
+  const Tensor at = s.trans_a ? b.hbm("at", {NB * s.k, s.m}, s.in, isa::TensorKind::input)
+                              : b.hbm("a", {NB * s.m, s.k}, s.in, isa::TensorKind::input);
+  const Tensor bt = s.trans_b ? b.hbm("bt", {NB * s.n, s.k}, s.in, isa::TensorKind::input)
+                              : b.hbm("b", {NB * s.k, s.n}, s.in, isa::TensorKind::input);
+  const Tensor ct = b.hbm("c", {NB * s.m, s.n}, s.out, isa::TensorKind::output);
   const Epilogue& ep = s.epilogue;
-  const auto [bias_h, residual_h] = epilogue_inputs(b, ep, s.m, s.n);
+  const auto [bias_h, residual_h] = epilogue_inputs(b, ep, NB * s.m, s.n);
 
   const std::int64_t TK = chip.tensor.rows;             // contraction
   const std::int64_t TM = chip.tensor.stationary_fmax;  // output partitions
@@ -222,31 +238,42 @@ isa::Program matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
     // before the compute of step i, so the sync engine never blocks a
     // prefetch behind a store (software pipelining, double-buffered).
     struct Step {
-      std::int64_t mb, n0;
+      std::int64_t bi, mb, n0;
       int a_set, b_set;
     };
+    // (batch, M block) units are dealt round-robin over the cores.
     std::vector<Step> steps;
-    for (std::int64_t mb = core; mb < MB; mb += s.cores) {
+    for (std::int64_t u = core; u < NB * MB; u += s.cores) {
+      const std::int64_t bi = u / MB, mb = u % MB;
       for (std::int64_t n0 = 0; n0 < s.n; n0 += TN) {
-        const int a_set = steps.empty() ? 0 : steps.back().a_set ^ (steps.back().mb != mb ? 1 : 0);
-        steps.push_back({mb, n0, a_set, static_cast<int>(steps.size() % 2)});
+        const bool new_a = !steps.empty() && (steps.back().mb != mb || steps.back().bi != bi);
+        const int a_set = steps.empty() ? 0 : steps.back().a_set ^ (new_a ? 1 : 0);
+        steps.push_back({bi, mb, n0, a_set, static_cast<int>(steps.size() % 2)});
       }
     }
     auto load = [&](std::size_t i) {
       const Step& st = steps[i];
       const std::int64_t m0 = st.mb * BM, bm = std::min(BM, s.m - m0);
-      if (i == 0 || steps[i - 1].mb != st.mb) {
+      if (i == 0 || steps[i - 1].mb != st.mb || steps[i - 1].bi != st.bi) {
         for (std::int64_t kt = 0; kt < KT; ++kt) {
           const int tk = static_cast<int>(std::min(TK, s.k - kt * TK));
-          b.dma_copy(a_sets[st.a_set][kt].tile(0, tk, 0, bm),
-                     at.tile(static_cast<int>(kt * TK), tk, m0, bm));
+          const Tensor dst = a_sets[st.a_set][kt].tile(0, tk, 0, bm);
+          if (s.trans_a)
+            b.dma_copy(dst, at.tile(static_cast<int>(st.bi * s.k + kt * TK), tk, m0, bm));
+          else
+            b.dma_transpose(dst, at.tile(static_cast<int>(st.bi * s.m + m0), static_cast<int>(bm),
+                                         kt * TK, tk));
         }
       }
       const std::int64_t tn = std::min(TN, s.n - st.n0);
       for (std::int64_t kt = 0; kt < KT; ++kt) {
         const int tk = static_cast<int>(std::min(TK, s.k - kt * TK));
-        b.dma_copy(b_sets[st.b_set][kt].tile(0, tk, 0, tn),
-                   bt.tile(static_cast<int>(kt * TK), tk, st.n0, tn));
+        const Tensor dst = b_sets[st.b_set][kt].tile(0, tk, 0, tn);
+        if (s.trans_b)
+          b.dma_transpose(dst, bt.tile(static_cast<int>(st.bi * s.n + st.n0), static_cast<int>(tn),
+                                       kt * TK, tk));
+        else
+          b.dma_copy(dst, bt.tile(static_cast<int>(st.bi * s.k + kt * TK), tk, st.n0, tn));
       }
       if (ep.bias) {
         const int rows = static_cast<int>(std::min(TM, s.m));
@@ -276,7 +303,7 @@ isa::Program matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
                    b_sets[st.b_set][kt].tile(0, tk, 0, tn), kt > 0);
         }
         const Tensor o = outs[oi].tile(0, tm, 0, tn);
-        const int r0 = static_cast<int>(m0 + mi * TM);
+        const int r0 = static_cast<int>(st.bi * s.m + m0 + mi * TM);
         const Tensor res_h = ep.residual ? residual_h.tile(r0, tm, st.n0, tn) : Tensor{};
         // Alternate the PSUM evacuation between Vector and Scalar; the epilogue
         // (if any) runs in the evacuation.

@@ -39,7 +39,8 @@ isa::Program cast_kernel(const arch::ChipSpec& chip, const CastSpec& s) {
       throw NotSupported(
           fmt::format("cast of {} (fp32, bf16, fp16, fp8_e4m3, fp8_e5m2 are)", isa::name(d)));
   if ((isa::is_fp8(s.in) || isa::is_fp8(s.out)) && chip.core_version < 3)
-    throw NotSupported(fmt::format("cast with OCP FP8 on {} (NeuronCore-v3+: trn2, trn3)", chip.name));
+    throw NotSupported(
+        fmt::format("cast with OCP FP8 on {} (NeuronCore-v3+: trn2, trn3)", chip.name));
   Builder b(chip, s.cores);
   const Tensor x = b.hbm("x", {s.rows, s.cols}, s.in, isa::TensorKind::input);
   Tensor scale_h, amax_h;
@@ -111,9 +112,10 @@ isa::Program mx_quantize_kernel(const arch::ChipSpec& chip, const MxQuantizeSpec
         fmt::format("MX quantization to {} (MXFP8 E4M3 / E5M2 x4 are)", isa::name(s.elem)));
   // QuantizeMX takes 32-partition groups of 4 values each: K in steps of 128.
   if (s.k < 1 || s.cols < 1 || s.k % 128 != 0)
-    throw Error(fmt::format("mx_quantize: K = {} must be a positive multiple of 128 (QuantizeMX "
-                            "works on 32 partitions x 4 values), columns {} >= 1",
-                            s.k, s.cols));
+    throw Error(
+        fmt::format("mx_quantize: K = {} must be a positive multiple of 128 (QuantizeMX "
+                    "works on 32 partitions x 4 values), columns {} >= 1",
+                    s.k, s.cols));
   if (s.cores < 1) throw Error(fmt::format("mx_quantize: cores must be >= 1, got {}", s.cores));
   Builder b(chip, s.cores);
   const Tensor x = b.hbm("x", {s.k, s.cols}, DType::bf16, isa::TensorKind::input);

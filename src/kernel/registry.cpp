@@ -151,6 +151,7 @@ MatmulSpec matmul_spec(const Params& p) {
   s.out = p.dtype("out");
   const int cores = p.i32("cores"), lnc = p.i32("lnc");
   s.cores = cores * lnc, s.lnc = lnc, s.epilogue = parse_epilogue(p.text("epilogue"));
+  s.trans_a = p.flag("trans_a"), s.trans_b = p.flag("trans_b"), s.batch = p.i64("batch");
   return s;
 }
 
@@ -230,7 +231,10 @@ std::vector<KernelEntry> make_registry() {
         {"out", "fp32", "Output dtype"},
         {"epilogue", "", "Fused chain, e.g. scale=0.5,bias,gelu,residual"},
         {"cores", "1", "NeuronCores (logical cores with lnc 2)"},
-        {"lnc", "1", "Logical NeuronCore size (1 or 2)"}};
+        {"lnc", "1", "Logical NeuronCore size (1 or 2)"},
+        {"trans_a", "true", "A given as A^T [K, M] ('at'); false: as A [M, K] ('a')"},
+        {"trans_b", "false", "B given as B^T [N, K] ('bt'); false: as B [K, N] ('b')"},
+        {"batch", "1", "Independent products, operands stacked along their first dim"}};
     e.build = [](const arch::ChipSpec& c, const Params& p) {
       return matmul_kernel(c, matmul_spec(p));
     };
@@ -238,26 +242,44 @@ std::vector<KernelEntry> make_registry() {
       const MatmulSpec s = matmul_spec(p);
       const bool mx = s.in == isa::DType::fp8_e4m3_x4 || s.in == isa::DType::fp8_e5m2_x4;
       const bool e5m2 = s.in == isa::DType::fp8_e5m2_x4;
-      const auto& at = input(in, "at");
-      const auto& b = input(in, "b");
-      auto c = mx ? matmul_reference(mx_roundtrip_columns(at, s.k, s.m, e5m2),
-                                     mx_roundtrip_columns(b, s.k, s.n, e5m2), s.m, s.n, s.k, false)
-                  : matmul_reference(at, b, s.m, s.n, s.k, s.in == isa::DType::fp32);
+      // Per batch: A^T [K, M] and B [K, N] in the reference's layout.
+      const std::size_t M = static_cast<std::size_t>(s.m), N = static_cast<std::size_t>(s.n),
+                        K = static_cast<std::size_t>(s.k);
+      const auto& av = input(in, s.trans_a ? "at" : "a");
+      const auto& bv = input(in, s.trans_b ? "bt" : "b");
+      std::vector<float> c;
+      for (std::size_t bi = 0; bi < static_cast<std::size_t>(s.batch); ++bi) {
+        std::vector<float> at(K * M), b(K * N);
+        for (std::size_t k = 0; k < K; ++k) {
+          for (std::size_t i = 0; i < M; ++i)
+            at[k * M + i] = s.trans_a ? av[bi * K * M + k * M + i] : av[bi * M * K + i * K + k];
+          for (std::size_t j = 0; j < N; ++j)
+            b[k * N + j] = s.trans_b ? bv[bi * N * K + j * K + k] : bv[bi * K * N + k * N + j];
+        }
+        auto cb =
+            mx ? matmul_reference(mx_roundtrip_columns(at, s.k, s.m, e5m2),
+                                  mx_roundtrip_columns(b, s.k, s.n, e5m2), s.m, s.n, s.k, false)
+               : matmul_reference(at, b, s.m, s.n, s.k, s.in == isa::DType::fp32);
+        c.insert(c.end(), cb.begin(), cb.end());
+      }
       const std::vector<float> none;
       const auto* bias = optional_input(in, "bias");
       const auto* res = optional_input(in, "residual");
-      epilogue_reference(c, bias ? *bias : none, res ? *res : none, s.epilogue, s.m, s.n);
+      epilogue_reference(c, bias ? *bias : none, res ? *res : none, s.epilogue, s.batch * s.m, s.n);
       if (s.out != isa::DType::fp32) num::round_array(*isa::format_of(s.out), c);
       return NamedData{{"c", std::move(c)}};
     };
     e.useful_flops = [](const Params& p) {
-      return 2.0 * static_cast<double>(p.i64("m")) * static_cast<double>(p.i64("n")) *
-             static_cast<double>(p.i64("k"));
+      return 2.0 * static_cast<double>(p.i64("batch")) * static_cast<double>(p.i64("m")) *
+             static_cast<double>(p.i64("n")) * static_cast<double>(p.i64("k"));
     };
     e.describe = [](const Params& p) {
       const std::string ep = p.text("epilogue");
-      return fmt::format("matmul {}x{}x{} {} -> {}{}", p.i64("m"), p.i64("n"), p.i64("k"),
-                         p.text("dtype"), p.text("out"), ep.empty() ? "" : " + " + ep);
+      const std::int64_t nb = p.i64("batch");
+      return fmt::format("matmul {}{}x{}x{} {}{}{} -> {}{}", nb > 1 ? fmt::format("{} x ", nb) : "",
+                         p.i64("m"), p.i64("n"), p.i64("k"), p.text("dtype"),
+                         p.flag("trans_a") ? "" : " (A [M, K])", p.flag("trans_b") ? " (B^T)" : "",
+                         p.text("out"), ep.empty() ? "" : " + " + ep);
     };
     r.push_back(std::move(e));
   }

@@ -237,3 +237,18 @@ def test_cast_to_bf16_and_amax_match_torch():
     xt = torch.tensor(x)
     assert np.array_equal(sim.read("y").reshape(rows, cols), (xt * 0.5).to(torch.bfloat16).float().numpy())
     assert sim.read("amax").max() == xt.abs().max().item()
+
+
+@pytest.mark.parametrize("trans_a,trans_b", [(True, False), (False, False), (True, True), (False, True)])
+def test_batched_matmul_layouts_match_torch_bmm(trans_a, trans_b):
+    nb, m, n, k = 3, 130, 200, 260
+    a = rng_normal((nb, m, k), 70, "bf16")
+    b = rng_normal((nb, k, n), 71, "bf16")
+    inputs = {
+        "at" if trans_a else "a": (a.transpose(0, 2, 1) if trans_a else a).reshape(-1),
+        "bt" if trans_b else "b": (b.transpose(0, 2, 1) if trans_b else b).reshape(-1),
+    }
+    sim, _ = run("trn3", "matmul", inputs, m=m, n=n, k=k, batch=nb, trans_a=trans_a, trans_b=trans_b, cores=2)
+    want = torch.bmm(torch.tensor(a, dtype=torch.float64), torch.tensor(b, dtype=torch.float64))
+    # bf16 products are exact in FP32; the FP32 accumulation of K terms.
+    close(sim.read("c").reshape(nb, m, n), want, "fp32", scale=np.abs(want.numpy()).max() * 10)
