@@ -1,0 +1,155 @@
+// Embedding lookup (gather) and its backward (scatter-add), on indirect DMA:
+// the token ids select HBM rows directly, so neither kernel touches a
+// compute engine's datapath (the backward's zero fill aside).
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "kernel/builder.h"
+#include "kernel/detail.h"
+#include "kernel/kernels.h"
+#include "util/error.h"
+
+namespace tern::kernel {
+
+using isa::DType;
+using isa::Engine;
+using namespace detail;
+
+namespace {
+
+// Bytes per partition of one row transfer: rows of >= 4 KiB saturate a DMA
+// engine (hardware.md section 1), so wider rows are split into column
+// chunks of this size; it bounds the SBUF the kernels use too.
+constexpr std::int64_t kChunkBytes = 8192;
+// Tiles in flight per core (index tile + row buffer each): enough to cover
+// the ~2 us latency of an ids load -> gather -> store chain.
+constexpr int kBufs = 8;
+// The backward gives each core at least this many columns (unless D is
+// smaller), so a scatter row stays well above a few bytes.
+constexpr std::int64_t kMinCoreCols = 64;
+// One DMA queue per role. A queue completes in order and the builder's
+// semaphores count a queue's completions, so a transfer that waited on a
+// queue shared with unrelated traffic would also wait for that traffic;
+// giving the ids loads, data loads, gathers/scatters and stores their own
+// queues keeps each wait exactly on what it depends on.
+constexpr int kQueueIds = 0, kQueueLoad = 1, kQueueIndirect = 2, kQueueStore = 3;
+constexpr int kQueueZero0 = 4;  // the backward's zero fill rotates over the rest
+
+void check_embedding(const char* name, const EmbeddingSpec& s) {
+  if (s.tokens < 1 || s.vocab < 1 || s.dim < 1)
+    throw Error(fmt::format("{}: tokens {}, vocab {}, dim {} must all be >= 1", name, s.tokens,
+                            s.vocab, s.dim));
+  if (s.dtype != DType::fp32 && s.dtype != DType::bf16 && s.dtype != DType::fp16)
+    throw NotSupported(fmt::format("{} of {} (fp32, bf16, fp16 are)", name, isa::name(s.dtype)));
+  // Token ids are int32; rows and tokens are addressed with int.
+  constexpr std::int64_t kMax = (std::int64_t{1} << 31) - 1;
+  if (s.vocab > kMax || s.tokens > kMax)
+    throw NotSupported(fmt::format("{} with more than 2^31 - 1 tokens or vocabulary rows", name));
+}
+
+}  // namespace
+
+isa::Program embedding_kernel(const arch::ChipSpec& chip, const EmbeddingSpec& s) {
+  check_embedding("embedding", s);
+  Builder b(chip, s.cores);
+  const std::int64_t T = s.tokens, V = s.vocab, D = s.dim;
+  const Tensor ids = b.hbm("ids", {T, 1}, DType::int32, isa::TensorKind::input);
+  const Tensor table = b.hbm("table", {V, D}, s.dtype, isa::TensorKind::input);
+  const Tensor out = b.hbm("out", {T, D}, s.dtype, isa::TensorKind::output);
+  const int P = chip.sbuf_partitions;
+  const std::int64_t chunk = std::min(D, kChunkBytes / isa::size_bytes(s.dtype));
+  const std::int64_t tiles = ceil_div(T, P);
+  for (int core = 0; core < s.cores && core < tiles; ++core) {
+    b.set_core(core);
+    Tensor idx[kBufs], rows[kBufs];
+    for (int i = 0; i < kBufs; ++i) {
+      idx[i] = b.sbuf(P, 1, DType::int32);
+      rows[i] = b.sbuf(P, chunk, s.dtype);
+    }
+    // Three instruction streams, so that none waits behind another's
+    // dependency: Sync loads the ids, GpSimd triggers the gathers (NKI's
+    // software DGE runs there), Scalar the stores. The builder's semaphores
+    // order them through the buffers.
+    std::int64_t unit = 0, k = 0;
+    for (std::int64_t t = core; t < tiles; t += s.cores, ++k) {
+      const int r0 = static_cast<int>(t * P),
+                n = static_cast<int>(std::min<std::int64_t>(P, T - t * P));
+      const Tensor ix = idx[k % kBufs].tile(0, n, 0, 1);
+      b.dma_copy(ix, ids.tile(r0, n, 0, 1), kQueueIds);
+      for (std::int64_t c0 = 0; c0 < D; c0 += chunk, ++unit) {
+        const std::int64_t w = std::min(chunk, D - c0);
+        const Tensor g = rows[unit % kBufs].tile(0, n, 0, w);
+        b.dma_gather(g, table.tile(0, static_cast<int>(V), c0, w), ix, kQueueIndirect, false,
+                     Engine::gpsimd);
+        b.dma_copy(out.tile(r0, n, c0, w), g, kQueueStore, false, Engine::scalar);
+      }
+    }
+  }
+  return b.finish();
+}
+
+isa::Program embedding_backward_kernel(const arch::ChipSpec& chip, const EmbeddingSpec& s) {
+  check_embedding("embedding_backward", s);
+  Builder b(chip, s.cores);
+  const std::int64_t T = s.tokens, V = s.vocab, D = s.dim;
+  const Tensor ids = b.hbm("ids", {T, 1}, DType::int32, isa::TensorKind::input);
+  const Tensor dout = b.hbm("dout", {T, D}, s.dtype, isa::TensorKind::input);
+  const Tensor dtable = b.hbm("dtable", {V, D}, DType::fp32, isa::TensorKind::output);
+  const int P = chip.sbuf_partitions;
+  const int Vi = static_cast<int>(V);
+  // The columns are split over the cores: core c owns dtable[:, its
+  // columns], zeroes them and scatter-adds every token's slice of dout into
+  // them. No two cores touch the same bytes, so no cross-core ordering is
+  // needed and every token's row costs HBM traffic once. (Splitting the
+  // tokens instead would make cores race on rows that share an id.)
+  const std::int64_t per = std::max(ceil_div(D, s.cores), std::min(D, kMinCoreCols));
+  const std::int64_t chunk = kChunkBytes / 4;  // FP32 zero rows; dout chunks alike
+  const std::int64_t tiles = ceil_div(T, P);
+  for (int core = 0; core < s.cores && core * per < D; ++core) {
+    b.set_core(core);
+    const std::int64_t c_lo = core * per, c_hi = std::min(D, c_lo + per);
+    const std::int64_t zc = std::min(chunk, c_hi - c_lo);
+    const Tensor zero = b.sbuf(P, zc, DType::fp32);
+    b.memset(zero, 0.0f, Engine::gpsimd);
+    const int zero_queues = chip.dma.queues_per_engine - kQueueZero0;
+    int zq = 0;
+    for (std::int64_t v0 = 0; v0 < V; v0 += P) {
+      const int nv = static_cast<int>(std::min<std::int64_t>(P, V - v0));
+      for (std::int64_t c0 = c_lo; c0 < c_hi; c0 += zc, zq = (zq + 1) % zero_queues) {
+        const std::int64_t w = std::min(zc, c_hi - c0);
+        b.dma_copy(dtable.tile(static_cast<int>(v0), nv, c0, w), zero.tile(0, nv, 0, w),
+                   kQueueZero0 + zq);
+      }
+    }
+    Tensor idx[kBufs], rows[kBufs];
+    for (int i = 0; i < kBufs; ++i) {
+      idx[i] = b.sbuf(P, 1, DType::int32);
+      rows[i] = b.sbuf(P, zc, s.dtype);
+    }
+    // Every scatter writes (and reads) the core's whole dtable view as far
+    // as the builder knows (the rows are data), so each one waits for the
+    // previous one to complete: duplicate ids across tiles add in token
+    // order, and within a tile the DMA adds rows in partition order (token
+    // order again). The loads run ahead on Sync while the scatters, issued
+    // from GpSimd, form one chain.
+    std::int64_t unit = 0;
+    for (std::int64_t t = 0; t < tiles; ++t) {
+      const int r0 = static_cast<int>(t * P),
+                n = static_cast<int>(std::min<std::int64_t>(P, T - t * P));
+      const Tensor ix = idx[t % kBufs].tile(0, n, 0, 1);
+      b.dma_copy(ix, ids.tile(r0, n, 0, 1), kQueueIds);
+      for (std::int64_t c0 = c_lo; c0 < c_hi; c0 += zc, ++unit) {
+        const std::int64_t w = std::min(zc, c_hi - c0);
+        const Tensor g = rows[unit % kBufs].tile(0, n, 0, w);
+        b.dma_copy(g, dout.tile(r0, n, c0, w), kQueueLoad);
+        b.dma_scatter(dtable.tile(0, Vi, c0, w), g, ix, kQueueIndirect, true, Engine::gpsimd);
+      }
+    }
+  }
+  return b.finish();
+}
+
+}  // namespace tern::kernel
