@@ -246,6 +246,11 @@ float apply_act(ActFunc f, float x) {
   return x;
 }
 
+std::int64_t indirect_hbm_bytes(const Instruction& in) {
+  const AccessPattern& h = in.operands[in.op == Opcode::dma_gather ? 1 : 0];
+  return in.operands[2].elements() * h.free_size() * size_bytes(h.dtype);
+}
+
 std::string to_string(const Instruction& in) {
   std::string s = fmt::format("{} {}", engine_name(in.engine), opcode_name(in.op));
   for (const auto& ap : in.operands) s += " (" + to_string(ap) + ")";

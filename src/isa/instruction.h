@@ -183,6 +183,10 @@ struct Instruction {
   bool operator==(const Instruction&) const = default;
 };
 
+// Bytes of HBM rows an indirect DMA selects: indices x the HBM view's row
+// (not the whole view; the SBUF side may hold another dtype).
+std::int64_t indirect_hbm_bytes(const Instruction& in);
+
 // One line: "<engine> <opcode> <operand>, <operand> key=value ... wait=s>=v signal=s @loc".
 std::string to_string(const Instruction& in);
 Instruction parse_instruction(const std::string& line);

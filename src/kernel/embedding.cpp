@@ -38,6 +38,47 @@ constexpr std::int64_t kMinCoreCols = 64;
 constexpr int kQueueIds = 0, kQueueLoad = 1, kQueueIndirect = 2, kQueueStore = 3;
 constexpr int kQueueZero0 = 4;  // the backward's zero fill rotates over the rest
 
+// Most 128-token tiles one scatter carries (index tile [P, K]).
+constexpr std::int64_t kMaxSlots = 16;
+
+// The HBM view of the row-major [rows, D] tensor `t` in which slot j of
+// partition p is row r0 + p * part_rows + j * slot_rows, columns
+// [c0, c0 + w): an SBUF-shaped [parts, slots * w] access.
+Tensor row_slots(const Tensor& t, std::int64_t r0, int parts, std::int64_t part_rows,
+                 std::int64_t slots, std::int64_t slot_rows, std::int64_t c0, std::int64_t w) {
+  const std::int64_t pitch = t.ap.dims[0].stride;  // elements per row
+  Tensor v = t;
+  v.ap.offset = t.ap.offset + (r0 * pitch + c0) * isa::size_bytes(t.ap.dtype);
+  v.ap.dims = {{part_rows * pitch, parts}, {slot_rows * pitch, slots}, {1, w}};
+  v.ap.partitions = parts;
+  return v;
+}
+
+// Tokens [t0, t0 + slots * P) (slot j = tokens t0 + j * P .. + P) or, for
+// the last partial tile, n < P tokens in one slot.
+struct Group {
+  std::int64_t t0;
+  int n;
+  std::int64_t slots;
+};
+// Tiles [lo, hi) of T tokens in groups of up to K full tiles.
+std::vector<Group> token_groups(std::int64_t T, int P, std::int64_t lo, std::int64_t hi,
+                                std::int64_t K) {
+  std::vector<Group> g;
+  const std::int64_t full = T / P;
+  for (std::int64_t t = lo; t < hi;) {
+    if (t >= full) {
+      g.push_back({t * P, static_cast<int>(T - t * P), 1});
+      ++t;
+      continue;
+    }
+    const std::int64_t k = std::min({K, hi - t, full - t});
+    g.push_back({t * P, P, k});
+    t += k;
+  }
+  return g;
+}
+
 void check_embedding(const char* name, const EmbeddingSpec& s) {
   if (s.tokens < 1 || s.vocab < 1 || s.dim < 1)
     throw Error(fmt::format("{}: tokens {}, vocab {}, dim {} must all be >= 1", name, s.tokens,
@@ -100,52 +141,68 @@ isa::Program embedding_backward_kernel(const arch::ChipSpec& chip, const Embeddi
   const Tensor dtable = b.hbm("dtable", {V, D}, DType::fp32, isa::TensorKind::output);
   const int P = chip.sbuf_partitions;
   const int Vi = static_cast<int>(V);
+  const std::int64_t esz = isa::size_bytes(s.dtype);
   // The columns are split over the cores: core c owns dtable[:, its
   // columns], zeroes them and scatter-adds every token's slice of dout into
   // them. No two cores touch the same bytes, so no cross-core ordering is
   // needed and every token's row costs HBM traffic once. (Splitting the
   // tokens instead would make cores race on rows that share an id.)
   const std::int64_t per = std::max(ceil_div(D, s.cores), std::min(D, kMinCoreCols));
-  const std::int64_t chunk = kChunkBytes / 4;  // FP32 zero rows; dout chunks alike
-  const std::int64_t tiles = ceil_div(T, P);
   for (int core = 0; core < s.cores && core * per < D; ++core) {
     b.set_core(core);
     const std::int64_t c_lo = core * per, c_hi = std::min(D, c_lo + per);
-    const std::int64_t zc = std::min(chunk, c_hi - c_lo);
-    const Tensor zero = b.sbuf(P, zc, DType::fp32);
+    // Column chunks of at most kChunkBytes of FP32 per row.
+    const std::int64_t zc = std::min(kChunkBytes / 4, c_hi - c_lo);
+    // Zero fill: kz table rows per partition per transfer (each partition's
+    // rows are consecutive), so that a transfer moves up to kChunkBytes per
+    // partition however narrow the core's columns are.
+    const std::int64_t kz =
+        std::max<std::int64_t>(1, std::min(ceil_div(V, P), kChunkBytes / (zc * 4)));
+    const Tensor zero = b.sbuf(P, kz * zc, DType::fp32);
     b.memset(zero, 0.0f, Engine::gpsimd);
     const int zero_queues = chip.dma.queues_per_engine - kQueueZero0;
     int zq = 0;
-    for (std::int64_t v0 = 0; v0 < V; v0 += P) {
-      const int nv = static_cast<int>(std::min<std::int64_t>(P, V - v0));
-      for (std::int64_t c0 = c_lo; c0 < c_hi; c0 += zc, zq = (zq + 1) % zero_queues) {
-        const std::int64_t w = std::min(zc, c_hi - c0);
-        b.dma_copy(dtable.tile(static_cast<int>(v0), nv, c0, w), zero.tile(0, nv, 0, w),
-                   kQueueZero0 + zq);
+    auto zero_rows = [&](const Tensor& view, std::int64_t elems_per_partition, int parts) {
+      b.dma_copy(view, zero.tile(0, parts, 0, elems_per_partition), kQueueZero0 + zq);
+      zq = (zq + 1) % zero_queues;
+    };
+    for (std::int64_t c0 = c_lo; c0 < c_hi; c0 += zc) {
+      const std::int64_t w = std::min(zc, c_hi - c0);
+      std::int64_t v0 = 0;
+      for (; v0 + P * kz <= V; v0 += P * kz)
+        zero_rows(row_slots(dtable, v0, P, kz, kz, 1, c0, w), kz * w, P);
+      for (; v0 < V; v0 += P) {  // the rest, one row per partition
+        const int nv = static_cast<int>(std::min<std::int64_t>(P, V - v0));
+        zero_rows(dtable.tile(static_cast<int>(v0), nv, c0, w), w, nv);
       }
     }
+    // Scatters of K 128-token tiles at once: index tile [P, K] (column j =
+    // tile j), data [P, K * w] with slot j of partition p = token
+    // t0 + j * P + p, so that the scatter's slot-by-slot, partition-order
+    // accumulation is token order.
+    const std::int64_t K = std::clamp<std::int64_t>(kChunkBytes / (zc * esz), 1, kMaxSlots);
     Tensor idx[kBufs], rows[kBufs];
     for (int i = 0; i < kBufs; ++i) {
-      idx[i] = b.sbuf(P, 1, DType::int32);
-      rows[i] = b.sbuf(P, zc, s.dtype);
+      idx[i] = b.sbuf(P, K, DType::int32);
+      rows[i] = b.sbuf(P, K * zc, s.dtype);
     }
     // Every scatter writes (and reads) the core's whole dtable view as far
     // as the builder knows (the rows are data), so each one waits for the
-    // previous one to complete: duplicate ids across tiles add in token
-    // order, and within a tile the DMA adds rows in partition order (token
-    // order again). The loads run ahead on Sync while the scatters, issued
-    // from GpSimd, form one chain.
-    std::int64_t unit = 0;
-    for (std::int64_t t = 0; t < tiles; ++t) {
-      const int r0 = static_cast<int>(t * P),
-                n = static_cast<int>(std::min<std::int64_t>(P, T - t * P));
-      const Tensor ix = idx[t % kBufs].tile(0, n, 0, 1);
-      b.dma_copy(ix, ids.tile(r0, n, 0, 1), kQueueIds);
+    // previous one to complete: duplicate ids in different scatters add in
+    // token order. The loads run ahead on Sync while the scatters, issued
+    // from GpSimd, form one chain; grouping K tiles per scatter shortens it.
+    std::int64_t unit = 0, gi = 0;
+    for (const Group& g : token_groups(T, P, 0, ceil_div(T, P), K)) {
+      const Tensor& ixg = idx[gi++ % kBufs];
+      for (std::int64_t j = 0; j < g.slots; ++j)
+        b.dma_copy(ixg.tile(0, g.n, j, 1), ids.tile(static_cast<int>(g.t0 + j * P), g.n, 0, 1),
+                   kQueueIds);
+      const Tensor ix = ixg.tile(0, g.n, 0, g.slots);
       for (std::int64_t c0 = c_lo; c0 < c_hi; c0 += zc, ++unit) {
         const std::int64_t w = std::min(zc, c_hi - c0);
-        const Tensor g = rows[unit % kBufs].tile(0, n, 0, w);
-        b.dma_copy(g, dout.tile(r0, n, c0, w), kQueueLoad);
-        b.dma_scatter(dtable.tile(0, Vi, c0, w), g, ix, kQueueIndirect, true, Engine::gpsimd);
+        const Tensor data = rows[unit % kBufs].tile(0, g.n, 0, g.slots * w);
+        b.dma_copy(data, row_slots(dout, g.t0, g.n, 1, g.slots, P, c0, w), kQueueLoad);
+        b.dma_scatter(dtable.tile(0, Vi, c0, w), data, ix, kQueueIndirect, true, Engine::gpsimd);
       }
     }
   }

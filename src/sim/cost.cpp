@@ -190,12 +190,12 @@ double DmaModel::transfer(int core, const isa::Instruction& in, double issue) {
   const auto& src = in.operands[1];
   // Rows are the SBUF side's partitions (HBM -> HBM: the source rows).
   const auto& side = dst.mem != Mem::hbm ? dst : src;
-  // An indirect transfer moves one row per index (the SBUF side), not its
-  // whole HBM view; each row is one descriptor like any DMA row, and the
-  // descriptors are generated from the indices at run time (DGE) before the
-  // first row moves.
+  // An indirect transfer moves one row per index, not its whole HBM view;
+  // each row is one descriptor like any DMA row, and the descriptors are
+  // generated from the indices at run time (DGE) before the first row moves.
   const bool indirect = isa::is_indirect_dma(in.op);
-  const std::int64_t bytes = indirect ? side.bytes() : std::max(dst.bytes(), src.bytes());
+  const std::int64_t bytes = indirect ? std::max(side.bytes(), isa::indirect_hbm_bytes(in))
+                                      : std::max(dst.bytes(), src.bytes());
   // Issues arrive in time order: the calendar's horizon is the issue time,
   // not the later moment an indirect transfer's rows can start.
   horizon_ = std::max(horizon_, issue);

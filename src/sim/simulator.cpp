@@ -1067,9 +1067,9 @@ RunStats Simulator::run(const Options& opt) {
       if (isa::is_indirect_dma(in.op)) {
         // The rows the indices select, not the whole HBM view (the index
         // tile is SBUF); an accumulating scatter reads and writes them.
-        const std::int64_t moved = in.operands[in.op == Opcode::dma_gather ? 0 : 1].bytes();
-        st.dma_bytes += moved;
-        st.hbm_bytes += moved * (in.op == Opcode::dma_scatter && in.accumulate ? 2 : 1);
+        const std::int64_t rows = isa::indirect_hbm_bytes(in);
+        st.dma_bytes += in.op == Opcode::dma_gather ? in.operands[0].bytes() : rows;
+        st.hbm_bytes += rows * (in.op == Opcode::dma_scatter && in.accumulate ? 2 : 1);
       } else {
         st.dma_bytes += in.operands[0].bytes();
         for (const auto& ap : in.operands)

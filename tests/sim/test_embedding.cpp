@@ -396,5 +396,27 @@ TEST(IndirectDma, GatherTime) {
   EXPECT_EQ(st.hbm_bytes, 128 * 1024);
 }
 
+// A scatter-add of bf16 rows into an fp32 table: the HBM traffic is the
+// selected fp32 rows, read and written (read-modify-write), not the view
+// and not the bf16 source's size.
+TEST(IndirectDma, ScatterAddTraffic) {
+  const auto& ch = chip("trn3");
+  isa::Program p = testing_helpers::program(ch);
+  auto in = testing_helpers::ins(Engine::sync, Opcode::dma_scatter,
+                                 {testing_helpers::hbm(0, 1000, 64, DType::fp32),
+                                  testing_helpers::sbuf(0, 128, 0, 128, DType::bf16),
+                                  testing_helpers::sbuf(0, 128, 4096, 2, DType::int32)});
+  in.accumulate = true;
+  testing_helpers::add(p, in);
+  sim::Simulator s(ch);
+  s.load(p);
+  sim::Options o;
+  o.mode = sim::Mode::timing;
+  const auto st = s.run(o);
+  EXPECT_EQ(st.dma_bytes, 128 * 2 * 64 * 4);
+  EXPECT_EQ(st.hbm_bytes, 2 * 128 * 2 * 64 * 4);
+  EXPECT_EQ(st.dma_transfers, 1);
+}
+
 }  // namespace
 }  // namespace tern
