@@ -25,7 +25,8 @@ namespace {
 // chunks of this size; it bounds the SBUF the kernels use too.
 constexpr std::int64_t kChunkBytes = 8192;
 // Tiles in flight per core (index tile + row buffer each): enough to cover
-// the ~2 us latency of an ids load -> gather -> store chain.
+// the ~5 us latency of an ids load -> gather -> store chain (three fixed DMA
+// latencies and the gather's descriptor generation) on trn3.
 constexpr int kBufs = 8;
 // The backward gives each core at least this many columns (unless D is
 // smaller), so a scatter row stays well above a few bytes.
@@ -79,7 +80,10 @@ std::vector<Group> token_groups(std::int64_t T, int P, std::int64_t lo, std::int
   return g;
 }
 
-void check_embedding(const char* name, const EmbeddingSpec& s) {
+void check_embedding(const arch::ChipSpec& chip, const char* name, const EmbeddingSpec& s) {
+  if (chip.dma.queues_per_engine <= kQueueZero0)
+    throw NotSupported(fmt::format("{} on a chip with {} DMA queues (it uses {} or more)", name,
+                                   chip.dma.queues_per_engine, kQueueZero0 + 1));
   if (s.tokens < 1 || s.vocab < 1 || s.dim < 1)
     throw Error(fmt::format("{}: tokens {}, vocab {}, dim {} must all be >= 1", name, s.tokens,
                             s.vocab, s.dim));
@@ -94,7 +98,7 @@ void check_embedding(const char* name, const EmbeddingSpec& s) {
 }  // namespace
 
 isa::Program embedding_kernel(const arch::ChipSpec& chip, const EmbeddingSpec& s) {
-  check_embedding("embedding", s);
+  check_embedding(chip, "embedding", s);
   Builder b(chip, s.cores);
   const std::int64_t T = s.tokens, V = s.vocab, D = s.dim;
   const Tensor ids = b.hbm("ids", {T, 1}, DType::int32, isa::TensorKind::input);
@@ -133,7 +137,7 @@ isa::Program embedding_kernel(const arch::ChipSpec& chip, const EmbeddingSpec& s
 }
 
 isa::Program embedding_backward_kernel(const arch::ChipSpec& chip, const EmbeddingSpec& s) {
-  check_embedding("embedding_backward", s);
+  check_embedding(chip, "embedding_backward", s);
   Builder b(chip, s.cores);
   const std::int64_t T = s.tokens, V = s.vocab, D = s.dim;
   const Tensor ids = b.hbm("ids", {T, 1}, DType::int32, isa::TensorKind::input);
