@@ -56,7 +56,8 @@ enum class Opcode : std::uint8_t {
   // tile idx [P, K] (int32 or uint32, SBUF). The HBM operand is a [rows, F]
   // view whose row dim the indices select; the SBUF operand is [P, K * F]:
   // K slots of F elements, slot k of partition p <-> row idx[p, k]. Rows
-  // move slot by slot, in partition order within a slot (docs/sim.md).
+  // move in the index tile's element order: partition by partition, slot by
+  // slot within a partition (docs/sim.md).
   dma_gather,   // DMA: dst_sbuf[p, slot k] (+)= src_hbm[idx[p, k], :]
   dma_scatter,  // DMA: dst_hbm[idx[p, k], :] (+)= src_sbuf[p, slot k]
   count_,

@@ -39,8 +39,8 @@ constexpr std::int64_t kMinCoreCols = 64;
 constexpr int kQueueIds = 0, kQueueLoad = 1, kQueueIndirect = 2, kQueueStore = 3;
 constexpr int kQueueZero0 = 4;  // the backward's zero fill rotates over the rest
 
-// Most 128-token tiles one scatter carries (index tile [P, K]).
-constexpr std::int64_t kMaxSlots = 16;
+// Most tokens per partition one scatter carries (index tile [P, K]).
+constexpr std::int64_t kMaxSlots = 64;
 
 // The HBM view of the row-major [rows, D] tensor `t` in which slot j of
 // partition p is row r0 + p * part_rows + j * slot_rows, columns
@@ -55,28 +55,25 @@ Tensor row_slots(const Tensor& t, std::int64_t r0, int parts, std::int64_t part_
   return v;
 }
 
-// Tokens [t0, t0 + slots * P) (slot j = tokens t0 + j * P .. + P) or, for
-// the last partial tile, n < P tokens in one slot.
+// Tokens [t0, t0 + n * slots): partition p holds tokens t0 + p * slots ..
+// t0 + p * slots + slots - 1 (consecutive, so its ids and dout rows are
+// contiguous, and the index tile's element order is token order).
 struct Group {
   std::int64_t t0;
   int n;
   std::int64_t slots;
 };
-// Tiles [lo, hi) of T tokens in groups of up to K full tiles.
-std::vector<Group> token_groups(std::int64_t T, int P, std::int64_t lo, std::int64_t hi,
-                                std::int64_t K) {
+// T tokens in groups of P x K, then one group of P x K' (K' < K) and the
+// last T mod P tokens one per partition.
+std::vector<Group> token_groups(std::int64_t T, int P, std::int64_t K) {
   std::vector<Group> g;
-  const std::int64_t full = T / P;
-  for (std::int64_t t = lo; t < hi;) {
-    if (t >= full) {
-      g.push_back({t * P, static_cast<int>(T - t * P), 1});
-      ++t;
-      continue;
-    }
-    const std::int64_t k = std::min({K, hi - t, full - t});
-    g.push_back({t * P, P, k});
-    t += k;
+  std::int64_t t = 0;
+  for (; t + P * K <= T; t += P * K) g.push_back({t, P, K});
+  if (const std::int64_t k = (T - t) / P; k > 0) {
+    g.push_back({t, P, k});
+    t += P * k;
   }
+  if (t < T) g.push_back({t, static_cast<int>(T - t), 1});
   return g;
 }
 
@@ -162,7 +159,45 @@ isa::Program embedding_backward_kernel(const arch::ChipSpec& chip, const Embeddi
     // partition however narrow the core's columns are.
     const std::int64_t kz =
         std::max<std::int64_t>(1, std::min(ceil_div(V, P), kChunkBytes / (zc * 4)));
+    // Scatters of up to 128 x K tokens at once: index tile [P, K] and data
+    // [P, K * w], partition p holding K consecutive tokens (Group), so that
+    // the scatter's accumulation order (the index tile's element order) is
+    // token order, and each partition's ids and dout rows load contiguously.
+    const std::int64_t K = std::clamp<std::int64_t>(kChunkBytes / (zc * esz), 1, kMaxSlots);
+    Tensor idx[kBufs], rows[kBufs];
+    for (int i = 0; i < kBufs; ++i) {
+      idx[i] = b.sbuf(P, K, DType::int32);
+      rows[i] = b.sbuf(P, K * zc, s.dtype);
+    }
     const Tensor zero = b.sbuf(P, kz * zc, DType::fp32);
+    // One scatter per (token group, column chunk).
+    struct Unit {
+      Group g;
+      std::int64_t gi, c0, w;
+    };
+    std::vector<Unit> units;
+    std::int64_t gi = 0;
+    for (const Group& g : token_groups(T, P, K)) {
+      for (std::int64_t c0 = c_lo; c0 < c_hi; c0 += zc)
+        units.push_back({g, gi, c0, std::min(zc, c_hi - c0)});
+      ++gi;
+    }
+    auto index_tile = [&](const Unit& u) { return idx[u.gi % kBufs].tile(0, u.g.n, 0, u.g.slots); };
+    auto data_tile = [&](std::size_t i) {
+      return rows[i % kBufs].tile(0, units[i].g.n, 0, units[i].g.slots * units[i].w);
+    };
+    auto load = [&](std::size_t i) {
+      const Unit& u = units[i];
+      if (u.c0 == c_lo)
+        b.dma_copy(index_tile(u), row_slots(ids, u.g.t0, u.g.n, u.g.slots, u.g.slots, 1, 0, 1),
+                   kQueueIds);
+      b.dma_copy(data_tile(i), row_slots(dout, u.g.t0, u.g.n, u.g.slots, u.g.slots, 1, u.c0, u.w),
+                 kQueueLoad);
+    };
+    // The first unit's loads go ahead of the zero fill on the DMA engines
+    // (which serve transfers in issue order), so that the first scatter can
+    // start as soon as the fill is done.
+    load(0);
     b.memset(zero, 0.0f, Engine::gpsimd);
     const int zero_queues = chip.dma.queues_per_engine - kQueueZero0;
     int zq = 0;
@@ -180,34 +215,16 @@ isa::Program embedding_backward_kernel(const arch::ChipSpec& chip, const Embeddi
         zero_rows(dtable.tile(static_cast<int>(v0), nv, c0, w), w, nv);
       }
     }
-    // Scatters of K 128-token tiles at once: index tile [P, K] (column j =
-    // tile j), data [P, K * w] with slot j of partition p = token
-    // t0 + j * P + p, so that the scatter's slot-by-slot, partition-order
-    // accumulation is token order.
-    const std::int64_t K = std::clamp<std::int64_t>(kChunkBytes / (zc * esz), 1, kMaxSlots);
-    Tensor idx[kBufs], rows[kBufs];
-    for (int i = 0; i < kBufs; ++i) {
-      idx[i] = b.sbuf(P, K, DType::int32);
-      rows[i] = b.sbuf(P, K * zc, s.dtype);
-    }
     // Every scatter writes (and reads) the core's whole dtable view as far
     // as the builder knows (the rows are data), so each one waits for the
-    // previous one to complete: duplicate ids in different scatters add in
-    // token order. The loads run ahead on Sync while the scatters, issued
-    // from GpSimd, form one chain; grouping K tiles per scatter shortens it.
-    std::int64_t unit = 0, gi = 0;
-    for (const Group& g : token_groups(T, P, 0, ceil_div(T, P), K)) {
-      const Tensor& ixg = idx[gi++ % kBufs];
-      for (std::int64_t j = 0; j < g.slots; ++j)
-        b.dma_copy(ixg.tile(0, g.n, j, 1), ids.tile(static_cast<int>(g.t0 + j * P), g.n, 0, 1),
-                   kQueueIds);
-      const Tensor ix = ixg.tile(0, g.n, 0, g.slots);
-      for (std::int64_t c0 = c_lo; c0 < c_hi; c0 += zc, ++unit) {
-        const std::int64_t w = std::min(zc, c_hi - c0);
-        const Tensor data = rows[unit % kBufs].tile(0, g.n, 0, g.slots * w);
-        b.dma_copy(data, row_slots(dout, g.t0, g.n, 1, g.slots, P, c0, w), kQueueLoad);
-        b.dma_scatter(dtable.tile(0, Vi, c0, w), data, ix, kQueueIndirect, true, Engine::gpsimd);
-      }
+    // zero fill and for the previous scatter to complete: duplicate ids in
+    // different scatters add in token order. The loads run ahead on Sync
+    // while the scatters, issued from GpSimd, form one chain; K tokens per
+    // partition shorten it.
+    for (std::size_t i = 0; i < units.size(); ++i) {
+      if (i > 0) load(i);
+      b.dma_scatter(dtable.tile(0, Vi, units[i].c0, units[i].w), data_tile(i), index_tile(units[i]),
+                    kQueueIndirect, true, Engine::gpsimd);
     }
   }
   return b.finish();

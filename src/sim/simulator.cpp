@@ -736,13 +736,14 @@ struct Simulator::Impl {
 
   // dma_gather / dma_scatter. The index tile is [P, K]; the SBUF operand's
   // free elements form K slots of F (the HBM view's row length): slot k of
-  // partition p <-> HBM row idx[p, k]. Rows move one after the other, slot
-  // by slot and within a slot in partition order (with a [P, K] tile of K
-  // consecutive 128-token tiles, token order), so duplicate indices of an
-  // accumulating scatter add up in that order, deterministically (as NKI's
-  // compiler serializes duplicate offsets). Every index is checked before
-  // any row moves: an out-of-range one stops the run (oob=error) or skips
-  // its row (oob=skip). Accumulation is in FP32 with one rounding per row.
+  // partition p <-> HBM row idx[p, k]. Rows move one after the other in the
+  // index tile's element order, partition by partition and slot by slot
+  // within a partition (a kernel that puts consecutive tokens there gets
+  // token order), so duplicate indices of an accumulating scatter add up in
+  // that order, deterministically (as NKI's compiler serializes duplicate
+  // offsets). Every index is checked before any row moves: an out-of-range
+  // one stops the run (oob=error) or skips its row (oob=skip). Accumulation
+  // is in FP32 with one rounding per row.
   void indirect_dma(int core, const Instruction& in) {
     const bool gather = in.op == Opcode::dma_gather;
     const AccessPattern& hbm = gather ? in.operands[1] : in.operands[0];
@@ -772,9 +773,9 @@ struct Simulator::Impl {
     co.rounding = opt.stochastic_rounding ? num::Rounding::stochastic : num::Rounding::nearest_even;
     co.seed = opt.seed;
     std::vector<float> v(F), old(F);
-    for (std::size_t k = 0; k < K; ++k) {
-      const std::span<const std::int64_t> slot(soffs.data() + k * F, F);
-      for (int p = 0; p < P; ++p) {
+    for (int p = 0; p < P; ++p) {
+      for (std::size_t k = 0; k < K; ++k) {
+        const std::span<const std::int64_t> slot(soffs.data() + k * F, F);
         const std::int64_t i = idx[static_cast<std::size_t>(p) * K + k];
         if (i < 0 || i >= rows) continue;  // oob=skip
         auto [hb, hw] = row(core, hbm, static_cast<int>(i));
@@ -799,9 +800,8 @@ struct Simulator::Impl {
             decode_row(dt, db, doff, old.data());
             for (std::size_t e = 0; e < F; ++e) v[e] += old[e];
           }
-          encode_row(
-              dt, v.data(), doff, db, co,
-              (serial << 24) + (k * static_cast<std::size_t>(P) + static_cast<std::size_t>(p)) * F);
+          encode_row(dt, v.data(), doff, db, co,
+                     (serial << 24) + (static_cast<std::size_t>(p) * K + k) * F);
         }
         if (dw)
           for (std::size_t e = 0; e < F; ++e)

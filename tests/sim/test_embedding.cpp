@@ -204,8 +204,8 @@ TEST(IndirectDma, GatherSlotsAndSkip) {
 }
 
 // A raw scatter-add with duplicates inside one transfer: FP32 additions in
-// slot order, partition order within a slot, onto the existing rows; bf16
-// sources cast exactly.
+// the index tile's element order (partition by partition, slot by slot),
+// onto the existing rows.
 TEST(IndirectDma, ScatterAccumulateOrder) {
   const auto& ch = chip("trn3");
   kernel::Builder b(ch);
@@ -220,13 +220,14 @@ TEST(IndirectDma, ScatterAccumulateOrder) {
   b.dma_copy(src, srch);
   b.dma_copy(ix, idxh);
   b.dma_scatter(dst, src, ix, -1, /*accumulate=*/true);
-  // Row 0 gets, in order: slot 0 of partitions 0 and 1 (1e8, then 1), then
-  // slot 1 of partition 0 (-1e8): ((1 + 1e8) + 1) - 1e8 = 0 in FP32 (the 1s
-  // vanish); any other order would give 1 or 2. Row 2 gets 5.
+  // Row 0 (initially 1) gets, in order: partition 0's slots 0 and 1 (1e8,
+  // then -1e8), then partition 1's slot 0 (1): ((1 + 1e8) - 1e8) + 1 = 1 in
+  // FP32 (the first 1 vanishes into 1e8); slot-major order would give
+  // ((1 + 1e8) + 1) - 1e8 = 0, and either order reversed 0. Row 2 gets 5.
   const std::vector<float> sv = {1e8f, -1e8f, 1.0f, 5.0f};
   const std::vector<float> iv = {0, 0, 0, 2};
   auto s = run_kernel(ch, b.finish(), {{"src", &sv}, {"idx", &iv}});
-  const std::vector<float> want = {0.0f, 1.0f, 6.0f};
+  const std::vector<float> want = {1.0f, 1.0f, 6.0f};
   EXPECT_EQ(mismatches(s->read("dst"), want, "dst"), 0u);
 }
 
