@@ -75,8 +75,9 @@ class Builder {
                   std::source_location loc = std::source_location::current());
   // table[index[p, k], :] = src[p, slot k] (accumulate: +=, in FP32,
   // duplicate indices adding up in the index tile's element order:
-  // partition by partition, slot by slot within a partition). The rows are data, so the whole table view counts as written
-  // (and read): scatters into one view are ordered one after another.
+  // partition by partition, slot by slot within a partition). The rows are
+  // data, so the whole table view counts as written (and read): scatters
+  // into one view are ordered one after another.
   void dma_scatter(const Tensor& table, const Tensor& src, const Tensor& index, int queue = -1,
                    bool accumulate = false, isa::Engine engine = isa::Engine::sync,
                    std::source_location loc = std::source_location::current());
