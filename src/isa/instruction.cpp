@@ -31,7 +31,8 @@ constexpr std::array<std::string_view, static_cast<std::size_t>(Opcode::count_)>
     "tensor_scalar", "tensor_copy",     "tensor_reduce",   "memset",        "activation",
     "iota",          "quantize_mx",     "reciprocal",      "bn_stats",      "bn_aggr",
     "select",        "copy_predicated", "exponential",     "affine_select", "partition_reduce",
-    "dma_transpose", "reg_set",         "reg_alu",         "branch"};
+    "dma_transpose", "reg_set",         "reg_alu",         "branch",        "dma_gather",
+    "dma_scatter"};
 constexpr std::array<std::string_view, static_cast<std::size_t>(AluOp::count_)> kAluNames = {
     "bypass",  "add",         "subtract",   "multiply",    "divide",     "max",        "min",
     "abs_max", "pow",         "is_equal",   "not_equal",   "is_gt",      "is_ge",      "is_lt",
@@ -245,6 +246,11 @@ float apply_act(ActFunc f, float x) {
   return x;
 }
 
+std::int64_t indirect_hbm_bytes(const Instruction& in) {
+  const AccessPattern& h = in.operands[in.op == Opcode::dma_gather ? 1 : 0];
+  return in.operands[2].elements() * h.free_size() * size_bytes(h.dtype);
+}
+
 std::string to_string(const Instruction& in) {
   std::string s = fmt::format("{} {}", engine_name(in.engine), opcode_name(in.op));
   for (const auto& ap : in.operands) s += " (" + to_string(ap) + ")";
@@ -261,6 +267,7 @@ std::string to_string(const Instruction& in) {
   if (in.negate) s += " negate=1";
   if (in.col0) s += " col0=1";
   if (in.col1) s += " col1=1";
+  if (in.oob_skip) s += " oob=skip";
   if (in.queue != def.queue) s += fmt::format(" queue={}", in.queue);
   if (in.priority != def.priority) s += fmt::format(" priority={}", in.priority);
   if (in.perf == isa::PerfMode::double_row) s += " perf=double_row";
@@ -338,7 +345,11 @@ Instruction parse_instruction(const std::string& line) {
       in.col0 = integer() != 0;
     else if (key == "col1")
       in.col1 = integer() != 0;
-    else if (key == "queue")
+    else if (key == "oob") {
+      if (val != "skip" && val != "error")
+        throw Error(fmt::format("oob '{}': expected error or skip in '{}'", val, line));
+      in.oob_skip = val == "skip";
+    } else if (key == "queue")
       in.queue = integer();
     else if (key == "perf") {
       if (val != "double_row" && val != "none")

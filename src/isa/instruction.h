@@ -51,10 +51,27 @@ enum class Opcode : std::uint8_t {
   reg_set,  // r[rd] = imm0
   reg_alu,  // r[rd] = r[ra] op0 (rb >= 0 ? r[rb] : imm0)
   branch,   // if (ra < 0 || r[ra] op0 imm0) jump to instruction `target` of this stream
+  // Indirect (descriptor-generated) DMA, nki.isa.dma_copy with an indirect
+  // access pattern. Operands: the destination, the source, then the index
+  // tile idx [P, K] (int32 or uint32, SBUF). The HBM operand is a [rows, F]
+  // view whose row dim the indices select; the SBUF operand is [P, K * F]:
+  // K slots of F elements, slot k of partition p <-> row idx[p, k]. Rows
+  // move in the index tile's element order: partition by partition, slot by
+  // slot within a partition (docs/sim.md).
+  dma_gather,   // DMA: dst_sbuf[p, slot k] (+)= src_hbm[idx[p, k], :]
+  dma_scatter,  // DMA: dst_hbm[idx[p, k], :] (+)= src_sbuf[p, slot k]
   count_,
 };
 std::string_view opcode_name(Opcode op);
 Opcode parse_opcode(std::string_view s);
+// Indirect DMA: dma_gather / dma_scatter (operand 2 is the index tile).
+constexpr bool is_indirect_dma(Opcode op) {
+  return op == Opcode::dma_gather || op == Opcode::dma_scatter;
+}
+// Instructions that run on a DMA queue (triggered from an engine's stream).
+constexpr bool is_dma(Opcode op) {
+  return op == Opcode::dma_copy || op == Opcode::dma_transpose || is_indirect_dma(op);
+}
 
 enum class AluOp : std::uint8_t {
   bypass,
@@ -152,6 +169,9 @@ struct Instruction {
   // tensor_scalar: operand 0 / 1 is a per-partition FP32 column [P, 1] (the
   // next operand after the source, in order) instead of imm0 / imm1.
   bool col0 = false, col1 = false;
+  // dma_gather / dma_scatter: an index outside the HBM view's rows skips
+  // its row (NKI oob_mode.skip) instead of stopping the run (oob_mode.error).
+  bool oob_skip = false;
   int queue = 0;                   // dma_copy: DMA queue id
   int priority = 0;                // dma_copy: priority class (v4)
   PerfMode perf = PerfMode::none;  // load_stationary / multiply_moving
@@ -163,6 +183,10 @@ struct Instruction {
 
   bool operator==(const Instruction&) const = default;
 };
+
+// Bytes of HBM rows an indirect DMA selects: indices x the HBM view's row
+// (not the whole view; the SBUF side may hold another dtype).
+std::int64_t indirect_hbm_bytes(const Instruction& in);
 
 // One line: "<engine> <opcode> <operand>, <operand> key=value ... wait=s>=v signal=s @loc".
 std::string to_string(const Instruction& in);

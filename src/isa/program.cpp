@@ -72,9 +72,9 @@ Program parse_program_text(const std::string& text) {
       if (!header) {
         std::uint32_t v = 0;
         if (word != "tern-program" || !(ls >> v)) throw Error("expected 'tern-program <version>'");
-        if (v != kProgramVersion)
-          throw Error(
-              fmt::format("program format version {} (this tern reads {})", v, kProgramVersion));
+        if (v < kProgramMinVersion || v > kProgramVersion)
+          throw Error(fmt::format("program format version {} (this tern reads {} to {})", v,
+                                  kProgramMinVersion, kProgramVersion));
         header = true;
       } else if (word == "arch") {
         ls >> p.arch;
@@ -252,7 +252,7 @@ std::vector<std::uint8_t> to_binary(const Program& p) {
         w.u(static_cast<std::uint64_t>(in.func));
         w.f(in.scale);
         w.u((in.accumulate ? 1u : 0u) | (in.negate ? 2u : 0u) | (in.col0 ? 4u : 0u) |
-            (in.col1 ? 8u : 0u));
+            (in.col1 ? 8u : 0u) | (in.oob_skip ? 16u : 0u));
         w.i(in.queue);
         w.i(in.priority);
         w.u(static_cast<std::uint64_t>(in.perf));
@@ -286,9 +286,9 @@ Program parse_program_binary(const std::vector<std::uint8_t>& bytes) {
   }
   std::uint32_t version = 0;
   for (int k = 0; k < 4; ++k) version |= static_cast<std::uint32_t>(bytes[8 + k]) << (8 * k);
-  if (version != kProgramVersion) {
-    throw Error(
-        fmt::format("program file version {} (this tern reads {})", version, kProgramVersion));
+  if (version < kProgramMinVersion || version > kProgramVersion) {
+    throw Error(fmt::format("program file version {} (this tern reads {} to {})", version,
+                            kProgramMinVersion, kProgramVersion));
   }
   std::uint64_t sum = 0;
   for (int k = 0; k < 8; ++k) sum |= static_cast<std::uint64_t>(bytes[12 + k]) << (8 * k);
@@ -347,6 +347,7 @@ Program parse_program_binary(const std::vector<std::uint8_t>& bytes) {
         in.negate = flags & 2u;
         in.col0 = flags & 4u;
         in.col1 = flags & 8u;
+        in.oob_skip = flags & 16u;
         in.queue = static_cast<int>(r.i());
         in.priority = static_cast<int>(r.i());
         in.perf = r.e<PerfMode>(2, "performance mode");

@@ -47,7 +47,11 @@ struct Program {
   bool operator==(const Program&) const = default;
 };
 
-constexpr std::uint32_t kProgramVersion = 1;
+// Version 2 added dma_gather / dma_scatter and their oob flag (flags bit
+// 16); a version-1 file is a version-2 file without them, so both load.
+// Files are always written at kProgramVersion.
+constexpr std::uint32_t kProgramVersion = 2;
+constexpr std::uint32_t kProgramMinVersion = 1;
 
 std::string to_text(const Program& p);
 Program parse_program_text(const std::string& text);  // errors name the line

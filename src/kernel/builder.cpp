@@ -262,6 +262,11 @@ void Builder::emit(Instruction in, std::source_location loc) {
       read_dst = in.accumulate;
       break;
     case Opcode::dma_copy:
+    case Opcode::dma_gather:
+    case Opcode::dma_scatter:
+      // An accumulating DMA reads its destination. A scatter's destination
+      // is its whole HBM view (the rows are data): every later access of
+      // that view waits for it, and it for every earlier one.
       read_dst = in.accumulate;
       break;
     case Opcode::copy_predicated:
@@ -273,7 +278,7 @@ void Builder::emit(Instruction in, std::source_location loc) {
     default:
       break;
   }
-  const bool dma = in.op == Opcode::dma_copy || in.op == Opcode::dma_transpose;
+  const bool dma = isa::is_dma(in.op);
   const int producer = dma ? kQueueSem0 + in.queue : engine_sem(in.engine);
   if ((in.op == Opcode::activation || in.op == Opcode::exponential) && in.accumulate) {
     // The row sums (last operand) are written too: move them to the front.
@@ -300,6 +305,34 @@ void Builder::dma_copy(const Tensor& dst, const Tensor& src, int queue, bool acc
   }
   in.queue = queue;
   emit(std::move(in), loc);
+}
+
+void Builder::dma_gather(const Tensor& dst, const Tensor& table, const Tensor& index, int queue,
+                         bool oob_skip, Engine engine, std::source_location loc) {
+  Instruction in;
+  in.op = Opcode::dma_gather;
+  in.engine = engine;
+  in.operands = {dst.ap, table.ap, index.ap};  // the index tile is read like the table
+  in.oob_skip = oob_skip;
+  in.queue = queue < 0 ? take_queue() : queue;
+  emit(std::move(in), loc);
+}
+
+void Builder::dma_scatter(const Tensor& table, const Tensor& src, const Tensor& index, int queue,
+                          bool accumulate, Engine engine, std::source_location loc) {
+  Instruction in;
+  in.op = Opcode::dma_scatter;
+  in.engine = engine;
+  in.operands = {table.ap, src.ap, index.ap};
+  in.accumulate = accumulate;
+  in.queue = queue < 0 ? take_queue() : queue;
+  emit(std::move(in), loc);
+}
+
+int Builder::take_queue() {
+  const int q = next_queue_;
+  next_queue_ = (next_queue_ + 1) % chip_.dma.queues_per_engine;
+  return q;
 }
 
 namespace {

@@ -64,6 +64,23 @@ class Builder {
   void dma_copy(const Tensor& dst, const Tensor& src, int queue = -1, bool accumulate = false,
                 isa::Engine engine = isa::Engine::sync,
                 std::source_location loc = std::source_location::current());
+  // Indirect DMA (nki.isa.dma_copy with an indirect access pattern):
+  // dst[p, slot k] = table[index[p, k], :] for dst an SBUF [P, K * F] tile
+  // (K slots of F elements), table an HBM [rows, F] view and index an SBUF
+  // [P, K] int32/uint32 tile (K = 1: one row per partition). An index
+  // outside [0, rows) stops the run, or with oob_skip leaves its slot as it
+  // was. Dependencies: the index tile and the whole table view are read.
+  void dma_gather(const Tensor& dst, const Tensor& table, const Tensor& index, int queue = -1,
+                  bool oob_skip = false, isa::Engine engine = isa::Engine::sync,
+                  std::source_location loc = std::source_location::current());
+  // table[index[p, k], :] = src[p, slot k] (accumulate: +=, in FP32,
+  // duplicate indices adding up in the index tile's element order:
+  // partition by partition, slot by slot within a partition). The rows are
+  // data, so the whole table view counts as written (and read): scatters
+  // into one view are ordered one after another.
+  void dma_scatter(const Tensor& table, const Tensor& src, const Tensor& index, int queue = -1,
+                   bool accumulate = false, isa::Engine engine = isa::Engine::sync,
+                   std::source_location loc = std::source_location::current());
   // dst_psum[M, N] (+)= stationary[K, M]^T @ moving[K, N]: load_stationary + multiply_moving.
   // perf = double_row (FP8, v3+): stationary [K, 2M] and moving [K, 2N] hold
   // contraction rows [0, K) and [K, 2K) side by side (see isa::PerfMode).
@@ -167,6 +184,7 @@ class Builder {
                    const Tensor& moving, const Tensor* moving_scale, bool accumulate,
                    isa::PerfMode perf, std::source_location loc);
   void record(isa::Instruction& in, int producer, std::size_t first_read, bool read_dst);
+  int take_queue();  // the next DMA queue, round robin
 
   const arch::ChipSpec& chip_;
   isa::Program prog_;

@@ -264,4 +264,28 @@ isa::Program add_kernel(const arch::ChipSpec& chip, std::int64_t rows, std::int6
 isa::Program transpose_kernel(const arch::ChipSpec& chip, std::int64_t rows, std::int64_t cols,
                               isa::DType dt);
 
+// Embedding lookup and its backward, on indirect DMA (dma_gather /
+// dma_scatter). Token ids are int32; dtype fp32, bf16 or fp16; any
+// T, V, D >= 1 (V, T < 2^31).
+struct EmbeddingSpec {
+  std::int64_t tokens = 4096, vocab = 32000, dim = 1024;
+  isa::DType dtype = isa::DType::bf16;  // table and out (forward); dout (backward)
+  int cores = 1;
+};
+// out[t, :] = table[ids[t], :]. HBM inputs "ids" [T, 1] int32 and "table"
+// [V, D] (dtype); output "out" [T, D] (dtype), the rows' bytes unchanged.
+// 128-token tiles are dealt round-robin over the cores; rows wider than
+// 8 KiB move in column chunks. An id outside [0, V) stops the run with an
+// error naming the gather and the id (oob=error).
+isa::Program embedding_kernel(const arch::ChipSpec& chip, const EmbeddingSpec& spec);
+// dtable = zeros [V, D] fp32, then dtable[ids[t], :] += dout[t, :] for
+// t = 0..T-1 in order (FP32 adds, one rounding each: duplicate ids sum in
+// token order, bit-exact and deterministic). HBM inputs "ids" [T, 1] int32
+// and "dout" [T, D] (dtype); output "dtable" [V, D] fp32 (zero-initialized
+// by the kernel, as torch's embedding backward: not accumulated onto an
+// existing gradient). The columns are split over the cores (at least 64
+// each); each core zeroes its columns, then scatter-adds every 128-token
+// tile into them, one scatter after the other.
+isa::Program embedding_backward_kernel(const arch::ChipSpec& chip, const EmbeddingSpec& spec);
+
 }  // namespace tern::kernel

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include <fmt/format.h>
+
 #include "isa/dtype.h"
 #include "isa/instruction.h"
 #include "num/convert.h"
@@ -481,6 +483,39 @@ CastResult cast_reference(const std::vector<float>& x, float scale, const CastSp
     r.amax.push_back(m);
   }
   return r;
+}
+
+namespace {
+std::int64_t checked_id(float v, std::int64_t t, std::int64_t vocab) {
+  const auto id = static_cast<std::int64_t>(v);
+  if (static_cast<float>(id) != v || id < 0 || id >= vocab)
+    throw Error(
+        fmt::format("embedding reference: ids[{}] = {} is not a row of [0, {})", t, v, vocab));
+  return id;
+}
+}  // namespace
+
+std::vector<float> embedding_reference(const std::vector<float>& ids,
+                                       const std::vector<float>& table, std::int64_t tokens,
+                                       std::int64_t vocab, std::int64_t dim) {
+  std::vector<float> out(static_cast<std::size_t>(tokens * dim));
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    const std::int64_t id = checked_id(ids[static_cast<std::size_t>(t)], t, vocab);
+    std::copy_n(table.begin() + id * dim, dim, out.begin() + t * dim);
+  }
+  return out;
+}
+
+std::vector<float> embedding_backward_reference(const std::vector<float>& ids,
+                                                const std::vector<float>& dout, std::int64_t tokens,
+                                                std::int64_t vocab, std::int64_t dim) {
+  std::vector<float> d(static_cast<std::size_t>(vocab * dim), 0.0f);
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    const std::int64_t id = checked_id(ids[static_cast<std::size_t>(t)], t, vocab);
+    for (std::int64_t j = 0; j < dim; ++j)
+      d[static_cast<std::size_t>(id * dim + j)] += dout[static_cast<std::size_t>(t * dim + j)];
+  }
+  return d;
 }
 
 }  // namespace tern::kernel

@@ -134,4 +134,14 @@ struct CastResult {
 CastResult cast_reference(const std::vector<float>& x, float scale, const CastSpec& spec,
                           int partitions);
 
+// out [T, D] = table [V, D] rows at ids (given as exact integer values);
+// throws tern::Error naming an id outside [0, V).
+std::vector<float> embedding_reference(const std::vector<float>& ids,
+                                       const std::vector<float>& table, std::int64_t tokens,
+                                       std::int64_t vocab, std::int64_t dim);
+// dtable [V, D] = 0, then dtable[ids[t]] += dout[t] for t in order, FP32.
+std::vector<float> embedding_backward_reference(const std::vector<float>& ids,
+                                                const std::vector<float>& dout, std::int64_t tokens,
+                                                std::int64_t vocab, std::int64_t dim);
+
 }  // namespace tern::kernel

@@ -1,5 +1,6 @@
 #include "kernel/registry.h"
 
+#include <bit>
 #include <cmath>
 #include <random>
 #include <stdexcept>
@@ -213,6 +214,41 @@ CastSpec cast_spec(const Params& p) {
 
 std::string rows_describe(const char* what, const Params& p) {
   return fmt::format("{} [{}, {}] {}", what, p.i64("rows"), p.i64("dim"), p.text("dtype"));
+}
+
+EmbeddingSpec embedding_spec(const Params& p) {
+  EmbeddingSpec s;
+  s.tokens = p.i64("tokens"), s.vocab = p.i64("vocab"), s.dim = p.i64("dim"),
+  s.dtype = p.dtype("dtype"), s.cores = p.i32("cores");
+  return s;
+}
+std::vector<ParamDoc> embedding_docs(const char* dtype_help) {
+  return {{"tokens", "4096", "Tokens T (128 per tile)"},
+          {"vocab", "32000", "Vocabulary rows V of the table"},
+          {"dim", "1024", "Embedding dim D"},
+          {"dtype", "bf16", dtype_help},
+          {"cores", "1", "NeuronCores (forward: token tiles; backward: dim columns)"}};
+}
+// Random inputs -> token ids in [0, vocab): a hash of each value's bits
+// (uniform, with the duplicates a real batch has), and the first and last
+// tokens at the table's ends, rows 0 and V - 1. The simulator takes inputs
+// as floats and encodes them into the tensor's dtype (int32 here), exact for
+// integers up to 2^24.
+void prepare_ids(const Params& p, const std::string& name, std::vector<float>& v) {
+  if (name != "ids") return;
+  const std::int64_t vocab = p.i64("vocab");
+  if (vocab > (std::int64_t{1} << 24))
+    throw NotSupported(fmt::format(
+        "random token ids for vocab {} > 2^24 (inputs pass through float values)", vocab));
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    std::uint64_t h = std::bit_cast<std::uint32_t>(v[i]) + 0x9E3779B97F4A7C15ull * (i + 1);
+    h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9ull;  // splitmix64 finalizer
+    h = (h ^ (h >> 27)) * 0x94D049BB133111EBull;
+    h ^= h >> 31;
+    v[i] = static_cast<float>(h % static_cast<std::uint64_t>(vocab));
+  }
+  if (!v.empty()) v.front() = 0.0f;
+  if (v.size() > 1) v.back() = static_cast<float>(vocab - 1);
 }
 
 std::vector<KernelEntry> make_registry() {
@@ -669,6 +705,49 @@ std::vector<KernelEntry> make_registry() {
     e.describe = [](const Params& p) {
       return fmt::format("mx_quantize [{}, {}] bf16 -> {}", p.i64("k"), p.i64("dim"),
                          p.text("elem"));
+    };
+    r.push_back(std::move(e));
+  }
+
+  {
+    KernelEntry e;
+    e.name = "embedding";
+    e.summary = "Embedding lookup: out[t] = table[ids[t]] by indirect DMA (gather)";
+    e.params = embedding_docs("Table and output dtype: fp32, bf16 or fp16");
+    e.build = [](const arch::ChipSpec& c, const Params& p) {
+      return embedding_kernel(c, embedding_spec(p));
+    };
+    e.reference = [](const arch::ChipSpec&, const Params& p, const NamedData& in) {
+      const EmbeddingSpec s = embedding_spec(p);
+      return NamedData{{"out", embedding_reference(input(in, "ids"), input(in, "table"), s.tokens,
+                                                   s.vocab, s.dim)}};
+    };
+    e.prepare = prepare_ids;
+    e.describe = [](const Params& p) {
+      return fmt::format("embedding {} tokens of [{}, {}] {}", p.i64("tokens"), p.i64("vocab"),
+                         p.i64("dim"), p.text("dtype"));
+    };
+    r.push_back(std::move(e));
+  }
+
+  {
+    KernelEntry e;
+    e.name = "embedding_backward";
+    e.summary =
+        "Embedding backward: dtable = 0, dtable[ids[t]] += dout[t] in token order (scatter-add)";
+    e.params = embedding_docs("dout dtype: fp32, bf16 or fp16 (dtable is fp32)");
+    e.build = [](const arch::ChipSpec& c, const Params& p) {
+      return embedding_backward_kernel(c, embedding_spec(p));
+    };
+    e.reference = [](const arch::ChipSpec&, const Params& p, const NamedData& in) {
+      const EmbeddingSpec s = embedding_spec(p);
+      return NamedData{{"dtable", embedding_backward_reference(input(in, "ids"), input(in, "dout"),
+                                                               s.tokens, s.vocab, s.dim)}};
+    };
+    e.prepare = prepare_ids;
+    e.describe = [](const Params& p) {
+      return fmt::format("embedding backward {} tokens of {} into [{}, {}] fp32", p.i64("tokens"),
+                         p.text("dtype"), p.i64("vocab"), p.i64("dim"));
     };
     r.push_back(std::move(e));
   }

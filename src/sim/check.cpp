@@ -24,6 +24,8 @@ bool engine_allowed(Opcode op, Engine e) {
   switch (op) {
     case Opcode::dma_copy:  // any engine's queue may trigger a DMA, as on the hardware
     case Opcode::dma_transpose:
+    case Opcode::dma_gather:
+    case Opcode::dma_scatter:
       return e != Engine::tensor;
     case Opcode::load_stationary:
     case Opcode::multiply_moving:
@@ -106,6 +108,9 @@ Arity arity(Opcode op) {
       return {4, 4};  // dst, pred, a, b
     case Opcode::copy_predicated:
       return {3, 3};  // dst, pred, src
+    case Opcode::dma_gather:
+    case Opcode::dma_scatter:
+      return {3, 3};  // dst, src, index tile
     case Opcode::exponential:
       return {2, 4};  // dst, src, [sub [P,1]], [row sums [P,1] if acc]
     case Opcode::count_:
@@ -261,7 +266,7 @@ std::string check_instruction(const arch::ChipSpec& chip, const isa::Program& pr
     }
     // Engine-memory access rules.
     const bool is_tensor = in.engine == Engine::tensor;
-    if (in.op == Opcode::dma_copy || in.op == Opcode::dma_transpose) {
+    if (isa::is_dma(in.op)) {
       if (ap.mem == Mem::psum)
         return "DMA cannot access PSUM (DMA moves HBM <-> SBUF and SBUF <-> SBUF)";
     } else if (ap.mem == Mem::hbm) {
@@ -285,14 +290,53 @@ std::string check_instruction(const arch::ChipSpec& chip, const isa::Program& pr
     }
     return {};
   };
+  auto queue_rules = [&]() -> std::string {
+    if (in.queue < 0 || in.queue >= chip.dma.queues_per_engine)
+      return fmt::format("DMA queue {} does not exist (0..{})", in.queue,
+                         chip.dma.queues_per_engine - 1);
+    if (in.priority < 0 || in.priority >= chip.dma.priority_classes)
+      return fmt::format("DMA priority {} does not exist on {} (0..{})", in.priority, chip.name,
+                         chip.dma.priority_classes - 1);
+    return {};
+  };
+  if (in.oob_skip && !isa::is_indirect_dma(in.op))
+    return "oob=skip applies to dma_gather and dma_scatter only";
   switch (in.op) {
+    case Opcode::dma_gather:
+    case Opcode::dma_scatter: {
+      if (auto e = queue_rules(); !e.empty()) return e;
+      const bool gather = in.op == Opcode::dma_gather;
+      const auto& hbm = gather ? in.operands[1] : d;
+      const auto& sb = gather ? d : in.operands[1];
+      const auto& ix = in.operands[2];
+      const char* hbm_side = gather ? "source" : "destination";
+      const char* sb_side = gather ? "destination" : "source";
+      if (hbm.mem != Mem::hbm)
+        return fmt::format("the {} of an indirect DMA must be an HBM [rows, F] view, not {}",
+                           hbm_side, isa::mem_name(hbm.mem));
+      if (sb.mem != Mem::sbuf)
+        return fmt::format("the {} of an indirect DMA must be an SBUF [P, F] tile, not {}", sb_side,
+                           isa::mem_name(sb.mem));
+      if (ix.mem != Mem::sbuf)
+        return fmt::format("the index tile must be in SBUF, not {}", isa::mem_name(ix.mem));
+      if (ix.dtype != DType::int32 && ix.dtype != DType::uint32)
+        return fmt::format("the index tile must be int32 or uint32, got {}", isa::name(ix.dtype));
+      if (ix.partitions != sb.partitions)
+        return fmt::format("the index tile has {} partitions, the SBUF {} {} (need [{}, K])",
+                           ix.partitions, sb_side, sb.partitions, sb.partitions);
+      if (sb.free_size() != ix.free_size() * hbm.free_size())
+        return fmt::format(
+            "the SBUF {} holds {} elements per partition, but {} indices per partition x "
+            "{}-element "
+            "HBM rows need {}",
+            sb_side, sb.free_size(), ix.free_size(), hbm.free_size(),
+            ix.free_size() * hbm.free_size());
+      if (in.oob_skip && in.accumulate)
+        return "oob=skip cannot accumulate (as NKI: dst_rmw_op allows only oob_mode.error)";
+      break;
+    }
     case Opcode::dma_copy:
-      if (in.queue < 0 || in.queue >= chip.dma.queues_per_engine)
-        return fmt::format("DMA queue {} does not exist (0..{})", in.queue,
-                           chip.dma.queues_per_engine - 1);
-      if (in.priority < 0 || in.priority >= chip.dma.priority_classes)
-        return fmt::format("DMA priority {} does not exist on {} (0..{})", in.priority, chip.name,
-                           chip.dma.priority_classes - 1);
+      if (auto e = queue_rules(); !e.empty()) return e;
       if (d.elements() != in.operands[1].elements())
         return fmt::format("copies {} elements into {}", in.operands[1].elements(), d.elements());
       if ((isa::is_x4(d.dtype) || isa::is_x4(in.operands[1].dtype)) &&

@@ -188,10 +188,24 @@ DmaModel::DmaModel(const arch::ChipSpec& chip, int cores)
 double DmaModel::transfer(int core, const isa::Instruction& in, double issue) {
   const auto& dst = in.operands[0];
   const auto& src = in.operands[1];
-  const std::int64_t bytes = std::max(dst.bytes(), src.bytes());
   // Rows are the SBUF side's partitions (HBM -> HBM: the source rows).
   const auto& side = dst.mem != Mem::hbm ? dst : src;
-  const int rows = std::max(1, side.rows());
+  // An indirect transfer moves one row per index, not its whole HBM view;
+  // each row is one descriptor like any DMA row, and the descriptors are
+  // generated from the indices at run time (DGE) before the first row moves.
+  const bool indirect = isa::is_indirect_dma(in.op);
+  const std::int64_t bytes = indirect ? std::max(side.bytes(), isa::indirect_hbm_bytes(in))
+                                      : std::max(dst.bytes(), src.bytes());
+  // Issues arrive in time order: the calendar's horizon is the issue time,
+  // not the later moment an indirect transfer's rows can start.
+  horizon_ = std::max(horizon_, issue);
+  if (indirect) issue += chip_.dma.descriptor_gen.value();
+  // Accumulating into HBM is a read-modify-write there: its bytes cross
+  // HBM twice.
+  const double hbm_passes = in.accumulate && dst.mem == Mem::hbm ? 2.0 : 1.0;
+  // An indirect transfer's rows are its indices (P x K), one descriptor each.
+  const int rows =
+      std::max(1, indirect ? static_cast<int>(in.operands[2].elements()) : side.rows());
   const int engines = chip_.dma.engines_per_core;
   const int parts = std::min(engines, rows);
   const double row_bytes = static_cast<double>(bytes) / rows;
@@ -200,7 +214,6 @@ double DmaModel::transfer(int core, const isa::Instruction& in, double issue) {
   const bool hbm = dst.mem == Mem::hbm || src.mem == Mem::hbm;
   double done = 0;
   auto& free = engine_free_[core];
-  horizon_ = std::max(horizon_, issue);
   for (int j = 0; j < parts; ++j) {
     // Rows are dealt out evenly; the queue id rotates which engine goes first.
     const int part_rows = rows / parts + (j < rows % parts ? 1 : 0);
@@ -211,8 +224,8 @@ double DmaModel::transfer(int core, const isa::Instruction& in, double issue) {
     busy_ += busy;
     double leave = start + busy;
     if (hbm) {
-      const double hbm_done =
-          hbm_.reserve(start, part_rows * row_bytes / chip_.hbm_bandwidth.value(), horizon_);
+      const double hbm_done = hbm_.reserve(
+          start, hbm_passes * part_rows * row_bytes / chip_.hbm_bandwidth.value(), horizon_);
       leave = std::max(leave, hbm_done);
     }
     done = std::max(done, leave + chip_.dma.fixed_cost.value());

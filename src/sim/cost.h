@@ -49,8 +49,8 @@ class HbmCalendar {
 class DmaModel {
  public:
   DmaModel(const arch::ChipSpec& chip, int cores);
-  // Issues the transfer (dma_copy or dma_transpose) at `issue_ns` on core `core`; returns its
-  // completion time.
+  // Issues the transfer (dma_copy, dma_transpose, dma_gather, dma_scatter) at `issue_ns` on core
+  // `core`; returns its completion time. Indirect transfers start descriptor_gen later.
   double transfer(int core, const isa::Instruction& in, double issue_ns);
   double busy_ns() const { return busy_; }
 

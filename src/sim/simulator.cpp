@@ -722,11 +722,91 @@ struct Simulator::Impl {
         }
         break;
       }
+      case Opcode::dma_gather:
+      case Opcode::dma_scatter:
+        indirect_dma(core, in);
+        break;
       case Opcode::reg_set:
       case Opcode::reg_alu:
       case Opcode::branch:
       case Opcode::count_:
         break;
+    }
+  }
+
+  // dma_gather / dma_scatter. The index tile is [P, K]; the SBUF operand's
+  // free elements form K slots of F (the HBM view's row length): slot k of
+  // partition p <-> HBM row idx[p, k]. Rows move one after the other in the
+  // index tile's element order, partition by partition and slot by slot
+  // within a partition (a kernel that puts consecutive tokens there gets
+  // token order), so duplicate indices of an accumulating scatter add up in
+  // that order, deterministically (as NKI's compiler serializes duplicate
+  // offsets). Every index is checked before any row moves: an out-of-range
+  // one stops the run (oob=error) or skips its row (oob=skip). Accumulation
+  // is in FP32 with one rounding per row.
+  void indirect_dma(int core, const Instruction& in) {
+    const bool gather = in.op == Opcode::dma_gather;
+    const AccessPattern& hbm = gather ? in.operands[1] : in.operands[0];
+    const AccessPattern& sb = gather ? in.operands[0] : in.operands[1];
+    const AccessPattern& ix = in.operands[2];
+    const std::vector<std::int64_t> idx = read_int(core, ix, "the DMA index tile");
+    const std::int64_t rows = hbm.rows();
+    const int P = sb.partitions;
+    const std::size_t K = static_cast<std::size_t>(ix.free_size());
+    if (!in.oob_skip) {
+      for (std::size_t j = 0; j < idx.size(); ++j) {
+        if (idx[j] < 0 || idx[j] >= rows) {
+          throw Error(fmt::format(
+              "index {} at [{}, {}] of the index tile is outside the {} rows [0, {}) of the HBM "
+              "{} (oob=error)",
+              idx[j], ix.start_partition + static_cast<int>(j / K), j % K, rows, rows,
+              gather ? "source" : "destination"));
+        }
+      }
+    }
+    const auto hoffs = free_offsets(hbm), soffs = free_offsets(sb);
+    const std::size_t F = hoffs.size();
+    const DType dt = gather ? sb.dtype : hbm.dtype, st = gather ? hbm.dtype : sb.dtype;
+    const int dsz = isa::size_bytes(dt);
+    const bool raw = !in.accumulate && dt == st;  // same type: the bytes move unchanged
+    num::CastOptions co;
+    co.rounding = opt.stochastic_rounding ? num::Rounding::stochastic : num::Rounding::nearest_even;
+    co.seed = opt.seed;
+    std::vector<float> v(F), old(F);
+    for (int p = 0; p < P; ++p) {
+      for (std::size_t k = 0; k < K; ++k) {
+        const std::span<const std::int64_t> slot(soffs.data() + k * F, F);
+        const std::int64_t i = idx[static_cast<std::size_t>(p) * K + k];
+        if (i < 0 || i >= rows) continue;  // oob=skip
+        auto [hb, hw] = row(core, hbm, static_cast<int>(i));
+        auto [sbase, sw] = row(core, sb, p);
+        std::uint8_t *db = gather ? sbase : hb, *dw = gather ? sw : hw;
+        const std::uint8_t *srcb = gather ? hb : sbase, *srcw = gather ? hw : sw;
+        const std::span<const std::int64_t> doff = gather ? slot : std::span(hoffs),
+                                            soff = gather ? std::span(hoffs) : slot;
+        const AccessPattern& src_ap = gather ? hbm : sb;
+        const AccessPattern& dst_ap = gather ? sb : hbm;
+        const int src_row = gather ? static_cast<int>(i) : p,
+                  dst_row = gather ? p : static_cast<int>(i);
+        check_written(srcw, src_ap, src_row, {soff.begin(), soff.end()}, "the DMA source");
+        if (raw) {
+          for (std::size_t e = 0; e < F; ++e)
+            std::memcpy(db + doff[e], srcb + soff[e], static_cast<std::size_t>(dsz));
+        } else {
+          decode_row(st, srcb, soff, v.data());
+          if (in.accumulate) {
+            check_written(dw, dst_ap, dst_row, {doff.begin(), doff.end()},
+                          "the DMA accumulate destination");
+            decode_row(dt, db, doff, old.data());
+            for (std::size_t e = 0; e < F; ++e) v[e] += old[e];
+          }
+          encode_row(dt, v.data(), doff, db, co,
+                     (serial << 24) + (static_cast<std::size_t>(p) * K + k) * F);
+        }
+        if (dw)
+          for (std::size_t e = 0; e < F; ++e)
+            std::memset(dw + doff[e], 1, static_cast<std::size_t>(dsz));
+      }
     }
   }
 
@@ -980,13 +1060,23 @@ RunStats Simulator::run(const Options& opt) {
       } else {
         es.free_at = end;
       }
-    } else if (in.op == Opcode::dma_copy || in.op == Opcode::dma_transpose) {
+    } else if (isa::is_dma(in.op)) {
       end = dma.transfer(c, in, start);
       track = fmt::format("dma q{}", in.queue);
-      st.dma_bytes += in.operands[0].bytes();
       ++st.dma_transfers;
-      for (const auto& ap : in.operands)
-        if (ap.mem == Mem::hbm) st.hbm_bytes += ap.bytes();
+      if (isa::is_indirect_dma(in.op)) {
+        // The rows the indices select, not the whole HBM view (the index
+        // tile is SBUF); an accumulating scatter reads and writes them.
+        const std::int64_t rows = isa::indirect_hbm_bytes(in);
+        st.dma_bytes += in.op == Opcode::dma_gather ? in.operands[0].bytes() : rows;
+        st.hbm_bytes += rows * (in.op == Opcode::dma_scatter && in.accumulate ? 2 : 1);
+      } else {
+        st.dma_bytes += in.operands[0].bytes();
+        for (const auto& ap : in.operands)
+          if (ap.mem == Mem::hbm) st.hbm_bytes += ap.bytes();
+        if (in.accumulate && in.operands[0].mem == Mem::hbm)
+          st.hbm_bytes += in.operands[0].bytes();  // read-modify-write
+      }
     } else {
       // A same-engine dependency on the previous instruction pays the static overhead.
       bool dependent = false;

@@ -146,9 +146,21 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"matmul",
              "trn1",
              {{"m", "1"}, {"n", "1"}, {"k", "1"}, {"batch", "5"}, {"dtype", "fp32"}}},
-        Case{"matmul",
+        Case{
+            "matmul", "trn3", {{"m", "130"}, {"n", "70"}, {"k", "200"}, {"epilogue", "bias,silu"}}},
+        // The embedding kernels' prepare hook turns the random values into ids.
+        Case{"embedding",
              "trn3",
-             {{"m", "130"}, {"n", "70"}, {"k", "200"}, {"epilogue", "bias,silu"}}}),
+             {{"tokens", "300"}, {"vocab", "1000"}, {"dim", "200"}, {"cores", "2"}}},
+        Case{"embedding",
+             "trn1",
+             {{"tokens", "129"}, {"vocab", "7"}, {"dim", "33"}, {"dtype", "fp16"}}},
+        Case{"embedding_backward",
+             "trn3",
+             {{"tokens", "2500"}, {"vocab", "50"}, {"dim", "100"}, {"cores", "2"}}},
+        Case{"embedding_backward",
+             "trn2",
+             {{"tokens", "1"}, {"vocab", "1"}, {"dim", "1"}, {"dtype", "fp32"}}}),
     [](const ::testing::TestParamInfo<Case>& tp) { return case_name(tp.param); });
 
 TEST(Registry, EveryKernelHasDocumentedParametersAndBuildsWithDefaultsOnTrn3) {
