@@ -33,6 +33,11 @@
 #include "kernel/detail.h"
 #include "kernel/kernels.h"
 #include "util/error.h"
+#ifndef ATT_LA
+#define ATT_LA 6
+#define ATT_LB 4
+#define ATT_S 3
+#endif
 
 namespace tern::kernel {
 
@@ -56,7 +61,10 @@ float mask_value(DType dt) {
 }
 
 constexpr std::int64_t kTq = 128;  // queries per tile (output partitions)
-constexpr std::int64_t kKb = 512;  // keys per block (one PSUM bank of FP32)
+constexpr std::int64_t kKb = 512;  // keys per matmul (one PSUM bank of FP32)
+// Keys per forward step: two banks of scores share one max, one rescale of
+// O and one O update, halving those per-step costs (Vector / Scalar bound).
+constexpr std::int64_t kStep = 2 * kKb;
 
 void check_attention(const arch::ChipSpec& chip, const AttentionSpec& s, const char* what) {
   auto bad = [&](const std::string& m) { throw Error(fmt::format("{}: {}", what, m)); };
@@ -178,7 +186,7 @@ isa::Program flash_attention_kernel(const arch::ChipSpec& chip, const AttentionS
         const std::int64_t tq = std::min(kTq, Sq - q0);
         const std::int64_t kend = spec.causal ? std::min(Sk, q0 + tq) : Sk;
         units.push_back({bi, h, bi * Hkv + h / G, q0, tq, kend});
-        weight.push_back(static_cast<double>(kend + 256 * ceil_div(kend, kKb)));
+        weight.push_back(static_cast<double>(kend + 256 * ceil_div(kend, kStep)));
       }
   const auto cut = balance(weight, spec.cores);
 
@@ -195,8 +203,8 @@ isa::Program flash_attention_kernel(const arch::ChipSpec& chip, const AttentionS
     std::vector<Step> steps;
     for (std::size_t u = 0; u < mine.size(); ++u) {
       const Unit& x = mine[u];
-      for (std::int64_t k0 = 0; k0 < x.kend; k0 += kKb) {
-        const std::int64_t kb = std::min(kKb, x.kend - k0);
+      for (std::int64_t k0 = 0; k0 < x.kend; k0 += kStep) {
+        const std::int64_t kb = std::min(kStep, x.kend - k0);
         const bool diag = spec.causal && x.q0 < Sk && x.q0 >= k0 && x.q0 < k0 + kb;
         steps.push_back({u, k0, kb, k0 == 0, k0 + kb >= x.kend, diag});
       }
@@ -221,20 +229,30 @@ isa::Program flash_attention_kernel(const arch::ChipSpec& chip, const AttentionS
 
     // Rings (the builder orders reuse; the sizes only set how far the stages
     // of consecutive blocks can run apart).
-    constexpr int kLeadA = 4,
-                  kLeadB = 3;  // scores / softmax of block i + lead issued before P V of i
-    constexpr int kS = 2, kP = kLeadB + 2, kO = 2, kCol = 8, kU = kLeadA + 2;
-    std::vector<Tensor> s_ps, p_sb, pt_sb, o_ps, m_c, mx_c, nm_c, a_c, r_c, qraw, qs, oacc, l_c,
-        o_out, lse_c, rl_c;
-    for (int i = 0; i < kS; ++i) s_ps.push_back(b.psum(static_cast<int>(kTq), kKb));
+    // Scores / softmax of block i + lead are issued before the P V of block i
+    // (the softmax chain and the DMA transposes' ~1.5 us latency hide behind
+    // the matmuls of the blocks in between).
+    constexpr int kLeadQ = ATT_LA + 4, kLeadA = ATT_LA, kLeadB = ATT_LB;
+    constexpr int kS = ATT_S, kP = kLeadB + 2, kO = 2, kCol = 16, kU = kLeadQ + 2;
+    // Stage A of block i + kLeadA rewrites the scores stage B of block
+    // i + kLeadB still has to read unless the ring is longer than the gap.
+    static_assert(kS > kLeadA - kLeadB && kP > kLeadB + 1);
+    std::vector<Tensor> s_ps, p_sb, pt_sb, o_ps, m_c, mx_c, r2_c, nm_c, a_c, r_c, qraw, qs, oacc,
+        l_c, o_out, lse_c, rl_c;
+    std::vector<Tensor> s_bf;
+    for (int i = 0; i < kS; ++i) {
+      s_ps.push_back(b.psum(static_cast<int>(kTq), kStep));
+      s_bf.push_back(b.sbuf(static_cast<int>(kTq), kStep, DType::bf16));
+    }
     for (int i = 0; i < kP; ++i) {
-      p_sb.push_back(b.sbuf(static_cast<int>(kTq), kKb, dt));
-      pt_sb.push_back(b.sbuf(static_cast<int>(kTq), kKb, dt));  // kKb / 128 tiles [128 keys, tq]
+      p_sb.push_back(b.sbuf(static_cast<int>(kTq), kStep, dt));
+      pt_sb.push_back(b.sbuf(static_cast<int>(kTq), kStep, dt));  // kStep / 128 tiles [keys, tq]
     }
     for (int i = 0; i < kO; ++i) o_ps.push_back(b.psum(static_cast<int>(kTq), D));
     for (int i = 0; i < kCol; ++i) {
       m_c.push_back(b.sbuf(static_cast<int>(kTq), 1, DType::fp32));
       mx_c.push_back(b.sbuf(static_cast<int>(kTq), 1, DType::fp32));
+      r2_c.push_back(b.sbuf(static_cast<int>(kTq), 1, DType::fp32));
       nm_c.push_back(b.sbuf(static_cast<int>(kTq), 1, DType::fp32));
       a_c.push_back(b.sbuf(static_cast<int>(kTq), 1, DType::fp32));
       r_c.push_back(b.sbuf(static_cast<int>(kTq), 1, DType::fp32));
@@ -251,8 +269,9 @@ isa::Program flash_attention_kernel(const arch::ChipSpec& chip, const AttentionS
     const int n = static_cast<int>(steps.size());
     auto ring = [](int i, int size) { return static_cast<std::size_t>(i % size); };
 
-    // Stage A: load (at a unit's first block) and scale the query tile, the scores.
-    auto stage_a = [&](int i) {
+    // Stage Q (a unit's first block, well ahead of its scores): load the
+    // query tile and fold in the scale.
+    auto stage_q = [&](int i) {
       const Step& st = steps[static_cast<std::size_t>(i)];
       const Unit& x = mine[st.u];
       const int tq = static_cast<int>(x.tq);
@@ -266,9 +285,19 @@ isa::Program flash_attention_kernel(const arch::ChipSpec& chip, const AttentionS
                         qraw[us].tile(0, static_cast<int>(D), 0, tq), AluOp::multiply, scale,
                         AluOp::bypass, 0.0f, Engine::gpsimd);
       }
+    };
+    // Stage A: the scores (and the mask on the diagonal block).
+    auto stage_a = [&](int i) {
+      const Step& st = steps[static_cast<std::size_t>(i)];
+      const Unit& x = mine[st.u];
+      const int tq = static_cast<int>(x.tq);
+      const std::size_t us = st.u % kU;
       const Tensor s = s_ps[ring(i, kS)].tile(0, tq, 0, st.kb);
-      b.matmul(s, qs[us].tile(0, static_cast<int>(D), 0, tq),
-               kT[kvset[st.u]].tile(0, static_cast<int>(D), st.k0, st.kb), false);
+      for (std::int64_t c0 = 0; c0 < st.kb; c0 += kKb) {
+        const std::int64_t w = std::min(kKb, st.kb - c0);
+        b.matmul(s.tile(0, tq, c0, w), qs[us].tile(0, static_cast<int>(D), 0, tq),
+                 kT[kvset[st.u]].tile(0, static_cast<int>(D), st.k0 + c0, w), false);
+      }
       if (st.diag) {
         // Keys q0 + c > query q0 + p get the mask value: + I^T mask.
         const std::int64_t c0 = x.q0 - st.k0, w = st.kb - c0;
@@ -287,25 +316,41 @@ isa::Program flash_attention_kernel(const arch::ChipSpec& chip, const AttentionS
       const Tensor l = l_c[st.u % kU].tile(0, tq, 0, 1);
       const Tensor r = st.first ? l : r_c[ring(i, kCol)].tile(0, tq, 0, 1);
       const Tensor p = p_sb[ring(i, kP)].tile(0, tq, 0, st.kb);
+      // The row max from a BF16 copy of the scores (Scalar copies, Vector
+      // reduces BF16 at twice the FP32 rate): m only has to be close to the
+      // max for exp(s - m) to stay in range; softmax and lse = m + ln l are
+      // exact for any m. The exp reads the FP32 scores.
+      const Tensor sc = s_bf[ring(i, kS)].tile(0, tq, 0, st.kb);
+      for (std::int64_t c0 = 0; c0 < st.kb; c0 += kKb) {  // one PSUM bank per instruction
+        const std::int64_t w = std::min(kKb, st.kb - c0);
+        b.tensor_copy(sc.tile(0, tq, c0, w), s.tile(0, tq, c0, w), Engine::scalar);
+      }
       if (st.first) {
-        b.tensor_reduce(m, s, AluOp::max);
+        b.tensor_reduce(m, sc, AluOp::max);
       } else {
         const Tensor mx = mx_c[ring(i, kCol)].tile(0, tq, 0, 1);
-        b.tensor_reduce(mx, s, AluOp::max);
+        b.tensor_reduce(mx, sc, AluOp::max);
         b.tensor_tensor(m, mprev, mx, AluOp::max, Engine::gpsimd);
       }
-      if (fast_exp) {
-        b.exponential(p, s, &m, &r);
-      } else {
-        const Tensor negm = nm_c[ring(i, kCol)].tile(0, tq, 0, 1);
+      const Tensor negm = nm_c[ring(i, kCol)].tile(0, tq, 0, 1);
+      if (!fast_exp)
         b.tensor_scalar(negm, m, AluOp::multiply, -1.0f, AluOp::bypass, 0.0f, Engine::gpsimd);
-        b.activation(p, ActFunc::exp, s, &negm, 1.0f, &r);
+      // exp per PSUM bank; the second bank's row sums go to r2.
+      const Tensor r2 = r2_c[ring(i, kCol)].tile(0, tq, 0, 1);
+      for (std::int64_t c0 = 0; c0 < st.kb; c0 += kKb) {
+        const std::int64_t w = std::min(kKb, st.kb - c0);
+        const Tensor& rs = c0 == 0 ? r : r2;
+        if (fast_exp)
+          b.exponential(p.tile(0, tq, c0, w), s.tile(0, tq, c0, w), &m, &rs);
+        else
+          b.activation(p.tile(0, tq, c0, w), ActFunc::exp, s.tile(0, tq, c0, w), &negm, 1.0f, &rs);
       }
       if (!st.first) {
         // alpha = exp(m_prev - m): the rescale of the running sums.
         b.activation(alpha, ActFunc::exp, m, &mprev, -1.0f);
         b.tensor_scalar(l, l, AluOp::multiply, alpha, AluOp::add, 0.0f, &r, Engine::gpsimd);
       }
+      if (st.kb > kKb) b.tensor_tensor(l, l, r2, AluOp::add, Engine::gpsimd);
       const Tensor& pt = pt_sb[ring(i, kP)];
       for (std::int64_t c0 = 0; c0 < st.kb; c0 += kTq) {
         const int kw = static_cast<int>(std::min(kTq, st.kb - c0));
@@ -362,7 +407,8 @@ isa::Program flash_attention_kernel(const arch::ChipSpec& chip, const AttentionS
       const int s0 = seg[sg], s1 = seg[sg + 1];
       if (sg == 0) load_kv(steps[0].u);
       if (s1 < n) load_kv(steps[static_cast<std::size_t>(s1)].u);
-      for (int i = s0 - kLeadA; i < s1; ++i) {
+      for (int i = s0 - kLeadQ; i < s1; ++i) {
+        if (i + kLeadQ >= s0 && i + kLeadQ < s1) stage_q(i + kLeadQ);
         if (i + kLeadA >= s0 && i + kLeadA < s1) stage_a(i + kLeadA);
         if (i + kLeadB >= s0 && i + kLeadB < s1) stage_b(i + kLeadB);
         if (i >= s0) stage_c(i);
