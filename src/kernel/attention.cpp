@@ -236,7 +236,7 @@ isa::Program flash_attention_kernel(const arch::ChipSpec& chip, const AttentionS
     constexpr int kS = ATT_S, kP = kLeadB + 2, kO = 2, kCol = 16, kU = kLeadQ + 2;
     // Stage A of block i + kLeadA rewrites the scores stage B of block
     // i + kLeadB still has to read unless the ring is longer than the gap.
-    static_assert(kS > kLeadA - kLeadB && kP > kLeadB + 1);
+    static_assert(kS > kLeadA - kLeadB && kP > kLeadB + 1 && kLeadA >= kLeadB + 2);
     std::vector<Tensor> s_ps, p_sb, pt_sb, o_ps, m_c, mx_c, r2_c, nm_c, a_c, r_c, qraw, qs, oacc,
         l_c, o_out, lse_c, rl_c;
     std::vector<Tensor> s_bf;
@@ -304,8 +304,41 @@ isa::Program flash_attention_kernel(const arch::ChipSpec& chip, const AttentionS
         b.matmul(s.tile(0, tq, c0, w), ident.tile(0, tq, 0, tq), mask.tile(0, tq, 0, w), true);
       }
     };
-    // Stage B: the online softmax of block i and the transposes of P.
-    auto stage_b = [&](int i) {
+    // Stage B, in three parts issued one block apart so that no engine's
+    // in-order stream holds the next block's work behind this block's chain
+    // (copy -> reduce -> max -> exp): B1 the Scalar engine's BF16 copy of
+    // the scores, B2 the row max, B3 the exp, the rescale factors and the
+    // transposes of P.
+    //
+    // The row max comes from the BF16 copy (the Vector engine reduces BF16
+    // at twice the FP32 rate): m only has to be close to the max for
+    // exp(s - m) to stay in range; softmax and lse = m + ln l are exact for
+    // any m. The exp reads the FP32 scores.
+    auto stage_b1 = [&](int i) {
+      const Step& st = steps[static_cast<std::size_t>(i)];
+      const int tq = static_cast<int>(mine[st.u].tq);
+      const Tensor s = s_ps[ring(i, kS)].tile(0, tq, 0, st.kb);
+      const Tensor sc = s_bf[ring(i, kS)].tile(0, tq, 0, st.kb);
+      for (std::int64_t c0 = 0; c0 < st.kb; c0 += kKb) {  // one PSUM bank per instruction
+        const std::int64_t w = std::min(kKb, st.kb - c0);
+        b.tensor_copy(sc.tile(0, tq, c0, w), s.tile(0, tq, c0, w), Engine::scalar);
+      }
+    };
+    auto stage_b2 = [&](int i) {
+      const Step& st = steps[static_cast<std::size_t>(i)];
+      const int tq = static_cast<int>(mine[st.u].tq);
+      const Tensor m = m_c[ring(i, kCol)].tile(0, tq, 0, 1);
+      const Tensor mprev = m_c[ring(i + kCol - 1, kCol)].tile(0, tq, 0, 1);
+      const Tensor sc = s_bf[ring(i, kS)].tile(0, tq, 0, st.kb);
+      if (st.first) {
+        b.tensor_reduce(m, sc, AluOp::max);
+      } else {
+        const Tensor mx = mx_c[ring(i, kCol)].tile(0, tq, 0, 1);
+        b.tensor_reduce(mx, sc, AluOp::max);
+        b.tensor_tensor(m, mprev, mx, AluOp::max, Engine::gpsimd);
+      }
+    };
+    auto stage_b3 = [&](int i) {
       const Step& st = steps[static_cast<std::size_t>(i)];
       const Unit& x = mine[st.u];
       const int tq = static_cast<int>(x.tq);
@@ -316,22 +349,6 @@ isa::Program flash_attention_kernel(const arch::ChipSpec& chip, const AttentionS
       const Tensor l = l_c[st.u % kU].tile(0, tq, 0, 1);
       const Tensor r = st.first ? l : r_c[ring(i, kCol)].tile(0, tq, 0, 1);
       const Tensor p = p_sb[ring(i, kP)].tile(0, tq, 0, st.kb);
-      // The row max from a BF16 copy of the scores (Scalar copies, Vector
-      // reduces BF16 at twice the FP32 rate): m only has to be close to the
-      // max for exp(s - m) to stay in range; softmax and lse = m + ln l are
-      // exact for any m. The exp reads the FP32 scores.
-      const Tensor sc = s_bf[ring(i, kS)].tile(0, tq, 0, st.kb);
-      for (std::int64_t c0 = 0; c0 < st.kb; c0 += kKb) {  // one PSUM bank per instruction
-        const std::int64_t w = std::min(kKb, st.kb - c0);
-        b.tensor_copy(sc.tile(0, tq, c0, w), s.tile(0, tq, c0, w), Engine::scalar);
-      }
-      if (st.first) {
-        b.tensor_reduce(m, sc, AluOp::max);
-      } else {
-        const Tensor mx = mx_c[ring(i, kCol)].tile(0, tq, 0, 1);
-        b.tensor_reduce(mx, sc, AluOp::max);
-        b.tensor_tensor(m, mprev, mx, AluOp::max, Engine::gpsimd);
-      }
       const Tensor negm = nm_c[ring(i, kCol)].tile(0, tq, 0, 1);
       if (!fast_exp)
         b.tensor_scalar(negm, m, AluOp::multiply, -1.0f, AluOp::bypass, 0.0f, Engine::gpsimd);
@@ -410,7 +427,9 @@ isa::Program flash_attention_kernel(const arch::ChipSpec& chip, const AttentionS
       for (int i = s0 - kLeadQ; i < s1; ++i) {
         if (i + kLeadQ >= s0 && i + kLeadQ < s1) stage_q(i + kLeadQ);
         if (i + kLeadA >= s0 && i + kLeadA < s1) stage_a(i + kLeadA);
-        if (i + kLeadB >= s0 && i + kLeadB < s1) stage_b(i + kLeadB);
+        if (i + kLeadB + 2 >= s0 && i + kLeadB + 2 < s1) stage_b1(i + kLeadB + 2);
+        if (i + kLeadB + 1 >= s0 && i + kLeadB + 1 < s1) stage_b2(i + kLeadB + 1);
+        if (i + kLeadB >= s0 && i + kLeadB < s1) stage_b3(i + kLeadB);
         if (i >= s0) stage_c(i);
       }
     }

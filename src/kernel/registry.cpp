@@ -161,7 +161,9 @@ std::vector<ParamDoc> attention_docs() {
           {"seq", "4096", "Query sequence length"},
           {"seq_k", "0", "Key sequence length (0: equal to seq)"},
           {"head_dim", "128", "Head dim: 64 or 128"},
-          {"causal", "true", "Causal mask (top-left: query i sees keys j <= i)"},
+          // "1" rather than "true": a flag defaulting to true could not be
+          // turned off from the command line (--causal 0 does).
+          {"causal", "1", "Causal mask, 1 or 0 (top-left: query i sees keys j <= i)"},
           {"scale", "", "Softmax scale (default 1/sqrt(head_dim))"},
           {"dtype", "bf16", "q, k, v, o (and gradient) dtype: bf16 or fp16"},
           {"cores", "0", "NeuronCores (0: all of the chip's)"}};
