@@ -33,11 +33,6 @@
 #include "kernel/detail.h"
 #include "kernel/kernels.h"
 #include "util/error.h"
-#ifndef ATT_LA
-#define ATT_LA 6
-#define ATT_LB 4
-#define ATT_S 3
-#endif
 
 namespace tern::kernel {
 
@@ -232,8 +227,8 @@ isa::Program flash_attention_kernel(const arch::ChipSpec& chip, const AttentionS
     // Scores / softmax of block i + lead are issued before the P V of block i
     // (the softmax chain and the DMA transposes' ~1.5 us latency hide behind
     // the matmuls of the blocks in between).
-    constexpr int kLeadQ = ATT_LA + 4, kLeadA = ATT_LA, kLeadB = ATT_LB;
-    constexpr int kS = ATT_S, kP = kLeadB + 2, kO = 2, kCol = 16, kU = kLeadQ + 2;
+    constexpr int kLeadQ = 10, kLeadA = 6, kLeadB = 4;
+    constexpr int kS = 3, kP = kLeadB + 2, kO = 2, kCol = 16, kU = kLeadQ + 2;
     // Stage A of block i + kLeadA rewrites the scores stage B of block
     // i + kLeadB still has to read unless the ring is longer than the gap.
     static_assert(kS > kLeadA - kLeadB && kP > kLeadB + 1 && kLeadA >= kLeadB + 2);
