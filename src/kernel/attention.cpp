@@ -232,8 +232,8 @@ isa::Program flash_attention_kernel(const arch::ChipSpec& chip, const AttentionS
     // Stage A of block i + kLeadA rewrites the scores stage B of block
     // i + kLeadB still has to read unless the ring is longer than the gap.
     static_assert(kS > kLeadA - kLeadB && kP > kLeadB + 1 && kLeadA >= kLeadB + 2);
-    std::vector<Tensor> s_ps, p_sb, pt_sb, o_ps, m_c, mx_c, r2_c, nm_c, a_c, r_c, qraw, qs, oacc,
-        l_c, o_out, lse_c, rl_c;
+    std::vector<Tensor> s_ps, p_sb, pt_sb, o_ps, m_c, mx_c, r2_c, nm_c, a_c, r_c, qs, oacc, l_c,
+        o_out, lse_c, rl_c;
     std::vector<Tensor> s_bf;
     for (int i = 0; i < kS; ++i) {
       s_ps.push_back(b.psum(static_cast<int>(kTq), kStep));
@@ -253,7 +253,6 @@ isa::Program flash_attention_kernel(const arch::ChipSpec& chip, const AttentionS
       r_c.push_back(b.sbuf(static_cast<int>(kTq), 1, DType::fp32));
     }
     for (int i = 0; i < kU; ++i) {
-      qraw.push_back(b.sbuf(static_cast<int>(D), kTq, dt));
       qs.push_back(b.sbuf(static_cast<int>(D), kTq, dt));
       oacc.push_back(b.sbuf(static_cast<int>(kTq), D, DType::fp32));
       l_c.push_back(b.sbuf(static_cast<int>(kTq), 1, DType::fp32));
@@ -265,21 +264,14 @@ isa::Program flash_attention_kernel(const arch::ChipSpec& chip, const AttentionS
     auto ring = [](int i, int size) { return static_cast<std::size_t>(i % size); };
 
     // Stage Q (a unit's first block, well ahead of its scores): load the
-    // query tile and fold in the scale.
+    // query tile (only the score matmul waits for it).
     auto stage_q = [&](int i) {
       const Step& st = steps[static_cast<std::size_t>(i)];
       const Unit& x = mine[st.u];
       const int tq = static_cast<int>(x.tq);
-      const std::size_t us = st.u % kU;
-      if (st.first) {
-        b.dma_copy(qraw[us].tile(0, static_cast<int>(D), 0, tq),
+      if (st.first)
+        b.dma_copy(qs[st.u % kU].tile(0, static_cast<int>(D), 0, tq),
                    q.tile(static_cast<int>((x.bi * Hq + x.h) * D), static_cast<int>(D), x.q0, tq));
-        // The softmax scale folded into Q once per tile (rounded to dtype, as
-        // NKI's flash attention does), so the exp needs no scale.
-        b.tensor_scalar(qs[us].tile(0, static_cast<int>(D), 0, tq),
-                        qraw[us].tile(0, static_cast<int>(D), 0, tq), AluOp::multiply, scale,
-                        AluOp::bypass, 0.0f, Engine::gpsimd);
-      }
     };
     // Stage A: the scores (and the mask on the diagonal block).
     auto stage_a = [&](int i) {
@@ -419,6 +411,11 @@ isa::Program flash_attention_kernel(const arch::ChipSpec& chip, const AttentionS
       const int s0 = seg[sg], s1 = seg[sg + 1];
       if (sg == 0) load_kv(steps[0].u);
       if (s1 < n) load_kv(steps[static_cast<std::size_t>(s1)].u);
+      // The softmax scale folded into this kv head's K^T once (rounded to
+      // the dtype, like NKI's scaling of Q), so the exp needs no scale. Its
+      // K^T was prefetched during the previous segment.
+      const Tensor& kts = kT[kvset[steps[static_cast<std::size_t>(s0)].u]];
+      b.tensor_scalar(kts, kts, AluOp::multiply, scale, AluOp::bypass, 0.0f, Engine::gpsimd);
       for (int i = s0 - kLeadQ; i < s1; ++i) {
         if (i + kLeadQ >= s0 && i + kLeadQ < s1) stage_q(i + kLeadQ);
         if (i + kLeadA >= s0 && i + kLeadA < s1) stage_a(i + kLeadA);
