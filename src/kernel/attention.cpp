@@ -214,10 +214,18 @@ isa::Program flash_attention_kernel(const arch::ChipSpec& chip, const AttentionS
       vt[i] = b.sbuf(static_cast<int>(kTq), nkt * D, dt);
     }
     std::vector<int> kvset(mine.size());
+    // K^T and V in chunks of one step's keys, so the first step's matmuls
+    // wait only for the first chunk.
     auto load_kv = [&](std::size_t u) {
       const std::int64_t kv = mine[u].kv;
-      b.dma_copy(kT[kvset[u]], k.tile(static_cast<int>(kv * D), static_cast<int>(D), 0, Sk));
-      load_row_tiles(b, vt[kvset[u]], v, kv * Sk, Sk, D);
+      for (std::int64_t k0 = 0; k0 < Sk; k0 += kStep) {
+        const std::int64_t kc = std::min(kStep, Sk - k0);
+        b.dma_copy(kT[kvset[u]].tile(0, static_cast<int>(D), k0, kc),
+                   k.tile(static_cast<int>(kv * D), static_cast<int>(D), k0, kc));
+        load_row_tiles(
+            b, vt[kvset[u]].tile(0, static_cast<int>(kTq), k0 / kTq * D, ceil_div(kc, kTq) * D), v,
+            kv * Sk + k0, kc, D);
+      }
     };
     for (std::size_t u = 1; u < mine.size(); ++u)
       kvset[u] = kvset[u - 1] ^ (mine[u].kv != mine[u - 1].kv ? 1 : 0);
@@ -415,7 +423,10 @@ isa::Program flash_attention_kernel(const arch::ChipSpec& chip, const AttentionS
       // the dtype, like NKI's scaling of Q), so the exp needs no scale. Its
       // K^T was prefetched during the previous segment.
       const Tensor& kts = kT[kvset[steps[static_cast<std::size_t>(s0)].u]];
-      b.tensor_scalar(kts, kts, AluOp::multiply, scale, AluOp::bypass, 0.0f, Engine::gpsimd);
+      for (std::int64_t k0 = 0; k0 < Sk; k0 += kStep) {
+        const Tensor c = kts.tile(0, static_cast<int>(D), k0, std::min(kStep, Sk - k0));
+        b.tensor_scalar(c, c, AluOp::multiply, scale, AluOp::bypass, 0.0f, Engine::gpsimd);
+      }
       for (int i = s0 - kLeadQ; i < s1; ++i) {
         if (i + kLeadQ >= s0 && i + kLeadQ < s1) stage_q(i + kLeadQ);
         if (i + kLeadA >= s0 && i + kLeadA < s1) stage_a(i + kLeadA);
