@@ -558,10 +558,11 @@ isa::Program flash_attention_backward_kernel(const arch::ChipSpec& chip,
       b.memset(dkacc, 0.0f, Engine::gpsimd);
       b.memset(dvacc, 0.0f, Engine::gpsimd);
     };
-    auto setup_head = [&](const QSet& qs, std::int64_t h) {
+    // A query head's side in two parts: the HBM loads, and (once they have
+    // had time to arrive) the on-chip work, so that a prefetch never parks an
+    // engine's in-order stream on a load in flight.
+    auto setup_head_loads = [&](const QSet& qs, std::int64_t h) {
       b.dma_copy(qs.qsT, q.tile(static_cast<int>(h * D), Di, 0, Sq));
-      // The softmax scale folded into Q (as in the forward pass).
-      b.tensor_scalar(qs.qsT, qs.qsT, AluOp::multiply, scale, AluOp::bypass, 0.0f, Engine::gpsimd);
       load_row_tiles(b, qs.dor, dout, h * Sq, Sq, D);
       load_row_tiles(b, qs.ot, o, h * Sq, Sq, D);
       const std::int64_t full = Sq / kTq, rest = Sq % kTq;
@@ -571,6 +572,17 @@ isa::Program flash_attention_backward_kernel(const arch::ChipSpec& chip,
       if (rest > 0)
         b.dma_copy(qs.lse.tile(0, static_cast<int>(rest), full, 1),
                    hbm_view(lse, h * Sq + full * kTq, static_cast<int>(rest), 1, {{1, 1}}));
+      for (std::int64_t t = 0; t < nqt; ++t) {
+        const int tq = static_cast<int>(std::min(kTq, Sq - t * kTq));
+        // dO^T by 128 x D transposes.
+        b.dma_transpose(qs.doT.tile(0, Di, t * kTq, tq),
+                        dout.tile(static_cast<int>(h * Sq + t * kTq), tq, 0, D));
+      }
+    };
+    auto setup_head_compute = [&](const QSet& qs) {
+      // The softmax scale folded into Q (as in the forward pass).
+      b.tensor_scalar(qs.qsT, qs.qsT, AluOp::multiply, scale, AluOp::bypass, 0.0f, Engine::gpsimd);
+      const std::int64_t full = Sq / kTq, rest = Sq % kTq;
       if (!fast_exp) {  // the activation's bias is -lse
         if (full > 0)
           b.tensor_scalar(qs.lse.tile(0, static_cast<int>(kTq), 0, full),
@@ -583,10 +595,8 @@ isa::Program flash_attention_backward_kernel(const arch::ChipSpec& chip,
       }
       for (std::int64_t t = 0; t < nqt; ++t) {
         const int tq = static_cast<int>(std::min(kTq, Sq - t * kTq));
-        // Q (scaled) with queries on partitions, and dO^T, by 128 x D transposes.
+        // Q (scaled) with queries on partitions by 128 x D transposes.
         b.dma_transpose(qs.qs.tile(0, tq, t * D, D), qs.qsT.tile(0, Di, t * kTq, tq));
-        b.dma_transpose(qs.doT.tile(0, Di, t * kTq, tq),
-                        dout.tile(static_cast<int>(h * Sq + t * kTq), tq, 0, D));
         // -Dsum = -rowsum(dO * O): the bias of dP - Dsum.
         b.tensor_tensor(prod.tile(0, tq, 0, D), qs.dor.tile(0, tq, t * D, D),
                         qs.ot.tile(0, tq, t * D, D), AluOp::multiply, Engine::gpsimd);
@@ -711,11 +721,18 @@ isa::Program flash_attention_backward_kernel(const arch::ChipSpec& chip,
       const int s0 = seg[sg], s1 = seg[sg + 1];
       const Step& st0 = steps[static_cast<std::size_t>(s0)];
       if (st0.first_unit) setup_kv(st0.kv);
-      if (qsets == 1 || sg == 0) setup_head(qsetof(st0), st0.h);
-      if (qsets == 2 && s1 < n)
-        setup_head(qsetof(steps[static_cast<std::size_t>(s1)]),
-                   steps[static_cast<std::size_t>(s1)].h);
+      if (qsets == 1 || sg == 0) {
+        setup_head_loads(qsetof(st0), st0.h);
+        setup_head_compute(qsetof(st0));
+      }
+      const bool prefetch = qsets == 2 && s1 < n;
+      const Step* next = prefetch ? &steps[static_cast<std::size_t>(s1)] : nullptr;
+      if (prefetch) setup_head_loads(qsetof(*next), next->h);
+      // The prefetched head's on-chip setup a few steps later (its loads in
+      // flight meanwhile).
+      const int compute_at = std::min(s1 - 1, s0 + 6);
       for (int i = s0 - kLeadA; i < s1; ++i) {
+        if (prefetch && i == compute_at) setup_head_compute(qsetof(*next));
         if (i + kLeadA >= s0 && i + kLeadA < s1) stage_a(i + kLeadA);
         if (i + kLeadB >= s0 && i + kLeadB < s1) stage_b(i + kLeadB);
         if (i + kLeadC >= s0 && i + kLeadC < s1) stage_c(i + kLeadC);
