@@ -1,17 +1,18 @@
 // Attention kernels: FlashAttention-2 forward and backward, and RoPE.
 //
 // Forward (Dao, "FlashAttention-2", 2023, Algorithm 1), per 128-query tile:
-// for each block of up to 512 keys (one PSUM bank of FP32 scores),
-//   S = (scale Q) K^T                   Tensor: stationary Q^T [D, 128], moving K^T [D, 512]
-//   m' = max(m, rowmax(S))              Vector tensor_reduce, GpSimd max
+// for each step of up to 1024 keys (two PSUM banks of FP32 scores),
+//   S = Q (scale K)^T                   Tensor: stationary Q^T [D, 128], moving K'^T [D, 512] x 2
+//   m' = max(m, rowmax(S))              Scalar BF16 copy, Vector tensor_reduce, GpSimd max
 //   P = exp(S - m'), r = rowsum(P)      Vector exponential (v4; Scalar activation before)
 //   alpha = exp(m - m')                 Scalar
 //   l = alpha l + r                     GpSimd
 //   P^T                                 DMA transposes (SBUF -> SBUF, 128 x 128)
 //   O = alpha O + P V                   Tensor (stationary P^T, moving V), GpSimd, Vector
-// then O / l and lse = m + ln l. The stages of consecutive blocks are
-// software-pipelined (the scores of block i + 3 are issued to the Tensor
-// engine before the P V of block i), so the engines overlap.
+// then O / l and lse = m + ln l. The stages of consecutive steps are
+// software-pipelined (the scores of step i + 6, the copy of i + 6, the max of
+// i + 5 and the exp of i + 4 are issued before the P V of step i), so the
+// engines overlap; docs/kernels.md has the measured figures and limits.
 //
 // Backward (Algorithm 2 of the same paper, with P recomputed from lse), per
 // kv head (all query heads of its GQA group on one core), per 512-key block,
@@ -232,9 +233,11 @@ isa::Program flash_attention_kernel(const arch::ChipSpec& chip, const AttentionS
 
     // Rings (the builder orders reuse; the sizes only set how far the stages
     // of consecutive blocks can run apart).
-    // Scores / softmax of block i + lead are issued before the P V of block i
+    // Scores / softmax of step i + lead are issued before the P V of step i
     // (the softmax chain and the DMA transposes' ~1.5 us latency hide behind
-    // the matmuls of the blocks in between).
+    // the matmuls of the steps in between). PSUM: kS = 3 steps of scores
+    // (2 banks each) + kO = 2 banks of O use all 8 banks; the leads were
+    // chosen by measurement (bench/README.md).
     constexpr int kLeadQ = 10, kLeadA = 6, kLeadB = 4;
     constexpr int kS = 3, kP = kLeadB + 2, kO = 2, kCol = 16, kU = kLeadQ + 2;
     // Stage A of block i + kLeadA rewrites the scores stage B of block
