@@ -288,4 +288,48 @@ isa::Program embedding_kernel(const arch::ChipSpec& chip, const EmbeddingSpec& s
 // tile into them, one scatter after the other.
 isa::Program embedding_backward_kernel(const arch::ChipSpec& chip, const EmbeddingSpec& spec);
 
+// Attention (FlashAttention-2 style, see attention.cpp and docs/kernels.md).
+// HBM layouts (like NKI's flash attention; "q" and "k" pre-transposed so that
+// the head dim is the matmul contraction on partitions without a transpose):
+//   q [B, Hq, D, Sq], k [B, Hkv, D, Sk], v [B, Hkv, Sk, D]  (dtype)
+//   o [B, Hq, Sq, D] (dtype), lse [B, Hq, Sq] float32 (natural log of the
+//   row sums of exp(scale * q.k), masked entries excluded)
+// GQA: query head h reads kv head h / (Hq / Hkv). Causal masking is
+// top-left aligned like torch's is_causal: query i sees keys j <= i.
+struct AttentionSpec {
+  std::int64_t batch = 1, q_heads = 8, kv_heads = 8;
+  std::int64_t seq_q = 4096, seq_k = 0;  // seq_k 0: equal to seq_q
+  std::int64_t head_dim = 128;           // 64 or 128
+  bool causal = true;
+  float scale = 0.0f;                   // 0: 1 / sqrt(head_dim)
+  isa::DType dtype = isa::DType::bf16;  // bf16 or fp16
+  int cores = 1;
+  std::int64_t kv_len() const { return seq_k > 0 ? seq_k : seq_q; }
+  float softmax_scale() const;
+};
+
+// O = softmax(scale * Q K^T + mask) V per head with the online softmax; also
+// writes lse for the backward pass. (batch, head, 128-query tile) units are
+// spread over the cores.
+isa::Program flash_attention_kernel(const arch::ChipSpec& chip, const AttentionSpec& spec);
+
+// The FlashAttention-2 backward: inputs q, k, v, o, "do" (layouts above) and
+// lse; outputs dq [B, Hq, D, Sq], dk [B, Hkv, D, Sk], dv [B, Hkv, Sk, D]
+// (dtype; accumulated in FP32). (batch, kv head) units are spread over the
+// cores; every query head of a GQA group runs on its kv head's core.
+isa::Program flash_attention_backward_kernel(const arch::ChipSpec& chip, const AttentionSpec& spec);
+
+// Rotary position embedding (rotate-half convention of Llama / HF) on "x"
+// [B, H, S, D] (dtype) with tables "cos", "sin" [S, D/2] float32:
+//   out[..., :D/2] = x1 * cos - x2 * sin, out[..., D/2:] = x2 * cos + x1 * sin
+// (x1 = x[..., :D/2], x2 = x[..., D/2:]); `backward` rotates by -theta (sin
+// negated), the gradient of the forward. Output "y" (dtype); FP32 arithmetic.
+struct RopeSpec {
+  std::int64_t batch = 1, heads = 8, seq = 4096, head_dim = 128;
+  isa::DType dtype = isa::DType::bf16;
+  bool backward = false;
+  int cores = 1;
+};
+isa::Program rope_kernel(const arch::ChipSpec& chip, const RopeSpec& spec);
+
 }  // namespace tern::kernel

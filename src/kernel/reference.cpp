@@ -518,4 +518,126 @@ std::vector<float> embedding_backward_reference(const std::vector<float>& ids,
   return d;
 }
 
+namespace {
+// P [Sq, Sk] = softmax(scale q k^T + mask) of one head in FP64, with lse.
+void attention_probs(const std::vector<float>& q, const std::vector<float>& k,
+                     const AttentionSpec& s, std::int64_t bh, std::int64_t bkv,
+                     std::vector<double>& p, std::vector<double>* lse) {
+  const std::int64_t Sq = s.seq_q, Sk = s.kv_len(), D = s.head_dim;
+  const double scale = s.softmax_scale();
+  p.assign(static_cast<std::size_t>(Sq * Sk), 0.0);
+  for (std::int64_t i = 0; i < Sq; ++i) {
+    const std::int64_t kend = s.causal ? std::min(Sk, i + 1) : Sk;
+    double m = -INFINITY;
+    for (std::int64_t j = 0; j < kend; ++j) {
+      double acc = 0;
+      for (std::int64_t d = 0; d < D; ++d)
+        acc += static_cast<double>(q[static_cast<std::size_t>((bh * D + d) * Sq + i)]) *
+               k[static_cast<std::size_t>((bkv * D + d) * Sk + j)];
+      p[static_cast<std::size_t>(i * Sk + j)] = acc * scale;
+      m = std::max(m, acc * scale);
+    }
+    double l = 0;
+    for (std::int64_t j = 0; j < kend; ++j) {
+      double& x = p[static_cast<std::size_t>(i * Sk + j)];
+      x = std::exp(x - m);
+      l += x;
+    }
+    for (std::int64_t j = 0; j < kend; ++j) p[static_cast<std::size_t>(i * Sk + j)] /= l;
+    if (lse) (*lse)[static_cast<std::size_t>(bh * Sq + i)] = m + std::log(l);
+  }
+}
+}  // namespace
+
+AttentionResult attention_reference_f64(const std::vector<float>& q, const std::vector<float>& k,
+                                        const std::vector<float>& v, const AttentionSpec& s) {
+  const std::int64_t B = s.batch, Hq = s.q_heads, Hkv = s.kv_heads, Sq = s.seq_q, Sk = s.kv_len(),
+                     D = s.head_dim, G = Hq / Hkv;
+  AttentionResult r;
+  r.o.assign(static_cast<std::size_t>(B * Hq * Sq * D), 0.0);
+  r.lse.assign(static_cast<std::size_t>(B * Hq * Sq), 0.0);
+  std::vector<double> p;
+  for (std::int64_t bi = 0; bi < B; ++bi)
+    for (std::int64_t h = 0; h < Hq; ++h) {
+      const std::int64_t bh = bi * Hq + h, bkv = bi * Hkv + h / G;
+      attention_probs(q, k, s, bh, bkv, p, &r.lse);
+      for (std::int64_t i = 0; i < Sq; ++i)
+        for (std::int64_t j = 0; j < Sk; ++j) {
+          const double w = p[static_cast<std::size_t>(i * Sk + j)];
+          if (w == 0) continue;
+          for (std::int64_t d = 0; d < D; ++d)
+            r.o[static_cast<std::size_t>((bh * Sq + i) * D + d)] +=
+                w * v[static_cast<std::size_t>((bkv * Sk + j) * D + d)];
+        }
+    }
+  return r;
+}
+
+AttentionGrads attention_backward_reference_f64(const std::vector<float>& q,
+                                                const std::vector<float>& k,
+                                                const std::vector<float>& v,
+                                                const std::vector<float>& dout,
+                                                const AttentionSpec& s) {
+  const std::int64_t B = s.batch, Hq = s.q_heads, Hkv = s.kv_heads, Sq = s.seq_q, Sk = s.kv_len(),
+                     D = s.head_dim, G = Hq / Hkv;
+  const double scale = s.softmax_scale();
+  AttentionGrads g;
+  g.dq.assign(q.size(), 0.0);
+  g.dk.assign(k.size(), 0.0);
+  g.dv.assign(v.size(), 0.0);
+  std::vector<double> p, dp(static_cast<std::size_t>(Sk));
+  for (std::int64_t bi = 0; bi < B; ++bi)
+    for (std::int64_t h = 0; h < Hq; ++h) {
+      const std::int64_t bh = bi * Hq + h, bkv = bi * Hkv + h / G;
+      attention_probs(q, k, s, bh, bkv, p, nullptr);
+      for (std::int64_t i = 0; i < Sq; ++i) {
+        auto dO = [&](std::int64_t d) {
+          return static_cast<double>(dout[static_cast<std::size_t>((bh * Sq + i) * D + d)]);
+        };
+        // dP = dO V^T, dS = P (dP - sum_j P dP) (the softmax Jacobian).
+        double dot = 0;
+        for (std::int64_t j = 0; j < Sk; ++j) {
+          double acc = 0;
+          for (std::int64_t d = 0; d < D; ++d)
+            acc += dO(d) * v[static_cast<std::size_t>((bkv * Sk + j) * D + d)];
+          dp[static_cast<std::size_t>(j)] = acc;
+          dot += p[static_cast<std::size_t>(i * Sk + j)] * acc;
+        }
+        for (std::int64_t j = 0; j < Sk; ++j) {
+          const double pij = p[static_cast<std::size_t>(i * Sk + j)];
+          if (pij == 0) continue;
+          const double ds = pij * (dp[static_cast<std::size_t>(j)] - dot) * scale;
+          for (std::int64_t d = 0; d < D; ++d) {
+            g.dv[static_cast<std::size_t>((bkv * Sk + j) * D + d)] += pij * dO(d);
+            g.dq[static_cast<std::size_t>((bh * D + d) * Sq + i)] +=
+                ds * k[static_cast<std::size_t>((bkv * D + d) * Sk + j)];
+            g.dk[static_cast<std::size_t>((bkv * D + d) * Sk + j)] +=
+                ds * q[static_cast<std::size_t>((bh * D + d) * Sq + i)];
+          }
+        }
+      }
+    }
+  return g;
+}
+
+std::vector<float> rope_reference(const std::vector<float>& x, const std::vector<float>& cos,
+                                  const std::vector<float>& sin, const RopeSpec& s,
+                                  float (*round)(float)) {
+  const std::int64_t BH = s.batch * s.heads, S = s.seq, D = s.head_dim, H2 = D / 2;
+  std::vector<float> y(x.size());
+  for (std::int64_t r = 0; r < BH * S; ++r) {
+    const std::int64_t pos = r % S;
+    for (std::int64_t j = 0; j < H2; ++j) {
+      const float x1 = x[static_cast<std::size_t>(r * D + j)];
+      const float x2 = x[static_cast<std::size_t>(r * D + H2 + j)];
+      const float c = cos[static_cast<std::size_t>(pos * H2 + j)];
+      const float sn = sin[static_cast<std::size_t>(pos * H2 + j)];
+      const float a = x1 * c, b = x2 * sn, e = x2 * c, f = x1 * sn;
+      y[static_cast<std::size_t>(r * D + j)] = round(s.backward ? a + b : a - b);
+      y[static_cast<std::size_t>(r * D + H2 + j)] = round(s.backward ? e - f : e + f);
+    }
+  }
+  return y;
+}
+
 }  // namespace tern::kernel

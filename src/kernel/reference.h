@@ -144,4 +144,28 @@ std::vector<float> embedding_backward_reference(const std::vector<float>& ids,
                                                 const std::vector<float>& dout, std::int64_t tokens,
                                                 std::int64_t vocab, std::int64_t dim);
 
+// Attention in FP64 from the (already rounded) inputs in the layouts of
+// flash_attention_kernel: the exact math the kernels approximate (tolerance
+// checks, not bit-exact). Forward: o [B, Hq, Sq, D] and lse [B, Hq, Sq].
+struct AttentionResult {
+  std::vector<double> o, lse;
+};
+AttentionResult attention_reference_f64(const std::vector<float>& q, const std::vector<float>& k,
+                                        const std::vector<float>& v, const AttentionSpec& spec);
+// Backward from dO: dq [B, Hq, D, Sq], dk [B, Hkv, D, Sk], dv [B, Hkv, Sk, D].
+struct AttentionGrads {
+  std::vector<double> dq, dk, dv;
+};
+AttentionGrads attention_backward_reference_f64(const std::vector<float>& q,
+                                                const std::vector<float>& k,
+                                                const std::vector<float>& v,
+                                                const std::vector<float>& dout,
+                                                const AttentionSpec& spec);
+
+// RoPE as rope_kernel computes it (bit-exact): each product rounded to FP32,
+// the difference / sum rounded to FP32 then by `round` to the dtype.
+std::vector<float> rope_reference(const std::vector<float>& x, const std::vector<float>& cos,
+                                  const std::vector<float>& sin, const RopeSpec& spec,
+                                  float (*round)(float));
+
 }  // namespace tern::kernel

@@ -251,6 +251,58 @@ void prepare_ids(const Params& p, const std::string& name, std::vector<float>& v
   if (v.size() > 1) v.back() = static_cast<float>(vocab - 1);
 }
 
+// Attention parameters shared by the forward and the backward.
+std::vector<ParamDoc> attention_docs() {
+  return {{"batch", "1", "Batch size"},
+          {"q_heads", "8", "Query heads"},
+          {"kv_heads", "0", "Key/value heads (GQA; 0: equal to q_heads)"},
+          {"seq", "4096", "Query sequence length"},
+          {"seq_k", "0", "Key sequence length (0: equal to seq)"},
+          {"head_dim", "128", "Head dim: 64 or 128"},
+          // "1" rather than "true": a flag defaulting to true could not be
+          // turned off from the command line (--causal 0 does).
+          {"causal", "1", "Causal mask, 1 or 0 (top-left: query i sees keys j <= i)"},
+          {"scale", "", "Softmax scale (default 1/sqrt(head_dim))"},
+          {"dtype", "bf16", "q, k, v, o (and gradient) dtype: bf16 or fp16"},
+          {"cores", "0", "NeuronCores (0: all of the chip's)"}};
+}
+AttentionSpec attention_spec(const arch::ChipSpec& c, const Params& p) {
+  AttentionSpec s;
+  s.batch = p.i64("batch"), s.q_heads = p.i64("q_heads"), s.kv_heads = p.i64("kv_heads"),
+  s.seq_q = p.i64("seq"), s.seq_k = p.i64("seq_k"), s.head_dim = p.i64("head_dim"),
+  s.causal = p.flag("causal"), s.dtype = p.dtype("dtype"), s.cores = p.i32("cores");
+  if (s.kv_heads == 0) s.kv_heads = s.q_heads;
+  if (s.cores == 0) s.cores = c.cores;
+  s.scale = p.text("scale").empty() ? 0.0f : p.f32("scale");
+  if (!p.text("scale").empty() && s.scale == 0.0f)
+    throw Error("kernel flash_attention: scale must be non-zero");
+  return s;
+}
+// Forward FLOPs counting only unmasked (query, key) pairs: 2 matmuls of
+// 2 D FLOPs per pair (S = Q K^T and O = P V), per batch and query head.
+// Causal (top-left): query i attends to min(Sk, i + 1) keys.
+double attention_flops(const Params& p) {
+  const std::int64_t hq = p.i64("q_heads"), sq = p.i64("seq");
+  const std::int64_t sk = p.i64("seq_k") > 0 ? p.i64("seq_k") : sq;
+  double pairs = 0;
+  if (p.flag("causal")) {
+    const std::int64_t full = std::max<std::int64_t>(0, sq - sk);  // rows that see all keys
+    const std::int64_t tri = std::min(sq, sk);                     // rows i < sk see i + 1
+    pairs = static_cast<double>(tri) * static_cast<double>(tri + 1) / 2 +
+            static_cast<double>(full) * static_cast<double>(sk);
+  } else {
+    pairs = static_cast<double>(sq) * static_cast<double>(sk);
+  }
+  return 4.0 * static_cast<double>(p.i64("batch") * hq * p.i64("head_dim")) * pairs;
+}
+std::string attention_describe(const char* what, const Params& p) {
+  const std::int64_t kv = p.i64("kv_heads") > 0 ? p.i64("kv_heads") : p.i64("q_heads");
+  return fmt::format("{} B={} Hq={} Hkv={} S={}{} D={} {}{}", what, p.i64("batch"),
+                     p.i64("q_heads"), kv, p.i64("seq"),
+                     p.i64("seq_k") > 0 ? fmt::format(" Sk={}", p.i64("seq_k")) : "",
+                     p.i64("head_dim"), p.text("dtype"), p.flag("causal") ? " causal" : "");
+}
+
 std::vector<KernelEntry> make_registry() {
   std::vector<KernelEntry> r;
 
@@ -748,6 +800,75 @@ std::vector<KernelEntry> make_registry() {
     e.describe = [](const Params& p) {
       return fmt::format("embedding backward {} tokens of {} into [{}, {}] fp32", p.i64("tokens"),
                          p.text("dtype"), p.i64("vocab"), p.i64("dim"));
+    };
+    r.push_back(std::move(e));
+  }
+
+  {
+    KernelEntry e;
+    e.name = "flash_attention";
+    e.summary = "FlashAttention-2 forward (online softmax, causal, GQA); outputs o and lse";
+    e.bound = "compute";
+    e.params = attention_docs();
+    e.build = [](const arch::ChipSpec& c, const Params& p) {
+      return flash_attention_kernel(c, attention_spec(c, p));
+    };
+    e.useful_flops = attention_flops;
+    e.describe = [](const Params& p) { return attention_describe("flash attention", p); };
+    r.push_back(std::move(e));
+  }
+
+  {
+    KernelEntry e;
+    e.name = "flash_attention_backward";
+    e.summary = "FlashAttention-2 backward: dq, dk, dv from q, k, v, o, do and lse";
+    e.bound = "compute";
+    e.params = attention_docs();
+    e.build = [](const arch::ChipSpec& c, const Params& p) {
+      return flash_attention_backward_kernel(c, attention_spec(c, p));
+    };
+    // The convention of FlashAttention's benchmarks: 5 matmuls (S, dP, dV,
+    // dK, dQ) against the forward's 2, i.e. 2.5x the forward's FLOPs.
+    e.useful_flops = [](const Params& p) { return 2.5 * attention_flops(p); };
+    e.prepare = [](const Params& p, const std::string& name, std::vector<float>& v) {
+      // lse >= the largest scaled score keeps P = exp(S - lse) <= 1 for
+      // random q and k, as a real forward pass's lse does.
+      if (name == "lse")
+        for (float& x : v)
+          x = std::fabs(x) + 0.25f * std::sqrt(static_cast<float>(p.i64("head_dim")));
+    };
+    e.describe = [](const Params& p) { return attention_describe("flash attention backward", p); };
+    r.push_back(std::move(e));
+  }
+
+  {
+    KernelEntry e;
+    e.name = "rope";
+    e.summary = "Rotary position embedding (rotate-half) on x [B, H, S, D]; backward flag";
+    e.params = {{"batch", "1", "Batch size"},
+                {"heads", "8", "Heads"},
+                {"seq", "4096", "Sequence length (positions; cos/sin tables [seq, head_dim/2])"},
+                {"head_dim", "128", "Head dim (even)"},
+                {"dtype", "bf16", "x / y dtype: fp32, bf16 or fp16 (tables fp32)"},
+                {"backward", "false", "Rotate by -theta (the gradient of the forward)"},
+                cores_doc()};
+    auto spec = [](const Params& p) {
+      RopeSpec s;
+      s.batch = p.i64("batch"), s.heads = p.i64("heads"), s.seq = p.i64("seq"),
+      s.head_dim = p.i64("head_dim"), s.dtype = p.dtype("dtype"), s.backward = p.flag("backward"),
+      s.cores = p.i32("cores");
+      return s;
+    };
+    e.build = [spec](const arch::ChipSpec& c, const Params& p) { return rope_kernel(c, spec(p)); };
+    e.reference = [spec](const arch::ChipSpec&, const Params& p, const NamedData& in) {
+      const RopeSpec s = spec(p);
+      return NamedData{{"y", rope_reference(input(in, "x"), input(in, "cos"), input(in, "sin"), s,
+                                            rounder(s.dtype))}};
+    };
+    e.describe = [](const Params& p) {
+      return fmt::format("rope{} [{}, {}, {}, {}] {}", p.flag("backward") ? " backward" : "",
+                         p.i64("batch"), p.i64("heads"), p.i64("seq"), p.i64("head_dim"),
+                         p.text("dtype"));
     };
     r.push_back(std::move(e));
   }

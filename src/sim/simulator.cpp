@@ -1062,6 +1062,11 @@ RunStats Simulator::run(const Options& opt) {
       }
     } else if (isa::is_dma(in.op)) {
       end = dma.transfer(c, in, start);
+      // Triggering a DMA costs the engine no time, but its stream stays in
+      // order: a later instruction of this engine cannot start before this
+      // trigger did (the builder elides waits an engine already made on the
+      // strength of that order).
+      es.free_at = std::max(es.free_at, start);
       track = fmt::format("dma q{}", in.queue);
       ++st.dma_transfers;
       if (isa::is_indirect_dma(in.op)) {

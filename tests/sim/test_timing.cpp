@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "helpers.h"
+#include "kernel/builder.h"
 #include "sim/cost.h"
 #include "sim/simulator.h"
 
@@ -214,6 +215,27 @@ TEST(Timing, SemaphoresOrderEngines) {
   add(p, b);
   const auto st = run_timing(chip, p);
   EXPECT_DOUBLE_EQ(event(st, "tensor_copy").start_ns, event(st, "memset").dur_ns);
+}
+
+// A DMA trigger costs its engine no time but keeps the stream's order: the
+// builder gives the second transpose no wait (the Sync engine already waited
+// for the Vector engine's copy), so it must not start before the first.
+TEST(Timing, DmaTriggersKeepTheirEngineInOrder) {
+  const auto chip = arch::load_chip("trn3");
+  kernel::Builder b(chip);
+  const auto big = b.sbuf(128, 8192, DType::fp32);
+  const auto src = b.sbuf(128, 256, DType::bf16);
+  const auto dst = b.sbuf(128, 256, DType::bf16);
+  b.memset(big, 1.0f);  // keeps the Vector engine busy
+  b.memset(src, 1.0f);
+  b.dma_transpose(dst.tile(0, 128, 0, 128), src.tile(0, 128, 0, 128));
+  b.dma_transpose(dst.tile(0, 128, 128, 128), src.tile(0, 128, 128, 128));
+  const isa::Program p = b.finish();
+  ASSERT_TRUE(p.cores[0].streams[static_cast<int>(Engine::sync)][1].waits.empty());
+  const auto st = run_timing(chip, p);
+  const double copy_end = event(st, "memset", 1).start_ns + event(st, "memset", 1).dur_ns;
+  EXPECT_GE(event(st, "dma_transpose", 0).start_ns, copy_end);
+  EXPECT_GE(event(st, "dma_transpose", 1).start_ns, copy_end);
 }
 
 }  // namespace

@@ -1,0 +1,223 @@
+// Flash attention forward / backward and RoPE: against the FP64 definition
+// (attention, with bf16 / fp16 tolerances) and bit for bit (RoPE); odd
+// sequence lengths, GQA, causal and not, several cores; bad shapes.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "arch/chip.h"
+#include "kernel/kernels.h"
+#include "kernel/reference.h"
+#include "num/convert.h"
+#include "run_kernel.h"
+#include "sim/simulator.h"
+#include "util/error.h"
+
+namespace tern {
+namespace {
+
+using isa::DType;
+using kernel::AttentionSpec;
+
+std::vector<float> normal(std::size_t n, std::uint32_t seed, float sd, DType dt) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, sd);
+  std::vector<float> v(n);
+  for (float& x : v) x = num::round_to(*isa::format_of(dt), d(rng));
+  return v;
+}
+
+// Largest |got - want| / (atol + rtol |want|); <= 1 passes.
+double worst(const std::vector<float>& got, const std::vector<double>& want, double atol,
+             double rtol, const char* what) {
+  EXPECT_EQ(got.size(), want.size()) << what;
+  double w = 0;
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < got.size() && i < want.size(); ++i) {
+    const double e = std::fabs(got[i] - want[i]) / (atol + rtol * std::fabs(want[i]));
+    if (!(e <= w)) w = e, at = i;  // NaN counts as worst
+  }
+  if (w > 1)
+    ADD_FAILURE() << what << "[" << at << "] = " << got[at] << ", want " << want[at] << " (error "
+                  << w << " x tolerance)";
+  return w;
+}
+
+struct Case {
+  std::int64_t batch, hq, hkv, sq, sk, d;
+  bool causal;
+  int cores;
+  DType dt = DType::bf16;
+  const char* chip = "trn3";
+};
+
+AttentionSpec spec_of(const Case& c) {
+  AttentionSpec s;
+  s.batch = c.batch, s.q_heads = c.hq, s.kv_heads = c.hkv, s.seq_q = c.sq, s.seq_k = c.sk,
+  s.head_dim = c.d, s.causal = c.causal, s.cores = c.cores, s.dtype = c.dt;
+  return s;
+}
+
+// Tolerances (atol, rtol) against FP64: bf16 inputs / outputs carry 8
+// significand bits (relative rounding 2^-9 = 0.2 %); P, dS and the scaled Q
+// are rounded to the dtype once each before the matmuls, and the outputs once.
+// Errors measured on these shapes are ~3x below the bounds (bf16) and the fp16
+// bounds are 4x tighter (11 significand bits).
+double atol_of(DType dt) {
+  return dt == DType::bf16 ? 2e-2 : 5e-3;
+}
+
+class Attention : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Attention, ForwardAndBackwardCloseToFp64) {
+  const Case c = GetParam();
+  const auto chip = arch::load_chip(c.chip);
+  const AttentionSpec s = spec_of(c);
+  const std::int64_t Sk = s.kv_len();
+  const auto q = normal(static_cast<std::size_t>(c.batch * c.hq * c.d * c.sq), 1, 1.0f, c.dt);
+  const auto k = normal(static_cast<std::size_t>(c.batch * c.hkv * c.d * Sk), 2, 1.0f, c.dt);
+  const auto v = normal(static_cast<std::size_t>(c.batch * c.hkv * Sk * c.d), 3, 1.0f, c.dt);
+  const auto dout = normal(static_cast<std::size_t>(c.batch * c.hq * c.sq * c.d), 4, 1.0f, c.dt);
+  const double atol = atol_of(c.dt), rtol = atol;
+
+  sim::Simulator fwd(chip);
+  fwd.load(kernel::flash_attention_kernel(chip, s));
+  fwd.write("q", q);
+  fwd.write("k", k);
+  fwd.write("v", v);
+  fwd.run();
+  const auto o = fwd.read("o");
+  const auto lse = fwd.read("lse");
+  const auto want = kernel::attention_reference_f64(q, k, v, s);
+  worst(o, want.o, atol, rtol, "o");
+  // lse: the scores use Q * scale rounded to the dtype (2^-9 relative for
+  // bf16, unless the scale is a power of two), so lse is off by about
+  // 2^-9 |s| for scores s of a few units.
+  worst(lse, want.lse, atol / 2, 1e-3, "lse");
+
+  sim::Simulator bwd(chip);
+  bwd.load(kernel::flash_attention_backward_kernel(chip, s));
+  bwd.write("q", q);
+  bwd.write("k", k);
+  bwd.write("v", v);
+  bwd.write("o", o);
+  bwd.write("do", dout);
+  bwd.write("lse", lse);
+  bwd.run();
+  const auto g = kernel::attention_backward_reference_f64(q, k, v, dout, s);
+  // Gradients sum over up to Sq (dk, dv) or Sk (dq) terms: the absolute
+  // tolerance grows with the square root of the terms (rounding errors
+  // accumulate like a random walk).
+  const double grow = std::sqrt(static_cast<double>(std::max(c.sq * (c.hq / c.hkv), Sk)) / 64.0);
+  worst(bwd.read("dq"), g.dq, atol * std::max(1.0, grow), rtol, "dq");
+  worst(bwd.read("dk"), g.dk, atol * std::max(1.0, grow), rtol, "dk");
+  worst(bwd.read("dv"), g.dv, atol * std::max(1.0, grow), rtol, "dv");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, Attention,
+    ::testing::Values(Case{1, 1, 1, 1, 0, 64, true, 1},       // one query, one key
+                      Case{1, 2, 2, 77, 0, 64, false, 1},     // partial tile
+                      Case{1, 2, 1, 200, 0, 128, true, 2},    // GQA 2:1, causal, 2 cores
+                      Case{1, 4, 1, 257, 0, 64, true, 3},     // GQA 4:1, 3 partial tiles
+                      Case{2, 4, 2, 130, 0, 128, false, 2},   // batch 2, GQA 2:1
+                      Case{1, 1, 1, 600, 0, 128, true, 1},    // two key blocks, causal
+                      Case{1, 2, 2, 100, 700, 64, false, 2},  // seq_k != seq_q
+                      Case{1, 1, 1, 300, 129, 64, true, 1},   // seq_q > seq_k, causal
+                      Case{1, 2, 1, 150, 0, 64, true, 1, DType::fp16},
+                      Case{1, 2, 2, 140, 0, 64, true, 2, DType::bf16, "trn2"}));
+
+TEST(Attention, BadShapesNameTheParameter) {
+  const auto chip = arch::load_chip("trn3");
+  auto msg = [&](AttentionSpec s) -> std::string {
+    try {
+      kernel::flash_attention_kernel(chip, s);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  AttentionSpec s;
+  s.seq_q = 256;
+  s.head_dim = 96;
+  EXPECT_NE(msg(s).find("not supported: flash_attention with head_dim 96"), std::string::npos)
+      << msg(s);
+  s.head_dim = 128;
+  s.q_heads = 6, s.kv_heads = 4;
+  EXPECT_NE(msg(s).find("q_heads (6) must be a multiple of kv_heads (4)"), std::string::npos)
+      << msg(s);
+  s.q_heads = 8, s.kv_heads = 8, s.seq_q = 0;
+  EXPECT_NE(msg(s).find("seq_q must be >= 1"), std::string::npos) << msg(s);
+  s.seq_q = 128, s.dtype = DType::fp32;
+  EXPECT_NE(msg(s).find("not supported"), std::string::npos) << msg(s);
+  s.dtype = DType::bf16, s.cores = 9;
+  EXPECT_NE(msg(s).find("cores must be in 1..8"), std::string::npos) << msg(s);
+  s.cores = 1, s.head_dim = 96;
+  EXPECT_THROW(kernel::flash_attention_backward_kernel(chip, s), NotSupported);
+}
+
+struct RopeCase {
+  std::int64_t batch, heads, seq, d;
+  DType dt;
+  bool backward;
+  int cores;
+};
+class Rope : public ::testing::TestWithParam<RopeCase> {};
+
+TEST_P(Rope, BitExactAgainstHostReferenceAndInverse) {
+  const RopeCase c = GetParam();
+  const auto chip = arch::load_chip("trn3");
+  kernel::RopeSpec s;
+  s.batch = c.batch, s.heads = c.heads, s.seq = c.seq, s.head_dim = c.d, s.dtype = c.dt,
+  s.backward = c.backward, s.cores = c.cores;
+  const auto x = normal(static_cast<std::size_t>(c.batch * c.heads * c.seq * c.d), 5, 1.0f, c.dt);
+  std::vector<float> cs, sn;
+  for (std::int64_t p = 0; p < c.seq; ++p)
+    for (std::int64_t j = 0; j < c.d / 2; ++j) {
+      const double theta = p * std::pow(10000.0, -2.0 * j / c.d);
+      cs.push_back(static_cast<float>(std::cos(theta)));
+      sn.push_back(static_cast<float>(std::sin(theta)));
+    }
+  auto run = [&](const kernel::RopeSpec& sp, const std::vector<float>& in) {
+    sim::Simulator sim(chip);
+    sim.load(kernel::rope_kernel(chip, sp));
+    sim.write("x", in);
+    sim.write("cos", cs);
+    sim.write("sin", sn);
+    sim.run();
+    return sim.read("y");
+  };
+  const auto y = run(s, x);
+  auto round = +[](float v) { return v; };
+  if (c.dt == DType::bf16)
+    round = +[](float v) { return num::round_to(*isa::format_of(DType::bf16), v); };
+  EXPECT_EQ(testing_helpers::mismatches(y, kernel::rope_reference(x, cs, sn, s, round), "y"), 0u);
+  // The backward undoes the forward (up to the dtype's rounding).
+  kernel::RopeSpec inv = s;
+  inv.backward = !s.backward;
+  const auto back = run(inv, y);
+  const double tol = c.dt == DType::fp32 ? 1e-5 : 2e-2;
+  for (std::size_t i = 0; i < x.size(); ++i)
+    ASSERT_NEAR(back[i], x[i], tol * (1 + std::fabs(x[i]))) << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, Rope,
+                         ::testing::Values(RopeCase{1, 2, 200, 64, DType::bf16, false, 1},
+                                           RopeCase{2, 3, 77, 128, DType::fp32, true, 2},
+                                           RopeCase{1, 20, 130, 128, DType::bf16, false, 3},
+                                           RopeCase{1, 1, 1, 2, DType::fp32, false, 1}));
+
+TEST(Rope, BadShapes) {
+  const auto chip = arch::load_chip("trn3");
+  kernel::RopeSpec s;
+  s.head_dim = 63;
+  EXPECT_THROW(kernel::rope_kernel(chip, s), Error);
+  s.head_dim = 64, s.seq = 0;
+  EXPECT_THROW(kernel::rope_kernel(chip, s), Error);
+}
+
+}  // namespace
+}  // namespace tern
