@@ -379,9 +379,18 @@ void bench_registered(const kernel::KernelEntry& e, const std::map<std::string, 
   const isa::Program p = e.build(chip, params);
   // "Small": a host reference of about a second at most.
   double elements = 0;
-  for (const auto& t : p.tensors) elements += static_cast<double>(t.elements());
+  bool packed = false;  // x4-packed inputs take bytes, not random values
+  for (const auto& t : p.tensors) {
+    elements += static_cast<double>(t.elements());
+    packed |= t.kind == isa::TensorKind::input && isa::is_x4(t.dtype);
+  }
+  if (packed && c.mode != "auto" && c.mode != "timing")
+    throw Error(
+        fmt::format("kernel {}: x4-packed inputs need byte data; run with --mode timing, "
+                    "or save the program and use tern run --input NAME=FILE",
+                    e.name));
   const double flops = e.useful_flops ? e.useful_flops(params) : 0.0;
-  const bool small = e.reference && elements <= (1 << 24) && flops <= 2.2e9;
+  const bool small = e.reference && !packed && elements <= (1 << 24) && flops <= 2.2e9;
   const auto [opt, check] = plan_bench(c.mode, e.reference ? c.check : "no", c.trace, small);
   if (c.check == "yes" && !e.reference)
     throw Error(fmt::format("--check yes: kernel {} has no bit-exact host reference", e.name));

@@ -48,6 +48,11 @@ struct MatmulSpec {
   // "c" [batch * M, N]); the epilogue's bias is shared, its residual is
   // [batch * M, N]. (batch, M block) units are spread over the cores.
   std::int64_t batch = 1;
+  // MX (x4 inputs): the operands come from HBM already quantized, in
+  // mx_quantize_kernel's layout ("at_q" [K/4, M] x4 + "at_scale" [K/32, M]
+  // uint8, "b_q" [K/4, N] + "b_scale" [K/32, N]), as weights stored in MX
+  // and activations quantized by the kernel that produced them would be.
+  bool mx_prequantized = false;
 };
 
 // C[M, N] = A[M, K] @ B[K, N] with A given transposed in HBM ("at", [K, M],

@@ -39,8 +39,17 @@ isa::Program mx_matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
     throw NotSupported(fmt::format("MX matmul with K = {}: K must be a multiple of 128", s.k));
   }
   Builder b(chip, s.cores, s.lnc);
-  const Tensor at = b.hbm("at", {s.k, s.m}, DType::bf16, isa::TensorKind::input);
-  const Tensor bt = b.hbm("b", {s.k, s.n}, DType::bf16, isa::TensorKind::input);
+  // BF16 operands quantized on chip, or operands already in MX form in HBM
+  // (mx_quantize_kernel's layout: x4 data [K/4, C], E8M0 scales [K/32, C]).
+  const bool pre = s.mx_prequantized;
+  const Tensor at = pre ? b.hbm("at_q", {s.k / 4, s.m}, s.in, isa::TensorKind::input)
+                        : b.hbm("at", {s.k, s.m}, DType::bf16, isa::TensorKind::input);
+  const Tensor at_s =
+      pre ? b.hbm("at_scale", {s.k / 32, s.m}, DType::uint8, isa::TensorKind::input) : Tensor{};
+  const Tensor bt = pre ? b.hbm("b_q", {s.k / 4, s.n}, s.in, isa::TensorKind::input)
+                        : b.hbm("b", {s.k, s.n}, DType::bf16, isa::TensorKind::input);
+  const Tensor bt_s =
+      pre ? b.hbm("b_scale", {s.k / 32, s.n}, DType::uint8, isa::TensorKind::input) : Tensor{};
   const Tensor ct = b.hbm("c", {s.m, s.n}, s.out, isa::TensorKind::output);
   const Epilogue& ep = s.epilogue;
   const auto [bias_h, residual_h] = epilogue_inputs(b, ep, s.m, s.n);
@@ -90,11 +99,18 @@ isa::Program mx_matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
     // Loads columns [c0, c0 + nc) of a BF16 [K, C] HBM tensor K tile by K
     // tile through the staging buffers and quantizes them into columns
     // [q0, q0 + nc) of the x4 tiles q and their scales qs.
-    auto quantize_columns = [&](const Tensor& hbm, std::vector<Tensor>& stage, std::int64_t c0,
-                                std::int64_t nc, std::vector<Tensor>& q, std::vector<Tensor>& qs,
-                                std::int64_t q0) {
+    auto quantize_columns = [&](const Tensor& hbm, const Tensor& hbm_scale,
+                                std::vector<Tensor>& stage, std::int64_t c0, std::int64_t nc,
+                                std::vector<Tensor>& q, std::vector<Tensor>& qs, std::int64_t q0) {
       for (std::int64_t kt = 0; kt < KT; ++kt) {
         const int parts = static_cast<int>(std::min(TKL, s.k - kt * TKL) / 4);
+        if (pre) {  // already quantized: two plain loads
+          b.dma_copy(q[kt].tile(0, parts, q0, nc),
+                     hbm.tile(static_cast<int>(kt * TKL / 4), parts, c0, nc));
+          b.dma_copy(qs[kt].tile(0, parts / 8, q0, nc),
+                     hbm_scale.tile(static_cast<int>(kt * TKL / 32), parts / 8, c0, nc));
+          continue;
+        }
         const Tensor src = stage[si].tile(0, parts, 0, 4 * nc);
         si = (si + 1) % kStage;
         b.dma_copy(src, interleave4(hbm, kt * TKL, parts, c0, nc));
@@ -105,10 +121,10 @@ isa::Program mx_matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
     // B column tiles one step ahead of the matmuls that use them
     // (double-buffered), so quantization overlaps the Tensor engine.
     auto prepare_a = [&](std::int64_t m0) {
-      quantize_columns(at, a_src, m0, std::min(TM, s.m - m0), aq, as, m0);
+      quantize_columns(at, at_s, a_src, m0, std::min(TM, s.m - m0), aq, as, m0);
     };
     auto prepare_b = [&](std::int64_t n0, int which) {
-      quantize_columns(bt, b_src, n0, std::min(TN, s.n - n0), bq[which], bs[which], 0);
+      quantize_columns(bt, bt_s, b_src, n0, std::min(TN, s.n - n0), bq[which], bs[which], 0);
     };
     prepare_b(0, 0);
     for (std::int64_t n0 = 0; n0 < s.n; n0 += TN) {
@@ -161,6 +177,11 @@ isa::Program matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
     throw NotSupported(
         "MX matmul with A as [M, K], B as [N, K] or a batch (A^T [K, M] and B [K, "
         "N], one matrix, are)");
+  if (s.mx_prequantized && !mx)
+    throw Error(
+        fmt::format("matmul: mx_prequantized needs MX inputs (fp8_e4m3_x4 / "
+                    "fp8_e5m2_x4), got {}",
+                    isa::name(s.in)));
   if (mx) return mx_matmul_kernel(chip, s);
   const bool ok_in = s.in == DType::bf16 || s.in == DType::fp16 || s.in == DType::fp32 ||
                      s.in == DType::tf32 || isa::is_fp8(s.in);

@@ -153,6 +153,7 @@ MatmulSpec matmul_spec(const Params& p) {
   const int cores = p.i32("cores"), lnc = p.i32("lnc");
   s.cores = cores * lnc, s.lnc = lnc, s.epilogue = parse_epilogue(p.text("epilogue"));
   s.trans_a = p.flag("trans_a"), s.trans_b = p.flag("trans_b"), s.batch = p.i64("batch");
+  s.mx_prequantized = p.flag("mx_prequantized");
   return s;
 }
 
@@ -322,7 +323,9 @@ std::vector<KernelEntry> make_registry() {
         {"lnc", "1", "Logical NeuronCore size (1 or 2)"},
         {"trans_a", "true", "A given as A^T [K, M] ('at'); false: as A [M, K] ('a')"},
         {"trans_b", "false", "B given as B^T [N, K] ('bt'); false: as B [K, N] ('b')"},
-        {"batch", "1", "Independent products, operands stacked along their first dim"}};
+        {"batch", "1", "Independent products, operands stacked along their first dim"},
+        {"mx_prequantized", "false",
+         "MX inputs: operands already quantized in HBM (at_q, at_scale, b_q, b_scale)"}};
     e.build = [](const arch::ChipSpec& c, const Params& p) {
       return matmul_kernel(c, matmul_spec(p));
     };

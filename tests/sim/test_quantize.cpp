@@ -69,3 +69,50 @@ TEST(MxQuantize, RejectsWhatItDoesNotSupport) {
 
 }  // namespace
 }  // namespace tern
+
+namespace tern {
+namespace {
+
+// The MX matmul on operands quantized beforehand by mx_quantize_kernel gives
+// the bits of the MX matmul that quantizes its BF16 inputs on chip.
+TEST(MxQuantize, PrequantizedMatmulEqualsOnChipQuantization) {
+  const arch::ChipSpec chip = arch::load_chip("trn3");
+  const std::int64_t M = 200, N = 300, K = 384;
+  std::mt19937 rng(13);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  auto bf16 = [&](std::size_t n) {
+    std::vector<float> v(n);
+    for (float& x : v) x = num::round_to(*isa::format_of(DType::bf16), d(rng));
+    return v;
+  };
+  const std::vector<float> at = bf16(static_cast<std::size_t>(K * M)),
+                           bm = bf16(static_cast<std::size_t>(K * N));
+  auto quantize = [&](const std::vector<float>& x, std::int64_t cols) {
+    kernel::MxQuantizeSpec q;
+    q.k = K, q.cols = cols, q.cores = 2;
+    auto s = testing_helpers::run_kernel(chip, kernel::mx_quantize_kernel(chip, q), {{"x", &x}});
+    return std::make_pair(s->read_bytes("q"), s->read_bytes("q_scale"));
+  };
+  const auto [aq, as] = quantize(at, M);
+  const auto [bq, bs] = quantize(bm, N);
+  kernel::MatmulSpec ms;
+  ms.m = M, ms.n = N, ms.k = K, ms.in = DType::fp8_e4m3_x4, ms.cores = 2;
+  ms.epilogue = kernel::parse_epilogue("gelu");
+  const auto direct =
+      testing_helpers::run_kernel(chip, kernel::matmul_kernel(chip, ms), {{"at", &at}, {"b", &bm}})
+          ->read("c");
+  ms.mx_prequantized = true;
+  sim::Simulator s(chip);
+  s.load(kernel::matmul_kernel(chip, ms));
+  s.write_bytes("at_q", aq);
+  s.write_bytes("at_scale", as);
+  s.write_bytes("b_q", bq);
+  s.write_bytes("b_scale", bs);
+  s.run();
+  EXPECT_EQ(testing_helpers::mismatches(s.read("c"), direct, "c"), 0u);
+  ms.in = DType::bf16;
+  EXPECT_THROW(kernel::matmul_kernel(chip, ms), Error);
+}
+
+}  // namespace
+}  // namespace tern
