@@ -48,10 +48,10 @@ isa::Program adamw_kernel(const arch::ChipSpec& chip, const AdamWSpec& s) {
   const AdamWScalars ks = adamw_scalars(s);
   const float decay = ks.decay, one_m_b1 = ks.one_m_b1, one_m_b2 = ks.one_m_b2,
               bc2_sqrt = ks.bc2_sqrt, neg_step = ks.neg_step_size;
-  // Tiles of [128, F]: 4 KiB per partition per fp32 tensor, 4 buffers (measured
-  // best of F = 512-2048 and 2-8 buffers on trn3; see bench/README.md).
+  // Tiles of [128, F]: 4 KiB per partition per fp32 tensor, 6 buffers (a
+  // tile is in flight through four pipeline stages; see bench/README.md).
   const std::int64_t P = chip.sbuf_partitions, F = 1024;
-  constexpr int kBuf = 4;
+  constexpr int kBuf = 6;
   struct Bufs {
     Tensor p, g, m, v, a, c, pb;
   };
@@ -68,10 +68,8 @@ isa::Program adamw_kernel(const arch::ChipSpec& chip, const AdamWSpec& s) {
       x.c = b.sbuf(static_cast<int>(P), F, DType::fp32);
       x.pb = b.sbuf(static_cast<int>(P), F, DType::bf16);
     }
-    // The tiles of this core, then a software pipeline over them: each
-    // engine runs its instructions in order, so the first phase of tile
-    // k + 1 (loads and the updates that need only this tile's inputs) is
-    // issued before the second phase of tile k (the chain through sqrt(v)).
+    // The tiles of this core, then a software pipeline over them (below).
+    // Phase 1: loads and the updates that need only this tile's inputs.
     struct Work {
       int r0, n;
       std::int64_t c0, w;
@@ -93,41 +91,60 @@ isa::Program adamw_kernel(const arch::ChipSpec& chip, const AdamWSpec& s) {
     auto hbm = [&](std::size_t k, const Tensor& t) {
       return t.tile(work[k].r0, work[k].n, work[k].c0, work[k].w);
     };
+    // One DMA queue per role: a queue completes in order, so a store sharing
+    // a queue with the next tiles' loads would wait for them (and the loads
+    // that reuse its buffer for it).
+    constexpr int kQp = 0, kQg = 2, kQm = 4, kQv = 6, kQmo = 8, kQvo = 10, kQpo = 12, kQpb = 14;
     auto phase1 = [&](std::size_t k) {
       const View x = view(k);
-      b.dma_copy(x.p, hbm(k, p_h));
-      b.dma_copy(x.g, hbm(k, g_h));
-      b.dma_copy(x.m, hbm(k, m_h));
-      b.dma_copy(x.v, hbm(k, v_h));
+      b.dma_copy(x.p, hbm(k, p_h), kQp);
+      b.dma_copy(x.g, hbm(k, g_h), kQg);
+      b.dma_copy(x.m, hbm(k, m_h), kQm);
+      b.dma_copy(x.v, hbm(k, v_h), kQv);
       b.activation(x.p, isa::ActFunc::identity, x.p, nullptr, decay);  // p *= 1 - lr * wd
       b.activation(x.m, isa::ActFunc::identity, x.m, nullptr, s.beta1);
       b.activation(x.v, isa::ActFunc::identity, x.v, nullptr, s.beta2);
       b.tensor_scalar(x.a, x.g, isa::AluOp::multiply, one_m_b1);
       b.tensor_tensor(x.m, x.m, x.a, isa::AluOp::add);  // m = beta1 m + (1 - beta1) g
-      b.dma_copy(hbm(k, mo_h), x.m, -1, false, Engine::vector);
+      b.dma_copy(hbm(k, mo_h), x.m, kQmo, false, Engine::vector);
       b.tensor_tensor(x.c, x.g, x.g, isa::AluOp::multiply, Engine::gpsimd);
       b.tensor_scalar(x.c, x.c, isa::AluOp::multiply, one_m_b2, isa::AluOp::bypass, 0.0f,
                       Engine::gpsimd);
       b.tensor_tensor(x.v, x.v, x.c, isa::AluOp::add, Engine::gpsimd);  // v = b2 v + (1-b2) g^2
-      b.dma_copy(hbm(k, vo_h), x.v, -1, false, Engine::gpsimd);
+      b.dma_copy(hbm(k, vo_h), x.v, kQvo, false, Engine::gpsimd);
     };
+    // The rest of the chain, in three stages so that no engine waits in
+    // order for another within one tile: sqrt(v) -> denom -> m / denom
+    // (Scalar, Vector), then * -step_size and p + a (Scalar, GpSimd), then
+    // the bf16 copy (Scalar) and the stores.
     auto phase2 = [&](std::size_t k) {
       const View x = view(k);
       b.activation(x.a, isa::ActFunc::sqrt, x.v);
       // denom = sqrt(v) / sqrt(bc2) + eps; then m / denom * -step_size.
       b.tensor_scalar(x.a, x.a, isa::AluOp::divide, bc2_sqrt, isa::AluOp::add, s.eps);
       b.tensor_tensor(x.a, x.m, x.a, isa::AluOp::divide);
+    };
+    auto phase3 = [&](std::size_t k) {
+      const View x = view(k);
       b.tensor_scalar(x.a, x.a, isa::AluOp::multiply, neg_step, isa::AluOp::bypass, 0.0f,
                       Engine::scalar);
       b.tensor_tensor(x.p, x.p, x.a, isa::AluOp::add, Engine::gpsimd);
-      b.dma_copy(hbm(k, po_h), x.p, -1, false, Engine::gpsimd);
-      b.tensor_copy(x.pb, x.p, Engine::scalar);
-      b.dma_copy(hbm(k, pb_h), x.pb, -1, false, Engine::scalar);
+      b.dma_copy(hbm(k, po_h), x.p, kQpo, false, Engine::gpsimd);
     };
-    if (!work.empty()) phase1(0);
-    for (std::size_t k = 0; k < work.size(); ++k) {
-      if (k + 1 < work.size()) phase1(k + 1);
-      phase2(k);
+    auto phase4 = [&](std::size_t k) {
+      const View x = view(k);
+      b.tensor_copy(x.pb, x.p, Engine::scalar);
+      b.dma_copy(hbm(k, pb_h), x.pb, kQpb, false, Engine::scalar);
+    };
+    // A software pipeline: iteration i issues phase 1 of tile i, phase 2 of
+    // tile i - 1, phase 3 of tile i - 2 and phase 4 of tile i - 3 (each
+    // engine runs its instructions in order).
+    const std::size_t n = work.size();
+    for (std::size_t i = 0; i < n + 3; ++i) {
+      if (i < n) phase1(i);
+      if (i >= 1 && i - 1 < n) phase2(i - 1);
+      if (i >= 2 && i - 2 < n) phase3(i - 2);
+      if (i >= 3 && i - 3 < n) phase4(i - 3);
     }
   }
   return b.finish();
