@@ -88,47 +88,86 @@ isa::Program softmax_backward_kernel(const arch::ChipSpec& chip, const SoftmaxSp
   const Tensor y = b.hbm("y", {R, D}, s.dtype, isa::TensorKind::input);
   const Tensor dx = b.hbm("dx", {R, D}, s.dtype, isa::TensorKind::output);
   const int esz = isa::size_bytes(s.dtype);
-  // Per buffer: dy (then dx, in place) and y in the dtype, dy * y and
-  // dy - dot in FP32.
-  constexpr int kMaxBuf = 3;
-  auto need = [&](int bufs) { return bufs * (D * (2 * esz + 8) + 8); };
-  const int bufs = need(kMaxBuf) <= sbuf_budget(chip) ? kMaxBuf : 2;
-  check_sbuf(chip, "softmax_backward", D, s.dtype, need(bufs));
-  const std::int64_t tiles = ceil_div(R, P), half = split(D);
+  // Buffers: dy (then dx, in place) and y in the dtype for the loads, the
+  // compute and the stores in flight (4, or 3 when a row is long); dy * y
+  // in FP32 (2); dy - dot in FP32 (3: written one stage before it is read).
+  auto need = [&](int io) { return io * (2 * D * esz + 8) + 2 * D * 4 + 3 * D * 4; };
+  int io = 4;
+  while (io > 3 && need(io) > sbuf_budget(chip)) --io;
+  check_sbuf(chip, "softmax_backward", D, s.dtype, need(io));
+  // dx = y * (dy - dot), dot = sum_j dy * y (the Jacobian-vector product of
+  // softmax). Per element: dy * y (1 cycle, both 16-bit: GpSimd), its row
+  // sum (Scalar's accumulator, 1), dy - dot (1), (dy - dot) * y (2: an FP32
+  // operand). Balanced over the three engines at 5/3 cycles each: Scalar
+  // also subtracts on the first 2/3 of the columns, Vector on the rest;
+  // GpSimd multiplies the first third, Vector the rest.
+  const std::int64_t sub_s = D * 2 / 3, mul_g = D / 3;
+  const std::int64_t tiles = ceil_div(R, P);
   for (int core = 0; core < s.cores; ++core) {
     b.set_core(core);
-    Tensor dys[kMaxBuf], ys[kMaxBuf], prod[kMaxBuf], diff[kMaxBuf], dot[kMaxBuf];
-    for (int i = 0; i < bufs; ++i) {
-      dys[i] = b.sbuf(static_cast<int>(P), D, s.dtype);
-      ys[i] = b.sbuf(static_cast<int>(P), D, s.dtype);
-      prod[i] = b.sbuf(static_cast<int>(P), D, DType::fp32);
-      diff[i] = b.sbuf(static_cast<int>(P), D, DType::fp32);
-      dot[i] = b.sbuf(static_cast<int>(P), 1, DType::fp32);
+    std::vector<Tensor> dys, ys, prod, diff, dot;
+    for (int i = 0; i < io; ++i) {
+      dys.push_back(b.sbuf(static_cast<int>(P), D, s.dtype));
+      ys.push_back(b.sbuf(static_cast<int>(P), D, s.dtype));
+      dot.push_back(b.sbuf(static_cast<int>(P), 1, DType::fp32));
     }
-    int i = 0;
-    for (std::int64_t t = core; t < tiles; t += s.cores, i = (i + 1) % bufs) {
-      const int r0 = static_cast<int>(t * P), n = static_cast<int>(std::min(P, R - t * P));
-      const Tensor dyt = dys[i].tile(0, n, 0, D), yt = ys[i].tile(0, n, 0, D);
-      const Tensor pt = prod[i].tile(0, n, 0, D), df = diff[i].tile(0, n, 0, D);
-      const Tensor d = dot[i].tile(0, n, 0, 1);
-      b.dma_copy(dyt, dy.tile(r0, n, 0, D));
-      b.dma_copy(yt, y.tile(r0, n, 0, D));
-      // dx = y * (dy - dot), dot = sum_j dy * y (the Jacobian-vector product
-      // of softmax). GpSimd: dy * y; Scalar: its row sum (the activation's
-      // accumulator); Vector: dy - dot; the last product split between
-      // Vector and GpSimd.
-      b.tensor_tensor(pt, dyt, yt, AluOp::multiply, Engine::gpsimd);
-      b.activation(pt, isa::ActFunc::identity, pt, nullptr, 1.0f, &d);
-      b.tensor_scalar(df, dyt, AluOp::subtract, d);
-      if (half > 0) {
-        b.tensor_tensor(dyt.tile(0, n, 0, half), df.tile(0, n, 0, half), yt.tile(0, n, 0, half),
-                        AluOp::multiply, Engine::vector);
-        b.dma_copy(dx.tile(r0, n, 0, half), dyt.tile(0, n, 0, half), -1, false, Engine::vector);
+    for (int i = 0; i < 2; ++i) prod.push_back(b.sbuf(static_cast<int>(P), D, DType::fp32));
+    for (int i = 0; i < 3; ++i) diff.push_back(b.sbuf(static_cast<int>(P), D, DType::fp32));
+    std::vector<std::int64_t> mine;
+    for (std::int64_t t = core; t < tiles; t += s.cores) mine.push_back(t);
+    struct View {
+      int r0, n;
+      Tensor dy, y, p, df, d;
+    };
+    auto view = [&](std::size_t k) {
+      const int r0 = static_cast<int>(mine[k] * P),
+                n = static_cast<int>(std::min(P, R - mine[k] * P));
+      auto T = [&](const Tensor& t) { return t.tile(0, n, 0, t.cols()); };
+      return View{r0,
+                  n,
+                  T(dys[k % static_cast<std::size_t>(io)]),
+                  T(ys[k % static_cast<std::size_t>(io)]),
+                  T(prod[k % 2]),
+                  T(diff[k % 3]),
+                  T(dot[k % static_cast<std::size_t>(io)])};
+    };
+    auto cols = [](const Tensor& t, std::int64_t c0, std::int64_t c1) {
+      return t.tile(0, t.rows(), c0, c1 - c0);
+    };
+    auto load = [&](std::size_t k) {
+      const View v = view(k);
+      b.dma_copy(v.dy, dy.tile(v.r0, v.n, 0, D));
+      b.dma_copy(v.y, y.tile(v.r0, v.n, 0, D));
+    };
+    auto stage1 = [&](std::size_t k) {  // GpSimd dy * y; Scalar: dot, dy - dot (2/3)
+      const View v = view(k);
+      b.tensor_tensor(v.p, v.dy, v.y, AluOp::multiply, Engine::gpsimd);
+      b.activation(v.p, isa::ActFunc::identity, v.p, nullptr, 1.0f, &v.d);
+      if (sub_s > 0)
+        b.tensor_scalar(cols(v.df, 0, sub_s), cols(v.dy, 0, sub_s), AluOp::subtract, v.d,
+                        AluOp::bypass, 0.0f, nullptr, Engine::scalar);
+    };
+    auto stage2 = [&](std::size_t k) {  // Vector: dy - dot (1/3); the products; stores
+      const View v = view(k);
+      b.tensor_scalar(cols(v.df, sub_s, D), cols(v.dy, sub_s, D), AluOp::subtract, v.d);
+      if (mul_g > 0) {
+        b.tensor_tensor(cols(v.dy, 0, mul_g), cols(v.df, 0, mul_g), cols(v.y, 0, mul_g),
+                        AluOp::multiply, Engine::gpsimd);
+        b.dma_copy(dx.tile(v.r0, v.n, 0, mul_g), cols(v.dy, 0, mul_g), -1, false, Engine::gpsimd);
       }
-      b.tensor_tensor(dyt.tile(0, n, half, D - half), df.tile(0, n, half, D - half),
-                      yt.tile(0, n, half, D - half), AluOp::multiply, Engine::gpsimd);
-      b.dma_copy(dx.tile(r0, n, half, D - half), dyt.tile(0, n, half, D - half), -1, false,
-                 Engine::gpsimd);
+      b.tensor_tensor(cols(v.dy, mul_g, D), cols(v.df, mul_g, D), cols(v.y, mul_g, D),
+                      AluOp::multiply, Engine::vector);
+      b.dma_copy(dx.tile(v.r0, v.n, mul_g, D - mul_g), cols(v.dy, mul_g, D), -1, false,
+                 Engine::vector);
+    };
+    // Software pipeline: iteration i loads tile i + 1, runs stage 1 of tile
+    // i and stage 2 of tile i - 1 (each engine runs in order).
+    const std::size_t n = mine.size();
+    if (n > 0) load(0);
+    for (std::size_t i = 0; i < n + 1; ++i) {
+      if (i + 1 < n) load(i + 1);
+      if (i < n) stage1(i);
+      if (i >= 1) stage2(i - 1);
     }
   }
   return b.finish();
