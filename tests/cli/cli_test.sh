@@ -197,6 +197,20 @@ expect_json 'j["check"]["bit_exact"] and j["check"]["elements"] == 4 * 200 * 300
 expect_ok "adamw step 1 \\[128, 100\\] fp32 state, fp32 gradients" bench kernel adamw --rows 128 --dim 100 --dtype fp32
 expect_err "adamw: step must be >= 1" bench kernel adamw --rows 8 --dim 8 --step 0
 expect_err "not supported: adamw with float16 gradients" bench kernel adamw --rows 8 --dim 8 --dtype fp16
+# Every registered kernel runs through the same command (a few per family).
+expect_json 'j["check"]["bit_exact"] and j["check"]["elements"] == 200 * 5000 + 200' bench kernel cross_entropy --rows 200 --vocab 5000 --chunk 1024 --json
+expect_json 'j["check"]["bit_exact"]' bench kernel softmax_backward --rows 130 --dim 300 --cores 2 --json
+expect_json 'j["check"]["bit_exact"] and j["kernel"]["params"]["act"] == "gelu_tanh"' bench kernel glu_backward --rows 130 --dim 300 --act gelu_tanh --json
+expect_json 'j["check"]["bit_exact"] and j["check"]["elements"] == 2' bench kernel reduce --rows 300 --dim 3000 --op sumsq --all --cores 2 --json
+expect_json 'j["check"]["bit_exact"]' bench kernel cast --rows 64 --dim 100 --in bf16 --out fp8_e5m2 --scaled false --json
+expect_json 'j["check"]["bit_exact"] and j["kernel"]["params"]["trans_b"] is True' bench kernel matmul --m 130 --n 70 --k 300 --trans-a false --trans-b --batch 3 --json
+expect_json 'j["useful"]["peak_percent"] > 20 and j["kernel"]["bound"] == "compute"' bench kernel flash_attention --seq 1024 --mode timing --json
+expect_json 'j["check"]["bit_exact"]' bench kernel embedding --tokens 300 --vocab 1000 --dim 200 --json
+expect_ok "mx_quantize \\[1024, 700\\] bf16 -> fp8_e4m3_x4" bench kernel mx_quantize --k 1024 --dim 700
+expect_err "x4-packed inputs need byte data" bench kernel matmul --dtype fp8_e4m3_x4 --mx-prequantized --mode both
+expect_err "kernel glu: act = 'tanhh'" bench kernel glu --act tanhh --rows 8 --dim 8
+expect_err "not supported: glu with activation relu" bench kernel glu --act relu --rows 8 --dim 8
+expect_err "residual = 'maybe': expected true or false" bench kernel rmsnorm --residual maybe --rows 8 --dim 8
 expect_err "unknown dtype 'bf17'" bench matmul --dtype bf17
 expect_err "--check 'maybe'" bench matmul --check maybe --m 8 --n 8 --k 8
 expect_err "a kernel for 9 cores, but trn3 has 8" bench matmul --cores 9 --m 8 --n 8 --k 8
