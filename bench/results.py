@@ -34,6 +34,8 @@ ROWS = [
     ("softmax", "--rows 8192 --dim 4096 --cores 8", "hbm", 70, "softmax fwd, 64 MiB bf16"),
     ("softmax_backward", "--rows 8192 --dim 4096 --cores 8", "hbm", 70,
      "softmax bwd, 64 MiB bf16"),
+    ("softmax_backward", "--rows 16384 --dim 4096 --cores 8", "hbm", 70,
+     "softmax bwd, 128 MiB bf16"),
     ("adamw", "--rows 4096 --dim 4096 --cores 8", "hbm", 70,
      "AdamW, 16.8M params (64 MiB fp32 each of p, m, v)"),
     ("cross_entropy", "--rows 8192 --vocab 50304 --cores 8", "hbm", None,
