@@ -47,6 +47,52 @@ void add_residual(Builder& b, const Tensor& hx, const Tensor& staging, const Ten
   b.dma_copy(h_hbm.tile(r0, n, 0, D), hx, -1, false, Engine::vector);
 }
 
+// Column sums over a core's rows on the Tensor engine: [1, D] FP32 in PSUM
+// (one bank per `tn` columns), (+)= stationary^T [n, 1] @ moving [n, D] per
+// tile, then stored as row `core` of an HBM [cores, D] tensor (zeros for a
+// core without rows).
+class ColumnSums {
+ public:
+  ColumnSums(Builder& b, std::int64_t d, std::int64_t tn) : d_(d), tn_(tn) {
+    for (std::int64_t c0 = 0; c0 < d; c0 += tn) banks_.push_back(b.psum(1, tn, DType::fp32));
+  }
+  // PSUM banks `accumulators` sums of D columns need; throws "not supported"
+  // naming the kernel when they exceed the chip's.
+  static void check(const arch::ChipSpec& chip, const char* name, const char* what, std::int64_t d,
+                    std::int64_t tn, int accumulators) {
+    if (accumulators * ceil_div(d, tn) > chip.psum_banks)
+      throw NotSupported(
+          fmt::format("{} with D = {}: {} accumulate{} in PSUM, which holds {} columns{}", name, d,
+                      what, accumulators == 1 ? "s" : "", chip.psum_banks / accumulators * tn,
+                      accumulators == 1 ? "" : " of each"));
+  }
+  void add(Builder& b, const Tensor& stationary, const Tensor& moving, bool accumulate) {
+    for (std::size_t c = 0; c < banks_.size(); ++c) {
+      const std::int64_t c0 = static_cast<std::int64_t>(c) * tn_, w = std::min(tn_, d_ - c0);
+      b.matmul(banks_[c].tile(0, 1, 0, w), stationary, moving.tile(0, moving.rows(), c0, w),
+               accumulate);
+    }
+  }
+  void store(Builder& b, const Tensor& parts_hbm, int core, bool any_rows, Engine engine) {
+    const Tensor out = b.sbuf(1, d_, DType::fp32);
+    for (std::size_t c = 0; c < banks_.size() && any_rows; ++c) {
+      const std::int64_t c0 = static_cast<std::int64_t>(c) * tn_, w = std::min(tn_, d_ - c0);
+      b.tensor_copy(out.tile(0, 1, c0, w), banks_[c].tile(0, 1, 0, w), engine);
+    }
+    if (!any_rows) b.memset(out, 0.0f, engine == Engine::scalar ? Engine::gpsimd : engine);
+    b.dma_copy(parts_hbm.tile(core, 1, 0, d_), out, -1, false, engine);
+  }
+
+ private:
+  std::int64_t d_, tn_;
+  std::vector<Tensor> banks_;
+};
+
+// PSUM columns per matmul: one bank of FP32.
+std::int64_t psum_columns(const arch::ChipSpec& chip) {
+  return std::min<std::int64_t>(chip.tensor.moving_fmax, chip.psum_bank_bytes().value() / 4);
+}
+
 }  // namespace
 
 isa::Program rmsnorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& s) {
@@ -209,16 +255,9 @@ isa::Program rmsnorm_backward_kernel(const arch::ChipSpec& chip, const RmsNormSp
   const Tensor dg_h = b.hbm("dgamma_parts", {s.cores, D}, DType::fp32, isa::TensorKind::output);
   const std::int64_t P = chip.sbuf_partitions;
   const int esz = isa::size_bytes(s.dtype);
-  // PSUM columns per matmul (one bank of FP32).
-  const std::int64_t TN =
-      std::min<std::int64_t>(chip.tensor.moving_fmax, chip.psum_bank_bytes().value() / 4);
-  // dgamma accumulates on the Tensor engine in PSUM ([1, D] FP32 on one
-  // partition, one bank per TN columns).
-  if (ceil_div(D, TN) > chip.psum_banks) {
-    throw NotSupported(fmt::format(
-        "rmsnorm backward with D = {}: dgamma accumulates in PSUM, which holds {} columns", D,
-        chip.psum_banks * TN));
-  }
+  // dgamma accumulates on the Tensor engine in PSUM.
+  const std::int64_t TN = psum_columns(chip);
+  ColumnSums::check(chip, "rmsnorm backward", "dgamma", D, TN, 1);
   // Per partition: gamma, and per buffer dy, h and dh in the dtype and three
   // FP32 rows.
   constexpr int kBuf = 2;
@@ -233,8 +272,7 @@ isa::Program rmsnorm_backward_kernel(const arch::ChipSpec& chip, const RmsNormSp
     b.dma_copy(g, bias_rows(gamma, gp, 0, D));
     // dgamma: rstd^T @ (dy * h) per tile, accumulated in PSUM over the
     // core's tiles (the Tensor engine is otherwise idle here).
-    std::vector<Tensor> dg;
-    for (std::int64_t c0 = 0; c0 < D; c0 += TN) dg.push_back(b.psum(1, TN, DType::fp32));
+    ColumnSums dg(b, D, TN);
     struct Bufs {
       Tensor dy, h, dh, gg, a, c, t, dot, coef;
     };
@@ -293,23 +331,14 @@ isa::Program rmsnorm_backward_kernel(const arch::ChipSpec& chip, const RmsNormSp
       b.dma_copy(dh_h.tile(v.r0, v.n, 0, D), v.dh, -1, false, Engine::gpsimd);
       // dgamma (+)= rstd^T @ (dy * h); dy * h is exact in FP32 for bf16 / fp16.
       b.tensor_tensor(v.gg, v.dy, v.h, isa::AluOp::multiply, Engine::gpsimd);
-      for (std::size_t c = 0; c < dg.size(); ++c) {
-        const std::int64_t c0 = static_cast<std::int64_t>(c) * TN, w = std::min(TN, D - c0);
-        b.matmul(dg[c].tile(0, 1, 0, w), v.rs, v.gg.tile(0, v.n, c0, w), k > 0);
-      }
+      dg.add(b, v.rs, v.gg, k > 0);
     };
     if (!mine.empty()) phase1(0);
     for (std::size_t k = 0; k < mine.size(); ++k) {
       if (k + 1 < mine.size()) phase1(k + 1);
       phase2(k);
     }
-    const Tensor out = b.sbuf(1, D, DType::fp32);
-    for (std::size_t c = 0; c < dg.size() && !mine.empty(); ++c) {
-      const std::int64_t c0 = static_cast<std::int64_t>(c) * TN, w = std::min(TN, D - c0);
-      b.tensor_copy(out.tile(0, 1, c0, w), dg[c].tile(0, 1, 0, w));
-    }
-    if (mine.empty()) b.memset(out, 0.0f);  // a core without rows contributes zeros
-    b.dma_copy(dg_h.tile(core, 1, 0, D), out, -1, false, Engine::vector);
+    dg.store(b, dg_h, core, !mine.empty(), Engine::vector);
   }
   return b.finish();
 }
@@ -331,16 +360,9 @@ isa::Program layernorm_backward_kernel(const arch::ChipSpec& chip, const RmsNorm
   const Tensor db_h = b.hbm("dbeta_parts", {s.cores, D}, DType::fp32, isa::TensorKind::output);
   const std::int64_t P = chip.sbuf_partitions;
   const int esz = isa::size_bytes(s.dtype);
-  const std::int64_t TN =
-      std::min<std::int64_t>(chip.tensor.moving_fmax, chip.psum_bank_bytes().value() / 4);
-  // dgamma and dbeta accumulate on the Tensor engine in PSUM, a bank per TN
-  // columns each.
-  if (2 * ceil_div(D, TN) > chip.psum_banks) {
-    throw NotSupported(fmt::format(
-        "layernorm backward with D = {}: dgamma and dbeta accumulate in PSUM, which holds {} "
-        "columns of each",
-        D, chip.psum_banks / 2 * TN));
-  }
+  // dgamma and dbeta accumulate on the Tensor engine in PSUM.
+  const std::int64_t TN = psum_columns(chip);
+  ColumnSums::check(chip, "layernorm backward", "dgamma and dbeta", D, TN, 2);
   constexpr int kBuf = 2;
   const std::int64_t need = D * esz + 8 + kBuf * (3 * D * esz + 4 * D * 4 + 64);
   check_fits(chip, "layernorm backward", s, need);
@@ -357,11 +379,7 @@ isa::Program layernorm_backward_kernel(const arch::ChipSpec& chip, const RmsNorm
     const Tensor ones = b.sbuf(static_cast<int>(P), 1, s.dtype);
     b.memset(ones32, 1.0f, Engine::gpsimd);
     b.memset(ones, 1.0f, Engine::gpsimd);
-    std::vector<Tensor> dg, db;
-    for (std::int64_t c0 = 0; c0 < D; c0 += TN) {
-      dg.push_back(b.psum(1, TN, DType::fp32));
-      db.push_back(b.psum(1, TN, DType::fp32));
-    }
+    ColumnSums dg(b, D, TN), db(b, D, TN);
     struct Bufs {
       Tensor dy, h, dh, gg, xh, a, c, mean, rs, s1, s2, coef1, coef2;
     };
@@ -424,30 +442,16 @@ isa::Program layernorm_backward_kernel(const arch::ChipSpec& chip, const RmsNorm
       b.dma_copy(dh_h.tile(v.r0, v.n, 0, D), v.dh, -1, false, Engine::gpsimd);
       // dgamma (+)= 1^T (dy * xhat); dbeta (+)= 1^T dy.
       b.tensor_tensor(v.xh, v.dy, v.xh, isa::AluOp::multiply, Engine::gpsimd);
-      for (std::size_t c = 0; c < dg.size(); ++c) {
-        const std::int64_t c0 = static_cast<std::int64_t>(c) * TN, w = std::min(TN, D - c0);
-        b.matmul(dg[c].tile(0, 1, 0, w), ones32.tile(0, v.n, 0, 1), v.xh.tile(0, v.n, c0, w),
-                 k > 0);
-        b.matmul(db[c].tile(0, 1, 0, w), ones.tile(0, v.n, 0, 1), v.dy.tile(0, v.n, c0, w), k > 0);
-      }
+      dg.add(b, ones32.tile(0, v.n, 0, 1), v.xh, k > 0);
+      db.add(b, ones.tile(0, v.n, 0, 1), v.dy, k > 0);
     };
     if (!mine.empty()) phase1(0);
     for (std::size_t k = 0; k < mine.size(); ++k) {
       if (k + 1 < mine.size()) phase1(k + 1);
       phase2(k);
     }
-    const Tensor og = b.sbuf(1, D, DType::fp32), ob = b.sbuf(1, D, DType::fp32);
-    for (std::size_t c = 0; c < dg.size() && !mine.empty(); ++c) {
-      const std::int64_t c0 = static_cast<std::int64_t>(c) * TN, w = std::min(TN, D - c0);
-      b.tensor_copy(og.tile(0, 1, c0, w), dg[c].tile(0, 1, 0, w));
-      b.tensor_copy(ob.tile(0, 1, c0, w), db[c].tile(0, 1, 0, w), Engine::scalar);
-    }
-    if (mine.empty()) {  // a core without rows contributes zeros
-      b.memset(og, 0.0f);
-      b.memset(ob, 0.0f);
-    }
-    b.dma_copy(dg_h.tile(core, 1, 0, D), og, -1, false, Engine::vector);
-    b.dma_copy(db_h.tile(core, 1, 0, D), ob, -1, false, Engine::scalar);
+    dg.store(b, dg_h, core, !mine.empty(), Engine::vector);
+    db.store(b, db_h, core, !mine.empty(), Engine::scalar);
   }
   return b.finish();
 }
