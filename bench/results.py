@@ -19,6 +19,8 @@ ROWS = [
      "bf16 matmul 4096^3"),
     ("matmul", "--m 4096 --n 4096 --k 4096 --dtype fp8_e4m3_x4 --out bf16 --mx-prequantized --cores 8",
      "tensor", 75, "mxfp8 matmul 4096^3, MX operands in HBM"),
+    ("matmul", "--m 4096 --n 4096 --k 4096 --dtype fp4_e2m1_x4 --out bf16 --mx-prequantized --cores 8",
+     "tensor", None, "mxfp4 matmul 4096^3, MX operands in HBM (no target)"),
     ("matmul", "--m 4096 --n 4096 --k 4096 --dtype fp8_e4m3_x4 --out bf16 --cores 8", "tensor", None,
      "mxfp8 matmul 4096^3, BF16 operands quantized on chip (for reference)"),
     ("flash_attention", "--seq 4096 --head-dim 128 --causal 1", "tensor", 50,

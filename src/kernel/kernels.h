@@ -52,6 +52,8 @@ struct MatmulSpec {
   // mx_quantize_kernel's layout ("at_q" [K/4, M] x4 + "at_scale" [K/32, M]
   // uint8, "b_q" [K/4, N] + "b_scale" [K/32, N]), as weights stored in MX
   // and activations quantized by the kernel that produced them would be.
+  // MXFP4 (fp4_e2m1_x4: two bytes per x4 element) needs it: QuantizeMX
+  // writes MXFP8 only.
   bool mx_prequantized = false;
 };
 

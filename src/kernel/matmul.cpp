@@ -172,7 +172,14 @@ isa::Program matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
     throw NotSupported(fmt::format("matmul with {} output (fp32 and bf16 are)", isa::name(s.out)));
   }
   if (s.batch < 1) throw Error(fmt::format("matmul: batch must be >= 1, got {}", s.batch));
-  const bool mx = s.in == DType::fp8_e4m3_x4 || s.in == DType::fp8_e5m2_x4;
+  const bool mx =
+      s.in == DType::fp8_e4m3_x4 || s.in == DType::fp8_e5m2_x4 || s.in == DType::fp4_e2m1_x4;
+  // QuantizeMX writes MXFP8 only: MXFP4 operands arrive quantized (weights
+  // quantized once, on the host or by the framework).
+  if (s.in == DType::fp4_e2m1_x4 && !s.mx_prequantized)
+    throw NotSupported(
+        "MXFP4 matmul with BF16 operands: on-chip quantization (QuantizeMX) "
+        "writes MXFP8; give MXFP4 operands quantized (mx_prequantized)");
   if (mx && (!s.trans_a || s.trans_b || s.batch != 1))
     throw NotSupported(
         "MX matmul with A as [M, K], B as [N, K] or a batch (A^T [K, M] and B [K, "

@@ -312,20 +312,21 @@ std::vector<KernelEntry> make_registry() {
     e.name = "matmul";
     e.summary = "C = A @ B (A given transposed) with a fused epilogue";
     e.bound = "compute";
-    e.params = {
-        {"m", "512", "Rows of C"},
-        {"n", "512", "Columns of C"},
-        {"k", "512", "Contraction"},
-        {"dtype", "bf16", "Input dtype: bf16, fp32, fp8_e4m3, fp8_e5m2, fp8_e4m3_x4 (MXFP8)"},
-        {"out", "fp32", "Output dtype"},
-        {"epilogue", "", "Fused chain, e.g. scale=0.5,bias,gelu,residual"},
-        {"cores", "1", "NeuronCores (logical cores with lnc 2)"},
-        {"lnc", "1", "Logical NeuronCore size (1 or 2)"},
-        {"trans_a", "true", "A given as A^T [K, M] ('at'); false: as A [M, K] ('a')"},
-        {"trans_b", "false", "B given as B^T [N, K] ('bt'); false: as B [K, N] ('b')"},
-        {"batch", "1", "Independent products, operands stacked along their first dim"},
-        {"mx_prequantized", "false",
-         "MX inputs: operands already quantized in HBM (at_q, at_scale, b_q, b_scale)"}};
+    e.params = {{"m", "512", "Rows of C"},
+                {"n", "512", "Columns of C"},
+                {"k", "512", "Contraction"},
+                {"dtype", "bf16",
+                 "Input dtype: bf16, fp16, fp32, fp8_e4m3, fp8_e5m2, fp8_e4m3_x4 / fp8_e5m2_x4 "
+                 "(MXFP8), fp4_e2m1_x4 (MXFP4, with mx_prequantized)"},
+                {"out", "fp32", "Output dtype"},
+                {"epilogue", "", "Fused chain, e.g. scale=0.5,bias,gelu,residual"},
+                {"cores", "1", "NeuronCores (logical cores with lnc 2)"},
+                {"lnc", "1", "Logical NeuronCore size (1 or 2)"},
+                {"trans_a", "true", "A given as A^T [K, M] ('at'); false: as A [M, K] ('a')"},
+                {"trans_b", "false", "B given as B^T [N, K] ('bt'); false: as B [K, N] ('b')"},
+                {"batch", "1", "Independent products, operands stacked along their first dim"},
+                {"mx_prequantized", "false",
+                 "MX inputs: operands already quantized in HBM (at_q, at_scale, b_q, b_scale)"}};
     e.build = [](const arch::ChipSpec& c, const Params& p) {
       return matmul_kernel(c, matmul_spec(p));
     };

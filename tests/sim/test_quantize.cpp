@@ -7,6 +7,7 @@
 
 #include "arch/chip.h"
 #include "kernel/kernels.h"
+#include "kernel/reference.h"
 #include "num/convert.h"
 #include "num/mx.h"
 #include "run_kernel.h"
@@ -112,6 +113,66 @@ TEST(MxQuantize, PrequantizedMatmulEqualsOnChipQuantization) {
   EXPECT_EQ(testing_helpers::mismatches(s.read("c"), direct, "c"), 0u);
   ms.in = DType::bf16;
   EXPECT_THROW(kernel::matmul_kernel(chip, ms), Error);
+}
+
+}  // namespace
+}  // namespace tern
+
+namespace tern {
+namespace {
+
+// MXFP4: operands quantized on the host (tern::num, Trainium3 policy),
+// packed as the x4 layout (element (k4, c): codes of rows 4 k4 + j in bits
+// 4j .. 4j + 3), multiplied on chip; the result equals the FP32 product of
+// the dequantized operands summed in contraction order.
+TEST(MxQuantize, Mxfp4MatmulOnHostQuantizedOperands) {
+  const arch::ChipSpec chip = arch::load_chip("trn3");
+  const std::int64_t M = 130, N = 200, K = 256;
+  std::mt19937 rng(17);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  const num::MxFormat& f = num::mx_format(num::MxId::mxfp4);
+  // Quantizes each column of a row-major [K, C] matrix; returns the packed
+  // x4 bytes, the scales and the dequantized values.
+  struct Q {
+    std::vector<std::uint8_t> q, s;
+    std::vector<float> deq;
+  };
+  auto quantize = [&](std::int64_t C) {
+    Q r;
+    r.q.assign(static_cast<std::size_t>(K / 4 * C * 2), 0);
+    r.s.resize(static_cast<std::size_t>(K / 32 * C));
+    r.deq.resize(static_cast<std::size_t>(K * C));
+    std::vector<float> col(static_cast<std::size_t>(K)), dq(col.size());
+    std::vector<std::uint8_t> el(col.size()), sc(col.size() / 32);
+    for (std::int64_t c = 0; c < C; ++c) {
+      for (float& x : col) x = d(rng);
+      num::mx_quantize(f, num::ScalePolicy::trn3, col, el, sc);
+      num::mx_dequantize(f, el, sc, dq);
+      for (std::int64_t k = 0; k < K; ++k) {
+        const std::size_t at = static_cast<std::size_t>(((k / 4) * C + c) * 2 + (k % 4) / 2);
+        r.q[at] =
+            static_cast<std::uint8_t>(r.q[at] | (el[static_cast<std::size_t>(k)] << (4 * (k % 2))));
+        r.deq[static_cast<std::size_t>(k * C + c)] = dq[static_cast<std::size_t>(k)];
+      }
+      for (std::int64_t b = 0; b < K / 32; ++b)
+        r.s[static_cast<std::size_t>(b * C + c)] = sc[static_cast<std::size_t>(b)];
+    }
+    return r;
+  };
+  const Q a = quantize(M), b = quantize(N);
+  kernel::MatmulSpec ms;
+  ms.m = M, ms.n = N, ms.k = K, ms.in = DType::fp4_e2m1_x4, ms.mx_prequantized = true, ms.cores = 2;
+  sim::Simulator s(chip);
+  s.load(kernel::matmul_kernel(chip, ms));
+  s.write_bytes("at_q", a.q);
+  s.write_bytes("at_scale", a.s);
+  s.write_bytes("b_q", b.q);
+  s.write_bytes("b_scale", b.s);
+  s.run();
+  const auto want = kernel::matmul_reference(a.deq, b.deq, M, N, K, false);
+  EXPECT_EQ(testing_helpers::mismatches(s.read("c"), want, "c"), 0u);
+  ms.mx_prequantized = false;
+  EXPECT_THROW(kernel::matmul_kernel(chip, ms), NotSupported);
 }
 
 }  // namespace
