@@ -81,4 +81,11 @@ DType parse_dtype(std::string_view s) {
   throw Error(fmt::format("unknown dtype '{}'; known: {}", s, known));
 }
 
+bool supported_by(DType d, int core_version) {
+  if (is_x4(d)) return core_version >= 4;
+  if (d == DType::fp8_e4m3) return core_version >= 4;
+  if (d == DType::fp8_e4m3_legacy) return core_version <= 3;
+  return true;
+}
+
 }  // namespace tern::isa

@@ -14,9 +14,16 @@ inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
   return (a + b - 1) / b;
 }
 
-// The fp32 scratch and staging tiles one output slot needs for the epilogue.
+// The fp32 scratch and staging tiles one output slot needs for the epilogue
+// (amax: its [rows, 1] column).
 struct EvacTiles {
-  Tensor t32, residual;
+  Tensor t32, residual, amax;
+};
+
+// A tile's quantization operands: the qscale column [rows, 1] in SBUF and
+// the tile's [rows, 1] slice of the HBM "amax" output.
+struct QuantTile {
+  Tensor qscale, amax_hbm;
 };
 
 // Applies the epilogue to tile `src` ([tm, tn], PSUM or SBUF) and writes the
@@ -25,12 +32,24 @@ struct EvacTiles {
 // residual tile in HBM; without an epilogue `plain` copies.
 isa::Engine evacuate(Builder& b, const Epilogue& e, const Tensor& src, const Tensor& o,
                      const EvacTiles& tiles, const Tensor* bias, const Tensor* residual_hbm,
-                     isa::Engine plain);
+                     isa::Engine plain, const QuantTile* quant = nullptr);
 
-// The HBM inputs the epilogue reads: "bias" [1, N] and "residual" [M, N]
-// (fp32), declared only when used.
-std::pair<Tensor, Tensor> epilogue_inputs(Builder& b, const Epilogue& e, std::int64_t m,
-                                          std::int64_t n);
+// The HBM tensors of the epilogue, declared only when used: inputs "bias"
+// [1, N], "residual" [M, N], "qscale" [1, 1] (fp32) and the output "amax"
+// [M, ceil(N / tn)] fp32 for output tiles `tn` columns wide.
+struct EpilogueIo {
+  Tensor bias, residual, qscale, amax;
+};
+EpilogueIo epilogue_io(Builder& b, const Epilogue& e, std::int64_t m, std::int64_t n,
+                       std::int64_t tn);
+// The qscale broadcast to `rows` partitions (an empty view without qscale).
+Tensor load_qscale(Builder& b, const Epilogue& e, const EpilogueIo& io, int rows);
+// Throws "not supported" for output dtypes other than fp32, bf16 and (v3+)
+// FP8 E4M3 / E5M2.
+void check_output(const arch::ChipSpec& chip, const char* name, isa::DType out);
+// Columns of a matmul output tile: one PSUM bank of FP32 (and the moving
+// size limit).
+std::int64_t output_tile_columns(const arch::ChipSpec& chip);
 
 // A matmul's output side: PSUM tiles, output tiles and, with an epilogue,
 // its FP32 scratch per output slot and two bias rows (double-buffered).

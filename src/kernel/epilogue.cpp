@@ -26,6 +26,10 @@ Epilogue parse_epilogue(const std::string& text) {
         text.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
     if (item == "bias") {
       e.bias = true;
+    } else if (item == "amax") {
+      e.amax = true;
+    } else if (item == "qscale") {
+      e.qscale = true;
     } else if (item == "residual") {
       e.residual = true;
     } else if (item.rfind("scale=", 0) == 0) {
@@ -39,8 +43,8 @@ Epilogue parse_epilogue(const std::string& text) {
         e.act = isa::parse_act(item);
       } catch (const Error&) {
         throw Error(
-            fmt::format("epilogue step '{}': expected scale=<x>, bias, residual or an activation "
-                        "(gelu, gelu_tanh, silu, relu, ...)",
+            fmt::format("epilogue step '{}': expected scale=<x>, bias, residual, amax, qscale or "
+                        "an activation (gelu, gelu_tanh, silu, relu, ...)",
                         item));
       }
     }
@@ -57,6 +61,8 @@ std::string to_string(const Epilogue& e) {
   if (e.bias) add("bias");
   if (e.act != isa::ActFunc::identity) add(std::string(isa::act_name(e.act)));
   if (e.residual) add("residual");
+  if (e.amax) add("amax");
+  if (e.qscale) add("qscale");
   return s.empty() ? "none" : s;
 }
 
@@ -70,6 +76,11 @@ std::vector<Epilogue> unfused_steps(const Epilogue& e) {
     steps.push_back({e.scale, false, e.act, false});
   }
   if (e.residual) steps.push_back({1.0f, false, isa::ActFunc::identity, true});
+  if (e.amax || e.qscale) {
+    Epilogue q;
+    q.amax = e.amax, q.qscale = e.qscale;
+    steps.push_back(q);
+  }
   return steps;
 }
 
@@ -81,7 +92,7 @@ namespace detail {
 // residual tile in HBM.
 Engine evacuate(Builder& b, const Epilogue& e, const Tensor& src, const Tensor& o,
                 const EvacTiles& tiles, const Tensor* bias, const Tensor* residual_hbm,
-                Engine plain) {
+                Engine plain, const QuantTile* quant) {
   if (!e.any()) {
     b.tensor_copy(o, src, plain);
     return plain;
@@ -106,10 +117,11 @@ Engine evacuate(Builder& b, const Epilogue& e, const Tensor& src, const Tensor& 
     b.dma_copy(res, *residual_hbm);
     steps.push_back(Step::add_residual);
   }
+  const bool quantize = e.amax || e.qscale;
   Tensor x = src;
   Engine last = plain;
   for (std::size_t i = 0; i < steps.size(); ++i) {
-    const Tensor dst = i + 1 == steps.size() ? o : t32;
+    const Tensor dst = i + 1 == steps.size() && !quantize ? o : t32;
     switch (steps[i]) {
       case Step::scale:
         b.tensor_scalar(dst, x, isa::AluOp::multiply, e.scale, isa::AluOp::bypass, 0.0f,
@@ -135,17 +147,38 @@ Engine evacuate(Builder& b, const Epilogue& e, const Tensor& src, const Tensor& 
     }
     x = dst;
   }
+  if (quantize) {
+    if (e.amax) {  // max |y| per row of the tile (Vector), stored to its HBM column
+      const Tensor col = tiles.amax.tile(0, tm, 0, 1);
+      b.tensor_reduce(col, x, isa::AluOp::abs_max);
+      b.tensor_scalar(col, col, isa::AluOp::abs_max, 0.0f);  // |y| also for 1-column tiles
+      b.dma_copy(quant->amax_hbm, col, -1, false, Engine::vector);
+    }
+    if (e.qscale)
+      b.tensor_scalar(o, x, isa::AluOp::multiply, quant->qscale.tile(0, tm, 0, 1),
+                      isa::AluOp::bypass, 0.0f, nullptr, Engine::scalar);
+    else
+      b.tensor_copy(o, x, Engine::scalar);
+    last = Engine::scalar;
+  }
   return last;
 }
 
-// The HBM inputs the epilogue reads: "bias" [1, N] and "residual" [M, N]
-// (fp32), declared only when used.
-std::pair<Tensor, Tensor> epilogue_inputs(Builder& b, const Epilogue& e, std::int64_t m,
-                                          std::int64_t n) {
-  Tensor bias, residual;
-  if (e.bias) bias = b.hbm("bias", {1, n}, DType::fp32, isa::TensorKind::input);
-  if (e.residual) residual = b.hbm("residual", {m, n}, DType::fp32, isa::TensorKind::input);
-  return {bias, residual};
+EpilogueIo epilogue_io(Builder& b, const Epilogue& e, std::int64_t m, std::int64_t n,
+                       std::int64_t tn) {
+  EpilogueIo io;
+  if (e.bias) io.bias = b.hbm("bias", {1, n}, DType::fp32, isa::TensorKind::input);
+  if (e.residual) io.residual = b.hbm("residual", {m, n}, DType::fp32, isa::TensorKind::input);
+  if (e.qscale) io.qscale = b.hbm("qscale", {1, 1}, DType::fp32, isa::TensorKind::input);
+  if (e.amax) io.amax = b.hbm("amax", {m, (n + tn - 1) / tn}, DType::fp32, isa::TensorKind::output);
+  return io;
+}
+
+Tensor load_qscale(Builder& b, const Epilogue& e, const EpilogueIo& io, int rows) {
+  if (!e.qscale) return Tensor{};
+  const Tensor t = b.sbuf(rows, 1, DType::fp32);
+  b.dma_copy(t, bias_rows(io.qscale, rows, 0, 1));
+  return t;
 }
 
 OutputSlots output_slots(Builder& b, const Epilogue& e, DType out, std::int64_t tm,
@@ -159,6 +192,7 @@ OutputSlots output_slots(Builder& b, const Epilogue& e, DType out, std::int64_t 
     for (auto& t : o.evac) {
       t.t32 = b.sbuf(rows, tn, DType::fp32);
       if (e.residual) t.residual = b.sbuf(rows, tn, DType::fp32);
+      if (e.amax) t.amax = b.sbuf(rows, 1, DType::fp32);
     }
     if (e.bias)
       for (auto& t : o.bias) t = b.sbuf(rows, tn, DType::fp32);
@@ -169,10 +203,25 @@ OutputSlots output_slots(Builder& b, const Epilogue& e, DType out, std::int64_t 
 // SBUF bytes per partition output_slots adds for the epilogue.
 std::int64_t epilogue_sbuf_bytes(const Epilogue& e, std::int64_t tn) {
   if (!e.any()) return 0;
-  return (OutputSlots::kOut * (e.residual ? 2 : 1) + (e.bias ? 2 : 0)) * tn * 4;
+  return (OutputSlots::kOut * (e.residual ? 2 : 1) + (e.bias ? 2 : 0)) * tn * 4 +
+         OutputSlots::kOut * 4 + 4;
 }
 
 // The [rows, n] HBM bias row seen by every partition (row stride 0).
+void check_output(const arch::ChipSpec& chip, const char* name, DType out) {
+  const bool fp8 = out == DType::fp8_e4m3 || out == DType::fp8_e5m2;
+  if (out != DType::fp32 && out != DType::bf16 && !fp8)
+    throw NotSupported(fmt::format("{} with {} output (fp32, bf16, fp8_e4m3, fp8_e5m2 are)", name,
+                                   isa::name(out)));
+  if (!isa::supported_by(out, chip.core_version))
+    throw NotSupported(fmt::format("{} with {} output on {} ({})", name, isa::name(out), chip.name,
+                                   chip.core_generation));
+}
+
+std::int64_t output_tile_columns(const arch::ChipSpec& chip) {
+  return std::min<std::int64_t>(chip.tensor.moving_fmax, chip.psum_bank_bytes().value() / 4);
+}
+
 Tensor bias_rows(const Tensor& bias, int rows, std::int64_t n0, std::int64_t n) {
   Tensor v = bias;
   v.ap.offset += n0 * isa::size_bytes(bias.dtype());
@@ -186,17 +235,17 @@ Tensor bias_rows(const Tensor& bias, int rows, std::int64_t n0, std::int64_t n) 
 isa::Program epilogue_kernel(const arch::ChipSpec& chip, std::int64_t m, std::int64_t n,
                              const Epilogue& e, DType out) {
   if (m < 1 || n < 1) throw Error(fmt::format("epilogue: shape [{}, {}] must be >= 1", m, n));
-  if (out != DType::fp32 && out != DType::bf16) {
-    throw NotSupported(fmt::format("epilogue with {} output (fp32 and bf16 are)", isa::name(out)));
-  }
+  check_output(chip, "epilogue", out);
   Builder b(chip);
   const Tensor x = b.hbm("x", {m, n}, DType::fp32, isa::TensorKind::input);
   const Tensor y = b.hbm("y", {m, n}, out, isa::TensorKind::output);
-  const auto [bias_h, residual_h] = epilogue_inputs(b, e, m, n);
   // The same tile shape as the matmul's output tiles, double-buffered.
   const std::int64_t TP = chip.sbuf_partitions;
-  const std::int64_t TF =
-      std::min<std::int64_t>(chip.tensor.moving_fmax, chip.psum_bank_bytes().value() / 4);
+  const std::int64_t TF = output_tile_columns(chip);
+  const EpilogueIo io = epilogue_io(b, e, m, n, TF);
+  const Tensor& bias_h = io.bias;
+  const Tensor& residual_h = io.residual;
+  const Tensor qs = load_qscale(b, e, io, static_cast<int>(std::min(TP, m)));
   constexpr int kBuf = 2;
   Tensor xs[kBuf], os[kBuf], biases[kBuf];
   EvacTiles tiles[kBuf];
@@ -205,6 +254,7 @@ isa::Program epilogue_kernel(const arch::ChipSpec& chip, std::int64_t m, std::in
     os[i] = b.sbuf(static_cast<int>(TP), TF, out);
     tiles[i].t32 = b.sbuf(static_cast<int>(TP), TF, DType::fp32);
     if (e.residual) tiles[i].residual = b.sbuf(static_cast<int>(TP), TF, DType::fp32);
+    if (e.amax) tiles[i].amax = b.sbuf(static_cast<int>(TP), 1, DType::fp32);
     if (e.bias) biases[i] = b.sbuf(static_cast<int>(TP), TF, DType::fp32);
   }
   int i = 0, cb = 0;
@@ -219,7 +269,10 @@ isa::Program epilogue_kernel(const arch::ChipSpec& chip, std::int64_t m, std::in
       b.dma_copy(vx, x.tile(static_cast<int>(r0), tr, c0, tc));
       const Tensor res_h =
           e.residual ? residual_h.tile(static_cast<int>(r0), tr, c0, tc) : Tensor{};
-      const Engine last = evacuate(b, e, vx, vo, tiles[i], &biases[cb], &res_h, Engine::vector);
+      const QuantTile qt{qs,
+                         e.amax ? io.amax.tile(static_cast<int>(r0), tr, c0 / TF, 1) : Tensor{}};
+      const Engine last =
+          evacuate(b, e, vx, vo, tiles[i], &biases[cb], &res_h, Engine::vector, &qt);
       b.dma_copy(y.tile(static_cast<int>(r0), tr, c0, tc), vo, -1, false, last);
     }
   }

@@ -21,14 +21,26 @@ struct Epilogue {
   bool bias = false;  // HBM "bias" [1, N] float32, added to every row
   isa::ActFunc act = isa::ActFunc::identity;
   bool residual = false;  // HBM "residual" [M, N] float32
-  bool any() const { return scale != 1.0f || bias || act != isa::ActFunc::identity || residual; }
+  // Quantization for delayed / current FP8 scaling, after the chain: `amax`
+  // writes max |y| of each output tile's rows to HBM "amax" [M, ceil(N /
+  // tile columns)] fp32 (the tensor's amax is the max of all entries; tiles
+  // are 512 columns wide on trn1-3); `qscale` multiplies by HBM "qscale"
+  // [1, 1] fp32 (e.g. fp8_max / amax) before the cast to the output dtype
+  // (FP8 outputs saturate, as the engines' output conversion does).
+  bool amax = false;
+  bool qscale = false;
+  bool any() const {
+    return scale != 1.0f || bias || act != isa::ActFunc::identity || residual || amax || qscale;
+  }
 };
 
-// "scale=0.5,bias,gelu,residual" -> Epilogue (functions: any activation name).
+// "scale=0.5,bias,gelu,residual,amax,qscale" -> Epilogue (functions: any
+// activation name).
 Epilogue parse_epilogue(const std::string& text);
 std::string to_string(const Epilogue& e);
 // The chain split into the steps separate kernels would run, one HBM round
-// trip each: [scale+bias], [act] (or [scale+act] without a bias), [residual].
+// trip each: [scale+bias], [act] (or [scale+act] without a bias), [residual],
+// [amax+qscale].
 std::vector<Epilogue> unfused_steps(const Epilogue& e);
 
 struct MatmulSpec {

@@ -52,12 +52,13 @@ isa::Program mx_matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
       pre ? b.hbm("b_scale", {s.k / 32, s.n}, DType::uint8, isa::TensorKind::input) : Tensor{};
   const Tensor ct = b.hbm("c", {s.m, s.n}, s.out, isa::TensorKind::output);
   const Epilogue& ep = s.epilogue;
-  const auto [bias_h, residual_h] = epilogue_inputs(b, ep, s.m, s.n);
   const std::int64_t P = chip.tensor.rows;  // packed partitions per instruction
   const std::int64_t TKL = 4 * P;           // logical contraction per instruction
   const std::int64_t TM = chip.tensor.stationary_fmax;
-  const std::int64_t TN =
-      std::min<std::int64_t>(chip.tensor.moving_fmax, chip.psum_bank_bytes().value() / 4);
+  const std::int64_t TN = output_tile_columns(chip);
+  const EpilogueIo io = epilogue_io(b, ep, s.m, s.n, TN);
+  const Tensor& bias_h = io.bias;
+  const Tensor& residual_h = io.residual;
   const std::int64_t KT = ceil_div(s.k, TKL);
   const std::int64_t budget = chip.sbuf_partition_bytes.value();
   // Per partition: all of A quantized (4 B x M per k tile, + 1 B scales), two
@@ -95,6 +96,7 @@ isa::Program mx_matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
     OutputSlots slots = output_slots(b, ep, s.out, TM, TN);
     auto& [ps, outs, evac_tiles, bias_sets] = slots;
     constexpr int kPsum = OutputSlots::kPsum, kOut = OutputSlots::kOut;
+    const Tensor qscale = load_qscale(b, ep, io, static_cast<int>(std::min(TM, s.m)));
     int si = 0, pi = 0, oi = 0, set = 0;
     // Loads columns [c0, c0 + nc) of a BF16 [K, C] HBM tensor K tile by K
     // tile through the staging buffers and quantizes them into columns
@@ -152,8 +154,10 @@ isa::Program mx_matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
         const Tensor o = outs[oi].tile(0, tm, 0, tn);
         const Tensor res_h =
             ep.residual ? residual_h.tile(static_cast<int>(m0), tm, n0, tn) : Tensor{};
+        const QuantTile qt{qscale,
+                           ep.amax ? io.amax.tile(static_cast<int>(m0), tm, n0 / TN, 1) : Tensor{}};
         const Engine evac = evacuate(b, ep, p, o, evac_tiles[static_cast<std::size_t>(oi)], bias,
-                                     &res_h, oi % 2 ? Engine::scalar : Engine::vector);
+                                     &res_h, oi % 2 ? Engine::scalar : Engine::vector, &qt);
         oi = (oi + 1) % kOut;
         b.dma_copy(ct.tile(static_cast<int>(m0), tm, n0, tn), o, -1, false, evac);
       }
@@ -168,9 +172,7 @@ isa::Program matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
   if (s.m < 1 || s.n < 1 || s.k < 1) {
     throw Error(fmt::format("matmul: M, N, K must be >= 1, got {} x {} x {}", s.m, s.n, s.k));
   }
-  if (s.out != DType::fp32 && s.out != DType::bf16) {
-    throw NotSupported(fmt::format("matmul with {} output (fp32 and bf16 are)", isa::name(s.out)));
-  }
+  check_output(chip, "matmul", s.out);
   if (s.batch < 1) throw Error(fmt::format("matmul: batch must be >= 1, got {}", s.batch));
   const bool mx =
       s.in == DType::fp8_e4m3_x4 || s.in == DType::fp8_e5m2_x4 || s.in == DType::fp4_e2m1_x4;
@@ -211,12 +213,12 @@ isa::Program matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
                               : b.hbm("b", {NB * s.k, s.n}, s.in, isa::TensorKind::input);
   const Tensor ct = b.hbm("c", {NB * s.m, s.n}, s.out, isa::TensorKind::output);
   const Epilogue& ep = s.epilogue;
-  const auto [bias_h, residual_h] = epilogue_inputs(b, ep, NB * s.m, s.n);
-
   const std::int64_t TK = chip.tensor.rows;             // contraction
   const std::int64_t TM = chip.tensor.stationary_fmax;  // output partitions
-  const std::int64_t bank_fp32 = chip.psum_bank_bytes().value() / 4;
-  const std::int64_t TN = std::min<std::int64_t>(chip.tensor.moving_fmax, bank_fp32);
+  const std::int64_t TN = output_tile_columns(chip);
+  const EpilogueIo io = epilogue_io(b, ep, NB * s.m, s.n, TN);
+  const Tensor& bias_h = io.bias;
+  const Tensor& residual_h = io.residual;
   const std::int64_t KT = ceil_div(s.k, TK);
   const int esz = isa::size_bytes(s.in);
   // SBUF per partition: two A^T blocks (2 x KT x BM) + two B sets (2 x KT x TN) + outputs.
@@ -262,6 +264,7 @@ isa::Program matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
     OutputSlots slots = output_slots(b, ep, s.out, TM, TN);
     auto& [ps, outs, evac_tiles, bias_sets] = slots;
     constexpr int kPsum = OutputSlots::kPsum, kOut = OutputSlots::kOut;
+    const Tensor qscale = load_qscale(b, ep, io, static_cast<int>(std::min(TM, NB * s.m)));
     // Steps (M block, N tile) in order; the loads of step i + 1 are issued
     // before the compute of step i, so the sync engine never blocks a
     // prefetch behind a store (software pipelining, double-buffered).
@@ -335,9 +338,10 @@ isa::Program matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
         const Tensor res_h = ep.residual ? residual_h.tile(r0, tm, st.n0, tn) : Tensor{};
         // Alternate the PSUM evacuation between Vector and Scalar; the epilogue
         // (if any) runs in the evacuation.
+        const QuantTile qt{qscale, ep.amax ? io.amax.tile(r0, tm, st.n0 / TN, 1) : Tensor{}};
         const Engine evac =
             evacuate(b, ep, p, o, evac_tiles[static_cast<std::size_t>(oi)], &bias_sets[st.b_set],
-                     &res_h, oi % 2 ? Engine::scalar : Engine::vector);
+                     &res_h, oi % 2 ? Engine::scalar : Engine::vector, &qt);
         oi = (oi + 1) % kOut;
         // The evacuating engine triggers the store, so no load waits behind it.
         b.dma_copy(ct.tile(r0, tm, st.n0, tn), o, -1, false, evac);

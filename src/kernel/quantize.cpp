@@ -38,9 +38,10 @@ isa::Program cast_kernel(const arch::ChipSpec& chip, const CastSpec& s) {
     if (!castable(d))
       throw NotSupported(
           fmt::format("cast of {} (fp32, bf16, fp16, fp8_e4m3, fp8_e5m2 are)", isa::name(d)));
-  if ((isa::is_fp8(s.in) || isa::is_fp8(s.out)) && chip.core_version < 3)
-    throw NotSupported(
-        fmt::format("cast with OCP FP8 on {} (NeuronCore-v3+: trn2, trn3)", chip.name));
+  for (DType d : {s.in, s.out})
+    if (!isa::supported_by(d, chip.core_version))
+      throw NotSupported(
+          fmt::format("cast with {} on {} ({})", isa::name(d), chip.name, chip.core_generation));
   Builder b(chip, s.cores);
   const Tensor x = b.hbm("x", {s.rows, s.cols}, s.in, isa::TensorKind::input);
   Tensor scale_h, amax_h;

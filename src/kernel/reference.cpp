@@ -72,6 +72,36 @@ void epilogue_reference(std::vector<float>& c, const std::vector<float>& bias,
   }
 }
 
+std::vector<float> epilogue_quant_reference(std::vector<float>& y, float qscale, const Epilogue& e,
+                                            std::int64_t m, std::int64_t n, std::int64_t tn) {
+  if (y.size() != static_cast<std::size_t>(m * n) || tn < 1)
+    throw Error("epilogue_quant_reference: sizes do not match the [M, N] shape");
+  const std::int64_t tiles = (n + tn - 1) / tn;
+  std::vector<float> amax;
+  if (e.amax) {
+    amax.resize(static_cast<std::size_t>(m * tiles));
+    for (std::int64_t i = 0; i < m; ++i)
+      for (std::int64_t t = 0; t < tiles; ++t) {
+        const float* row = y.data() + i * n + t * tn;
+        const std::int64_t w = std::min(tn, n - t * tn);
+        float a = row[0];
+        for (std::int64_t j = 1; j < w; ++j) a = isa::apply_alu(isa::AluOp::abs_max, a, row[j]);
+        amax[static_cast<std::size_t>(i * tiles + t)] =
+            isa::apply_alu(isa::AluOp::abs_max, a, 0.0f);
+      }
+  }
+  if (e.qscale)
+    for (float& v : y) v = v * qscale;
+  return amax;
+}
+
+void round_output(std::vector<float>& y, isa::DType out) {
+  if (out == isa::DType::fp32) return;
+  num::round_array(*isa::format_of(out), y,
+                   {num::Rounding::nearest_even,
+                    isa::is_fp8(out) ? num::Overflow::saturate : num::Overflow::non_saturating, 0});
+}
+
 RmsNormResult rmsnorm_reference(const std::vector<float>& x, const std::vector<float>& gamma,
                                 const std::vector<float>* residual, std::int64_t rows,
                                 std::int64_t dim, float eps, float (*round)(float)) {

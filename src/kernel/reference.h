@@ -30,6 +30,16 @@ void epilogue_reference(std::vector<float>& c, const std::vector<float>& bias,
                         const std::vector<float>& residual, const Epilogue& e, std::int64_t m,
                         std::int64_t n);
 
+// The epilogue's quantization steps after epilogue_reference: returns the
+// "amax" output [m, ceil(n / tn)] (max |y| per row of each `tn`-column
+// tile), then multiplies y by qscale when the epilogue has it. The caller
+// casts y to the output dtype (saturating for FP8: `round_output`).
+std::vector<float> epilogue_quant_reference(std::vector<float>& y, float qscale, const Epilogue& e,
+                                            std::int64_t m, std::int64_t n, std::int64_t tn);
+// Rounds to the output dtype as the engines' output conversion does (FP8
+// saturates).
+void round_output(std::vector<float>& y, isa::DType out);
+
 // RMSNorm forward as rmsnorm_kernel computes it (one FP32 rounding per step:
 // the sum of squares in column order, rsqrt(sum * (1/D) + eps), then
 // y = round((h * gamma) * rstd)): returns y, fills rstd [R] and, with a

@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "kernel/detail.h"
 #include "kernel/kernels.h"
 #include "kernel/reference.h"
 #include "num/convert.h"
@@ -262,7 +263,8 @@ std::vector<ParamDoc> attention_docs() {
           {"head_dim", "128", "Head dim: 64 or 128"},
           // "1" rather than "true": a flag defaulting to true could not be
           // turned off from the command line (--causal 0 does).
-          {"causal", "1", "Causal mask, 1 or 0 (top-left: query i sees keys j <= i)"},
+          {"causal", "true",
+           "Causal mask (top-left: query i sees keys j <= i); --causal false for none"},
           {"scale", "", "Softmax scale (default 1/sqrt(head_dim))"},
           {"dtype", "bf16", "q, k, v, o (and gradient) dtype: bf16 or fp16"},
           {"cores", "0", "NeuronCores (0: all of the chip's)"}};
@@ -319,7 +321,7 @@ std::vector<KernelEntry> make_registry() {
                  "Input dtype: bf16, fp16, fp32, fp8_e4m3, fp8_e5m2, fp8_e4m3_x4 / fp8_e5m2_x4 "
                  "(MXFP8), fp4_e2m1_x4 (MXFP4, with mx_prequantized)"},
                 {"out", "fp32", "Output dtype"},
-                {"epilogue", "", "Fused chain, e.g. scale=0.5,bias,gelu,residual"},
+                {"epilogue", "", "Fused chain, e.g. scale=0.5,bias,gelu,residual,amax,qscale"},
                 {"cores", "1", "NeuronCores (logical cores with lnc 2)"},
                 {"lnc", "1", "Logical NeuronCore size (1 or 2)"},
                 {"trans_a", "true", "A given as A^T [K, M] ('at'); false: as A [M, K] ('a')"},
@@ -330,7 +332,7 @@ std::vector<KernelEntry> make_registry() {
     e.build = [](const arch::ChipSpec& c, const Params& p) {
       return matmul_kernel(c, matmul_spec(p));
     };
-    e.reference = [](const arch::ChipSpec&, const Params& p, const NamedData& in) {
+    e.reference = [](const arch::ChipSpec& chip, const Params& p, const NamedData& in) {
       const MatmulSpec s = matmul_spec(p);
       const bool mx = s.in == isa::DType::fp8_e4m3_x4 || s.in == isa::DType::fp8_e5m2_x4;
       const bool e5m2 = s.in == isa::DType::fp8_e5m2_x4;
@@ -358,12 +360,20 @@ std::vector<KernelEntry> make_registry() {
       const auto* bias = optional_input(in, "bias");
       const auto* res = optional_input(in, "residual");
       epilogue_reference(c, bias ? *bias : none, res ? *res : none, s.epilogue, s.batch * s.m, s.n);
-      if (s.out != isa::DType::fp32) num::round_array(*isa::format_of(s.out), c);
-      return NamedData{{"c", std::move(c)}};
+      const auto* qs = optional_input(in, "qscale");
+      auto amax = epilogue_quant_reference(c, qs ? (*qs)[0] : 1.0f, s.epilogue, s.batch * s.m, s.n,
+                                           detail::output_tile_columns(chip));
+      round_output(c, s.out);
+      NamedData out{{"c", std::move(c)}};
+      if (s.epilogue.amax) out.emplace_back("amax", std::move(amax));
+      return out;
     };
     e.useful_flops = [](const Params& p) {
       return 2.0 * static_cast<double>(p.i64("batch")) * static_cast<double>(p.i64("m")) *
              static_cast<double>(p.i64("n")) * static_cast<double>(p.i64("k"));
+    };
+    e.prepare = [](const Params&, const std::string& input, std::vector<float>& v) {
+      if (input == "qscale") v[0] = 16.0f;  // large enough that FP8 outputs saturate
     };
     e.describe = [](const Params& p) {
       const std::string ep = p.text("epilogue");
@@ -380,24 +390,33 @@ std::vector<KernelEntry> make_registry() {
     KernelEntry e;
     e.name = "epilogue";
     e.summary = "The epilogue chain as a standalone kernel (the unfused baseline)";
-    e.params = {rows_doc(),
-                dim_doc("Columns (N)"),
-                {"epilogue", "bias,gelu", "The chain, e.g. scale=0.5,bias,gelu,residual"},
-                {"dtype", "fp32", "Output dtype: fp32 or bf16 (input x is fp32)"}};
+    e.params = {
+        rows_doc(),
+        dim_doc("Columns (N)"),
+        {"epilogue", "bias,gelu", "The chain, e.g. scale=0.5,bias,gelu,residual"},
+        {"dtype", "fp32", "Output dtype: fp32, bf16, fp8_e4m3, fp8_e5m2 (input x is fp32)"}};
     e.build = [](const arch::ChipSpec& c, const Params& p) {
       return epilogue_kernel(c, p.i64("rows"), p.i64("dim"), parse_epilogue(p.text("epilogue")),
                              p.dtype("dtype"));
     };
-    e.reference = [](const arch::ChipSpec&, const Params& p, const NamedData& in) {
+    e.reference = [](const arch::ChipSpec& chip, const Params& p, const NamedData& in) {
       std::vector<float> y = input(in, "x");
       const std::vector<float> none;
       const auto* bias = optional_input(in, "bias");
       const auto* res = optional_input(in, "residual");
-      epilogue_reference(y, bias ? *bias : none, res ? *res : none,
-                         parse_epilogue(p.text("epilogue")), p.i64("rows"), p.i64("dim"));
-      const isa::DType dt = p.dtype("dtype");
-      if (dt != isa::DType::fp32) num::round_array(*isa::format_of(dt), y);
-      return NamedData{{"y", std::move(y)}};
+      const Epilogue ep = parse_epilogue(p.text("epilogue"));
+      epilogue_reference(y, bias ? *bias : none, res ? *res : none, ep, p.i64("rows"),
+                         p.i64("dim"));
+      const auto* qs = optional_input(in, "qscale");
+      auto amax = epilogue_quant_reference(y, qs ? (*qs)[0] : 1.0f, ep, p.i64("rows"), p.i64("dim"),
+                                           detail::output_tile_columns(chip));
+      round_output(y, p.dtype("dtype"));
+      NamedData out{{"y", std::move(y)}};
+      if (ep.amax) out.emplace_back("amax", std::move(amax));
+      return out;
+    };
+    e.prepare = [](const Params&, const std::string& input, std::vector<float>& v) {
+      if (input == "qscale") v[0] = 16.0f;  // large enough that FP8 outputs saturate
     };
     e.describe = [](const Params& p) {
       return fmt::format("epilogue {} [{}, {}] fp32 -> {}",

@@ -224,11 +224,7 @@ std::string double_row_rules(const arch::ChipSpec& chip, const isa::Instruction&
 }
 
 bool supports_type(const arch::ChipSpec& chip, DType d) {
-  if (isa::is_x4(d)) return chip.core_version >= 4;  // MX on NeuronCore-v4
-  // OCP E4M3 arrived with NeuronCore-v4; the IEEE-like E4M3 is the v2/v3 type.
-  if (d == DType::fp8_e4m3) return chip.core_version >= 4;
-  if (d == DType::fp8_e4m3_legacy) return chip.core_version <= 3;
-  return true;
+  return isa::supported_by(d, chip.core_version);
 }
 
 }  // namespace

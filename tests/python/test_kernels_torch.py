@@ -252,3 +252,18 @@ def test_batched_matmul_layouts_match_torch_bmm(trans_a, trans_b):
     want = torch.bmm(torch.tensor(a, dtype=torch.float64), torch.tensor(b, dtype=torch.float64))
     # bf16 products are exact in FP32; the FP32 accumulation of K terms.
     close(sim.read("c").reshape(nb, m, n), want, "fp32", scale=np.abs(want.numpy()).max() * 10)
+
+
+def test_matmul_amax_epilogue_matches_torch():
+    """amax per 512-column output tile row; its max is the tensor's amax."""
+    m, n, k = 200, 1100, 300
+    at = rng_normal((k, m), 80, "bf16")
+    b = rng_normal((k, n), 81, "bf16")
+    sim, _ = run("trn3", "matmul", {"at": at, "b": b, "qscale": np.array([0.25], np.float32)}, m=m, n=n, k=k,
+                 epilogue="gelu,amax,qscale", out="bf16")
+    y = torch.nn.functional.gelu(torch.tensor(at, dtype=torch.float64).T @ torch.tensor(b, dtype=torch.float64))
+    amax = sim.read("amax").reshape(m, 3)
+    for t in range(3):
+        want = y[:, 512 * t:512 * (t + 1)].abs().amax(dim=1).numpy()
+        assert np.allclose(amax[:, t], want, rtol=1e-5, atol=1e-6)
+    close(sim.read("c").reshape(m, n), y * 0.25, "bf16")
