@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -97,6 +98,13 @@ struct RmsNormSpec {
   float eps = 1e-6f;
   bool residual = false;
   int cores = 1;
+  // Forward only, a quantized output (the next matmul's FP8 input): y in
+  // `out` (default: dtype; FP8 saturates), times HBM "qscale" [1, 1] fp32
+  // before the cast, and HBM "amax" [R, 1] fp32 = max |y| per row before
+  // the scale (delayed scaling's amax is the max of the rows).
+  std::optional<isa::DType> out;
+  bool qscale = false, amax = false;
+  isa::DType out_dtype() const { return out ? *out : dtype; }
 };
 isa::Program rmsnorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& spec);
 

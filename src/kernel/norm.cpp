@@ -22,11 +22,23 @@ namespace {
 // The checks every norm kernel makes of its spec.
 void check_norm(const char* name, const RmsNormSpec& s) {
   check_rows(name, s.rows, s.dim, s.dtype, s.cores);
+  if (s.out || s.qscale || s.amax) {
+    if (std::string(name).find("backward") != std::string::npos)
+      throw NotSupported(fmt::format("{} with a quantized output (forward only)", name));
+    const DType o = s.out_dtype();
+    if (o != DType::fp32 && o != DType::bf16 && o != DType::fp16 && o != DType::fp8_e4m3 &&
+        o != DType::fp8_e5m2)
+      throw NotSupported(fmt::format("{} with {} output (fp32, bf16, fp16, fp8_e4m3, fp8_e5m2 are)",
+                                     name, isa::name(o)));
+  }
   if (!(s.eps >= 0.0f)) throw Error(fmt::format("{}: eps must be >= 0, got {}", name, s.eps));
 }
 
 void check_fits(const arch::ChipSpec& chip, const char* name, const RmsNormSpec& s,
                 std::int64_t need) {
+  if (!isa::supported_by(s.out_dtype(), chip.core_version))
+    throw NotSupported(fmt::format("{} with {} output on {} ({})", name,
+                                   isa::name(s.out_dtype()), chip.name, chip.core_generation));
   check_sbuf(chip, name, s.dim, s.dtype, need);
 }
 
@@ -93,6 +105,27 @@ std::int64_t psum_columns(const arch::ChipSpec& chip) {
   return std::min<std::int64_t>(chip.tensor.moving_fmax, chip.psum_bank_bytes().value() / 4);
 }
 
+// Writes a norm's output tile: y32 [n, D] FP32 (the unrounded y), with
+// `amax` its per-row max |y| to "amax" rows r0.. (Vector) and with `qscale`
+// times the scale column, cast into yo and stored (from `e`).
+void store_norm_output(Builder& b, const RmsNormSpec& s, const Tensor& y32, const Tensor& yo,
+                       const Tensor& y_hbm, const Tensor& amax_hbm, const Tensor& amax_col,
+                       const Tensor& qscale, int r0, Engine e) {
+  const int n = y32.rows();
+  if (s.amax) {
+    const Tensor c = amax_col.tile(0, n, 0, 1);
+    b.tensor_reduce(c, y32, isa::AluOp::abs_max);
+    b.tensor_scalar(c, c, isa::AluOp::abs_max, 0.0f);  // |y| also for D = 1
+    b.dma_copy(amax_hbm.tile(r0, n, 0, 1), c, -1, false, Engine::vector);
+  }
+  if (s.qscale)
+    b.tensor_scalar(yo, y32, isa::AluOp::multiply, qscale.tile(0, n, 0, 1), isa::AluOp::bypass,
+                    0.0f, nullptr, e);
+  else
+    b.tensor_copy(yo, y32, e);
+  b.dma_copy(y_hbm.tile(r0, n, 0, y32.cols()), yo, -1, false, e);
+}
+
 }  // namespace
 
 isa::Program rmsnorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& s) {
@@ -103,8 +136,12 @@ isa::Program rmsnorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& s) {
   const Tensor gamma = b.hbm("gamma", {1, D}, s.dtype, isa::TensorKind::input);
   Tensor res, h;
   if (s.residual) res = b.hbm("residual", {R, D}, s.dtype, isa::TensorKind::input);
-  const Tensor y = b.hbm("y", {R, D}, s.dtype, isa::TensorKind::output);
+  const Tensor y = b.hbm("y", {R, D}, s.out_dtype(), isa::TensorKind::output);
   const Tensor rstd_h = b.hbm("rstd", {R, 1}, DType::fp32, isa::TensorKind::output);
+  Tensor qscale_h, amax_h;
+  if (s.qscale) qscale_h = b.hbm("qscale", {1, 1}, DType::fp32, isa::TensorKind::input);
+  if (s.amax) amax_h = b.hbm("amax", {R, 1}, DType::fp32, isa::TensorKind::output);
+  const bool quant = s.qscale || s.amax;
   if (s.residual) h = b.hbm("h", {R, D}, s.dtype, isa::TensorKind::output);
   const std::int64_t P = chip.sbuf_partitions;
   const int esz = isa::size_bytes(s.dtype);
@@ -126,12 +163,19 @@ isa::Program rmsnorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& s) {
     b.dma_copy(g, bias_rows(gamma, gp, 0, D));
     const Tensor eps = b.sbuf(gp, 1, DType::fp32);
     b.memset(eps, s.eps, Engine::gpsimd);
+    Tensor qs, amax_col[kMaxBuf];
+    if (s.qscale) {
+      qs = b.sbuf(gp, 1, DType::fp32);
+      b.dma_copy(qs, bias_rows(qscale_h, gp, 0, 1));
+    }
+    for (int i = 0; s.amax && i < bufs; ++i)
+      amax_col[i] = b.sbuf(static_cast<int>(P), 1, DType::fp32);
     Tensor xs[kMaxBuf], rs[kMaxBuf], ys[kMaxBuf], sq[kMaxBuf], y32[kMaxBuf], ss[kMaxBuf],
         rstd[kMaxBuf];
     for (int i = 0; i < bufs; ++i) {
       xs[i] = b.sbuf(static_cast<int>(P), D, s.dtype);
       if (s.residual) rs[i] = b.sbuf(static_cast<int>(P), D, s.dtype);
-      ys[i] = b.sbuf(static_cast<int>(P), D, s.dtype);
+      ys[i] = b.sbuf(static_cast<int>(P), D, s.out_dtype());
       sq[i] = b.sbuf(static_cast<int>(P), D, s.dtype);  // only the row sums are used
       y32[i] = b.sbuf(static_cast<int>(P), D, DType::fp32);
       ss[i] = b.sbuf(static_cast<int>(P), 1, DType::fp32);
@@ -155,6 +199,12 @@ isa::Program rmsnorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& s) {
       b.dma_copy(rstd_h.tile(r0, n, 0, 1), rs_col, -1, false, Engine::scalar);
       const Tensor tf = y32[i].tile(0, n, 0, D), yo = ys[i].tile(0, n, 0, D);
       b.tensor_tensor(tf, hx, g.tile(0, n, 0, D), isa::AluOp::multiply, Engine::vector);
+      if (quant) {  // y in FP32 first (amax, scale), then the cast
+        b.tensor_scalar(tf, tf, isa::AluOp::multiply, rs_col, isa::AluOp::bypass, 0.0f, nullptr,
+                        Engine::gpsimd);
+        store_norm_output(b, s, tf, yo, y, amax_h, amax_col[i], qs, r0, Engine::gpsimd);
+        continue;
+      }
       b.tensor_scalar(yo, tf, isa::AluOp::multiply, rs_col, isa::AluOp::bypass, 0.0f, nullptr,
                       Engine::gpsimd);
       b.dma_copy(y.tile(r0, n, 0, D), yo, -1, false, Engine::gpsimd);
@@ -172,10 +222,14 @@ isa::Program layernorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& s) 
   const Tensor beta = b.hbm("beta", {1, D}, s.dtype, isa::TensorKind::input);
   Tensor res, h;
   if (s.residual) res = b.hbm("residual", {R, D}, s.dtype, isa::TensorKind::input);
-  const Tensor y = b.hbm("y", {R, D}, s.dtype, isa::TensorKind::output);
+  const Tensor y = b.hbm("y", {R, D}, s.out_dtype(), isa::TensorKind::output);
   const Tensor mean_h = b.hbm("mean", {R, 1}, DType::fp32, isa::TensorKind::output);
   const Tensor rstd_h = b.hbm("rstd", {R, 1}, DType::fp32, isa::TensorKind::output);
   if (s.residual) h = b.hbm("h", {R, D}, s.dtype, isa::TensorKind::output);
+  Tensor qscale_h, amax_h;
+  if (s.qscale) qscale_h = b.hbm("qscale", {1, 1}, DType::fp32, isa::TensorKind::input);
+  if (s.amax) amax_h = b.hbm("amax", {R, 1}, DType::fp32, isa::TensorKind::output);
+  const bool quant = s.qscale || s.amax;
   const std::int64_t P = chip.sbuf_partitions, FB = chip.bn_stats_fmax;
   const std::int64_t chunks = ceil_div(D, FB);
   const int esz = isa::size_bytes(s.dtype);
@@ -194,14 +248,20 @@ isa::Program layernorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& s) 
     b.dma_copy(bt, bias_rows(beta, gp, 0, D));
     const Tensor eps = b.sbuf(gp, 1, DType::fp32);
     b.memset(eps, s.eps, Engine::gpsimd);
+    Tensor qs;
+    if (s.qscale) {
+      qs = b.sbuf(gp, 1, DType::fp32);
+      b.dma_copy(qs, bias_rows(qscale_h, gp, 0, 1));
+    }
     struct Bufs {
-      Tensor x, r, y, u, stats, mv, rstd;
+      Tensor x, r, y, u, stats, mv, rstd, amax;
     };
     Bufs bu[kBuf];
     for (auto& t : bu) {
       t.x = b.sbuf(static_cast<int>(P), D, s.dtype);
       if (s.residual) t.r = b.sbuf(static_cast<int>(P), D, s.dtype);
-      t.y = b.sbuf(static_cast<int>(P), D, s.dtype);
+      t.y = b.sbuf(static_cast<int>(P), D, s.out_dtype());
+      if (s.amax) t.amax = b.sbuf(static_cast<int>(P), 1, DType::fp32);
       t.u = b.sbuf(static_cast<int>(P), D, DType::fp32);
       t.stats = b.sbuf(static_cast<int>(P), 6 * chunks, DType::fp32);
       t.mv = b.sbuf(static_cast<int>(P), 2, DType::fp32);
@@ -233,6 +293,11 @@ isa::Program layernorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& s) 
       b.tensor_scalar(u, hx, isa::AluOp::subtract, mean, isa::AluOp::multiply, 0.0f, &rstd,
                       Engine::scalar);
       b.tensor_tensor(u, u, g.tile(0, n, 0, D), isa::AluOp::multiply, Engine::vector);
+      if (quant) {  // y in FP32 first (amax, scale), then the cast
+        b.tensor_tensor(u, u, bt.tile(0, n, 0, D), isa::AluOp::add, Engine::gpsimd);
+        store_norm_output(b, s, u, yo, y, amax_h, v.amax, qs, r0, Engine::gpsimd);
+        continue;
+      }
       b.tensor_tensor(yo, u, bt.tile(0, n, 0, D), isa::AluOp::add, Engine::gpsimd);
       b.dma_copy(y.tile(r0, n, 0, D), yo, -1, false, Engine::gpsimd);
     }

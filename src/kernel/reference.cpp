@@ -102,9 +102,35 @@ void round_output(std::vector<float>& y, isa::DType out) {
                     isa::is_fp8(out) ? num::Overflow::saturate : num::Overflow::non_saturating, 0});
 }
 
+namespace {
+// Applies a NormQuant to the unrounded [rows, dim] y in place (amax, scale,
+// cast); without one, rounds with `round`.
+std::vector<float> finish_norm_output(std::vector<float>& y, std::int64_t rows, std::int64_t dim,
+                                      float (*round)(float), const NormQuant* q) {
+  std::vector<float> amax;
+  if (!q) {
+    for (float& v : y) v = round(v);
+    return amax;
+  }
+  if (q->amax) {
+    for (std::int64_t i = 0; i < rows; ++i) {
+      const float* row = y.data() + i * dim;
+      float a = row[0];
+      for (std::int64_t j = 1; j < dim; ++j) a = isa::apply_alu(isa::AluOp::abs_max, a, row[j]);
+      amax.push_back(isa::apply_alu(isa::AluOp::abs_max, a, 0.0f));
+    }
+  }
+  if (q->qscale)
+    for (float& v : y) v = v * q->scale;
+  round_output(y, q->out);
+  return amax;
+}
+}  // namespace
+
 RmsNormResult rmsnorm_reference(const std::vector<float>& x, const std::vector<float>& gamma,
                                 const std::vector<float>* residual, std::int64_t rows,
-                                std::int64_t dim, float eps, float (*round)(float)) {
+                                std::int64_t dim, float eps, float (*round)(float),
+                                const NormQuant* quant) {
   const auto size = static_cast<std::size_t>(rows * dim);
   if (x.size() != size || gamma.size() != static_cast<std::size_t>(dim) ||
       (residual && residual->size() != size)) {
@@ -127,9 +153,10 @@ RmsNormResult rmsnorm_reference(const std::vector<float>& x, const std::vector<f
     r.rstd[static_cast<std::size_t>(i)] = rstd;
     for (std::int64_t j = 0; j < dim; ++j) {
       const float t = row[j] * gamma[static_cast<std::size_t>(j)];
-      r.y[static_cast<std::size_t>(i * dim + j)] = round(t * rstd);
+      r.y[static_cast<std::size_t>(i * dim + j)] = t * rstd;
     }
   }
+  r.amax = finish_norm_output(r.y, rows, dim, round, quant);
   return r;
 }
 
@@ -202,7 +229,7 @@ LayerNormResult layernorm_reference(const std::vector<float>& x, const std::vect
                                     const std::vector<float>& beta,
                                     const std::vector<float>* residual, std::int64_t rows,
                                     std::int64_t dim, float eps, std::int64_t chunk,
-                                    float (*round)(float)) {
+                                    float (*round)(float), const NormQuant* quant) {
   const auto size = static_cast<std::size_t>(rows * dim), D = static_cast<std::size_t>(dim);
   if (x.size() != size || gamma.size() != D || beta.size() != D ||
       (residual && residual->size() != size) || chunk < 1) {
@@ -230,9 +257,10 @@ LayerNormResult layernorm_reference(const std::vector<float>& x, const std::vect
     r.rstd[i] = rstd;
     for (std::size_t j = 0; j < D; ++j) {
       const float u = ((row[j] - mv[0]) * rstd) * gamma[j];
-      r.y[i * D + j] = round(u + beta[j]);
+      r.y[i * D + j] = u + beta[j];
     }
   }
+  r.amax = finish_norm_output(r.y, rows, dim, round, quant);
   return r;
 }
 

@@ -45,23 +45,32 @@ void round_output(std::vector<float>& y, isa::DType out);
 // y = round((h * gamma) * rstd)): returns y, fills rstd [R] and, with a
 // residual, h = round(x + residual). `round` rounds to the tensors' dtype.
 struct RmsNormResult {
-  std::vector<float> y, rstd, h;
+  std::vector<float> y, rstd, h, amax;
+};
+// A norm's quantized output (RmsNormSpec::out, qscale, amax): y in FP32,
+// amax[r] = max |y| of row r, y times `scale` when qscale, then the cast to
+// `out` (FP8 saturating).
+struct NormQuant {
+  isa::DType out = isa::DType::fp32;
+  bool qscale = false, amax = false;
+  float scale = 1.0f;
 };
 RmsNormResult rmsnorm_reference(const std::vector<float>& x, const std::vector<float>& gamma,
                                 const std::vector<float>* residual, std::int64_t rows,
-                                std::int64_t dim, float eps, float (*round)(float));
+                                std::int64_t dim, float eps, float (*round)(float),
+                                const NormQuant* quant = nullptr);
 
 // LayerNorm forward as layernorm_kernel computes it: statistics by
 // isa::bn_stats_row over chunks of `chunk` columns and isa::bn_aggr_row,
 // rstd = rsqrt(var + eps), y = round(((h - mean) * rstd) * gamma + beta).
 struct LayerNormResult {
-  std::vector<float> y, mean, rstd, h;
+  std::vector<float> y, mean, rstd, h, amax;
 };
 LayerNormResult layernorm_reference(const std::vector<float>& x, const std::vector<float>& gamma,
                                     const std::vector<float>& beta,
                                     const std::vector<float>* residual, std::int64_t rows,
                                     std::int64_t dim, float eps, std::int64_t chunk,
-                                    float (*round)(float));
+                                    float (*round)(float), const NormQuant* quant = nullptr);
 
 // RMSNorm backward as rmsnorm_backward_kernel computes it: dh, and
 // dgamma_parts [cores, D]: per core (tiles of `partitions` rows dealt

@@ -2,6 +2,7 @@
 
 #include <bit>
 #include <cmath>
+#include <optional>
 #include <random>
 #include <stdexcept>
 
@@ -124,7 +125,28 @@ RmsNormSpec norm_spec(const Params& p, float default_eps) {
   s.rows = p.i64("rows"), s.dim = p.i64("dim"), s.dtype = p.dtype("dtype"),
   s.residual = p.flag("residual"), s.cores = p.i32("cores");
   s.eps = p.text("eps").empty() ? default_eps : p.f32("eps");
+  if (p.values().count("out")) {  // the forward kernels' quantized output
+    if (!p.text("out").empty()) s.out = p.dtype("out");
+    s.qscale = p.flag("qscale"), s.amax = p.flag("amax");
+  }
   return s;
+}
+
+// The forward norms' output options.
+std::vector<ParamDoc> with_quant_docs(std::vector<ParamDoc> d) {
+  d.push_back({"out", "", "Output dtype of y (default: dtype; fp8_e4m3 / fp8_e5m2 saturate)"});
+  d.push_back({"qscale", "false", "Multiply y by the HBM input qscale [1, 1] before the cast"});
+  d.push_back({"amax", "false", "Output amax [rows, 1]: max |y| per row before the scale"});
+  return d;
+}
+
+// The NormQuant a forward spec asks for (none without one).
+std::optional<NormQuant> norm_quant(const RmsNormSpec& s, const NamedData& in) {
+  if (!s.out && !s.qscale && !s.amax) return std::nullopt;
+  NormQuant q;
+  q.out = s.out_dtype(), q.qscale = s.qscale, q.amax = s.amax;
+  if (s.qscale) q.scale = input(in, "qscale")[0];
+  return q;
 }
 std::vector<ParamDoc> norm_docs(const char* eps_default) {
   return {rows_doc(),
@@ -429,19 +451,24 @@ std::vector<KernelEntry> make_registry() {
   {
     KernelEntry e;
     e.name = "rmsnorm";
-    e.summary = "RMSNorm forward (optional fused residual add); outputs y, rstd (, h)";
-    e.params = norm_docs("1e-6");
+    e.summary = "RMSNorm forward (optional fused residual add, quantized output); y, rstd (, h)";
+    e.params = with_quant_docs(norm_docs("1e-6"));
     e.build = [](const arch::ChipSpec& c, const Params& p) {
       return rmsnorm_kernel(c, norm_spec(p, 1e-6f));
     };
     e.reference = [](const arch::ChipSpec&, const Params& p, const NamedData& in) {
       const RmsNormSpec s = norm_spec(p, 1e-6f);
+      const auto q = norm_quant(s, in);
       auto res =
           rmsnorm_reference(input(in, "x"), input(in, "gamma"), optional_input(in, "residual"),
-                            s.rows, s.dim, s.eps, rounder(s.dtype));
+                            s.rows, s.dim, s.eps, rounder(s.dtype), q ? &*q : nullptr);
       NamedData out{{"y", res.y}, {"rstd", res.rstd}};
       if (s.residual) out.emplace_back("h", res.h);
+      if (s.amax) out.emplace_back("amax", res.amax);
       return out;
+    };
+    e.prepare = [](const Params&, const std::string& input, std::vector<float>& v) {
+      if (input == "qscale") v[0] = 128.0f;  // large enough that FP8 outputs saturate
     };
     e.describe = [](const Params& p) { return norm_describe("rmsnorm", p); };
     r.push_back(std::move(e));
@@ -473,19 +500,24 @@ std::vector<KernelEntry> make_registry() {
   {
     KernelEntry e;
     e.name = "layernorm";
-    e.summary = "LayerNorm forward (optional fused residual add); outputs y, mean, rstd (, h)";
-    e.params = norm_docs("1e-5");
+    e.summary = "LayerNorm forward (fused residual add, quantized output); y, mean, rstd (, h)";
+    e.params = with_quant_docs(norm_docs("1e-5"));
     e.build = [](const arch::ChipSpec& c, const Params& p) {
       return layernorm_kernel(c, norm_spec(p, 1e-5f));
     };
     e.reference = [](const arch::ChipSpec& c, const Params& p, const NamedData& in) {
       const RmsNormSpec s = norm_spec(p, 1e-5f);
+      const auto q = norm_quant(s, in);
       auto res = layernorm_reference(input(in, "x"), input(in, "gamma"), input(in, "beta"),
                                      optional_input(in, "residual"), s.rows, s.dim, s.eps,
-                                     c.bn_stats_fmax, rounder(s.dtype));
+                                     c.bn_stats_fmax, rounder(s.dtype), q ? &*q : nullptr);
       NamedData out{{"y", res.y}, {"mean", res.mean}, {"rstd", res.rstd}};
       if (s.residual) out.emplace_back("h", res.h);
+      if (s.amax) out.emplace_back("amax", res.amax);
       return out;
+    };
+    e.prepare = [](const Params&, const std::string& input, std::vector<float>& v) {
+      if (input == "qscale") v[0] = 128.0f;  // large enough that FP8 outputs saturate
     };
     e.describe = [](const Params& p) { return norm_describe("layernorm", p); };
     r.push_back(std::move(e));
