@@ -37,8 +37,8 @@ void check_norm(const char* name, const RmsNormSpec& s) {
 void check_fits(const arch::ChipSpec& chip, const char* name, const RmsNormSpec& s,
                 std::int64_t need) {
   if (!isa::supported_by(s.out_dtype(), chip.core_version))
-    throw NotSupported(fmt::format("{} with {} output on {} ({})", name,
-                                   isa::name(s.out_dtype()), chip.name, chip.core_generation));
+    throw NotSupported(fmt::format("{} with {} output on {} ({})", name, isa::name(s.out_dtype()),
+                                   chip.name, chip.core_generation));
   check_sbuf(chip, name, s.dim, s.dtype, need);
 }
 
@@ -235,10 +235,13 @@ isa::Program layernorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& s) 
   const int esz = isa::size_bytes(s.dtype);
   // Per partition: gamma, beta, and per buffer x (residual), y in the dtype,
   // one FP32 row, bn_stats output (6 per chunk) and small columns.
-  constexpr int kBuf = 2;
-  const std::int64_t need =
-      2 * D * esz + kBuf * (D * esz * (s.residual ? 3 : 2) + D * 4 + chunks * 24 + 16);
-  check_fits(chip, "layernorm", s, need);
+  // Three buffers when they fit (stage 1 runs a tile ahead), else two.
+  constexpr int kMaxBuf = 3;
+  auto need = [&](int bufs) {
+    return 2 * D * esz + bufs * (D * esz * (s.residual ? 3 : 2) + D * 4 + chunks * 24 + 16);
+  };
+  const int kBuf = need(kMaxBuf) <= sbuf_budget(chip) ? kMaxBuf : 2;
+  check_fits(chip, "layernorm", s, need(kBuf));
   const std::int64_t tiles = ceil_div(R, P);
   for (int core = 0; core < s.cores; ++core) {
     b.set_core(core);
@@ -256,8 +259,9 @@ isa::Program layernorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& s) 
     struct Bufs {
       Tensor x, r, y, u, stats, mv, rstd, amax;
     };
-    Bufs bu[kBuf];
-    for (auto& t : bu) {
+    Bufs bu[kMaxBuf];
+    for (int bi = 0; bi < kBuf; ++bi) {
+      Bufs& t = bu[bi];
       t.x = b.sbuf(static_cast<int>(P), D, s.dtype);
       if (s.residual) t.r = b.sbuf(static_cast<int>(P), D, s.dtype);
       t.y = b.sbuf(static_cast<int>(P), D, s.out_dtype());
@@ -267,10 +271,21 @@ isa::Program layernorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& s) 
       t.mv = b.sbuf(static_cast<int>(P), 2, DType::fp32);
       t.rstd = b.sbuf(static_cast<int>(P), 1, DType::fp32);
     }
-    int i = 0;
-    for (std::int64_t t = core; t < tiles; t += s.cores, i = (i + 1) % kBuf) {
-      const int r0 = static_cast<int>(t * P), n = static_cast<int>(std::min(P, R - t * P));
-      const Bufs& v = bu[i];
+    std::vector<std::int64_t> mine;
+    for (std::int64_t t = core; t < tiles; t += s.cores) mine.push_back(t);
+    auto rows_of = [&](std::size_t k) {
+      return std::pair<int, int>{static_cast<int>(mine[k] * P),
+                                 static_cast<int>(std::min(P, R - mine[k] * P))};
+    };
+    // Stage 1 (load, statistics on Vector, rstd and u = (h - mean) * rstd on
+    // Scalar) runs one tile ahead of stage 2 (y = u * gamma + beta), so no
+    // engine's in-order stream waits for another within a tile. Stage 2's
+    // 4 cycles per element (two FP32 x 16-bit products) are split so that
+    // Vector (which also has bn_stats) and GpSimd carry 2.5 each.
+    const std::int64_t split = D * 3 / 4;
+    auto stage1 = [&](std::size_t k) {
+      const auto [r0, n] = rows_of(k);
+      const Bufs& v = bu[k % static_cast<std::size_t>(kBuf)];
       const Tensor hx = v.x.tile(0, n, 0, D);
       b.dma_copy(hx, x.tile(r0, n, 0, D));
       if (s.residual) add_residual(b, hx, v.r.tile(0, n, 0, D), res, h, r0);
@@ -283,23 +298,34 @@ isa::Program layernorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& s) 
                    var = v.mv.tile(0, n, 1, 1), rstd = v.rstd.tile(0, n, 0, 1);
       b.bn_aggr(mv, v.stats.tile(0, n, 0, 6 * chunks));
       b.dma_copy(mean_h.tile(r0, n, 0, 1), mean, -1, false, Engine::vector);
-      // rstd = rsqrt(var + eps) on the Scalar engine.
+      // rstd = rsqrt(var + eps), u = (h - mean) * rstd (Scalar).
       const Tensor eps_n = eps.tile(0, n, 0, 1);
       b.activation(rstd, isa::ActFunc::rsqrt, var, &eps_n);
       b.dma_copy(rstd_h.tile(r0, n, 0, 1), rstd, -1, false, Engine::scalar);
-      // u = (h - mean) * rstd (Scalar, column operands); y = u * gamma + beta
-      // (Vector, then GpSimd with the cast).
+      b.tensor_scalar(v.u.tile(0, n, 0, D), hx, isa::AluOp::subtract, mean, isa::AluOp::multiply,
+                      0.0f, &rstd, Engine::scalar);
+    };
+    auto stage2 = [&](std::size_t k) {
+      const auto [r0, n] = rows_of(k);
+      const Bufs& v = bu[k % static_cast<std::size_t>(kBuf)];
       const Tensor u = v.u.tile(0, n, 0, D), yo = v.y.tile(0, n, 0, D);
-      b.tensor_scalar(u, hx, isa::AluOp::subtract, mean, isa::AluOp::multiply, 0.0f, &rstd,
-                      Engine::scalar);
-      b.tensor_tensor(u, u, g.tile(0, n, 0, D), isa::AluOp::multiply, Engine::vector);
+      if (split > 0)
+        b.tensor_tensor(u.tile(0, n, 0, split), u.tile(0, n, 0, split), g.tile(0, n, 0, split),
+                        isa::AluOp::multiply, Engine::vector);
+      b.tensor_tensor(u.tile(0, n, split, D - split), u.tile(0, n, split, D - split),
+                      g.tile(0, n, split, D - split), isa::AluOp::multiply, Engine::gpsimd);
       if (quant) {  // y in FP32 first (amax, scale), then the cast
         b.tensor_tensor(u, u, bt.tile(0, n, 0, D), isa::AluOp::add, Engine::gpsimd);
         store_norm_output(b, s, u, yo, y, amax_h, v.amax, qs, r0, Engine::gpsimd);
-        continue;
+        return;
       }
       b.tensor_tensor(yo, u, bt.tile(0, n, 0, D), isa::AluOp::add, Engine::gpsimd);
       b.dma_copy(y.tile(r0, n, 0, D), yo, -1, false, Engine::gpsimd);
+    };
+    if (!mine.empty()) stage1(0);
+    for (std::size_t k = 0; k < mine.size(); ++k) {
+      if (k + 1 < mine.size()) stage1(k + 1);
+      stage2(k);
     }
   }
   return b.finish();
