@@ -349,11 +349,12 @@ isa::Program rmsnorm_backward_kernel(const arch::ChipSpec& chip, const RmsNormSp
   // dgamma accumulates on the Tensor engine in PSUM.
   const std::int64_t TN = psum_columns(chip);
   ColumnSums::check(chip, "rmsnorm backward", "dgamma", D, TN, 1);
-  // Per partition: gamma, and per buffer dy, h and dh in the dtype and three
-  // FP32 rows.
-  constexpr int kBuf = 2;
-  const std::int64_t need = D * esz + kBuf * (3 * D * esz + 3 * D * 4 + 64);
-  check_fits(chip, "rmsnorm backward", s, need);
+  // Per partition: gamma, and per buffer dy, h and dh in the dtype and two
+  // FP32 rows; three buffers when they fit (three tiles are in flight).
+  constexpr int kMaxBuf = 3;
+  auto need = [&](int bufs) { return D * esz + bufs * (3 * D * esz + 2 * D * 4 + 64); };
+  const int kBuf = need(kMaxBuf) <= sbuf_budget(chip) ? kMaxBuf : 2;
+  check_fits(chip, "rmsnorm backward", s, need(kBuf));
   const std::int64_t tiles = ceil_div(R, P);
   const float neg_inv_d = -1.0f / static_cast<float>(D);
   for (int core = 0; core < s.cores; ++core) {
@@ -365,69 +366,72 @@ isa::Program rmsnorm_backward_kernel(const arch::ChipSpec& chip, const RmsNormSp
     // core's tiles (the Tensor engine is otherwise idle here).
     ColumnSums dg(b, D, TN);
     struct Bufs {
-      Tensor dy, h, dh, gg, a, c, t, dot, coef;
+      Tensor dy, h, dh, gg, c, rs, dot, coef;
     };
-    Bufs bu[kBuf];
+    std::vector<Bufs> bu(static_cast<std::size_t>(kBuf));
     for (auto& x : bu) {
       x.dy = b.sbuf(static_cast<int>(P), D, s.dtype);
       x.h = b.sbuf(static_cast<int>(P), D, s.dtype);
       x.dh = b.sbuf(static_cast<int>(P), D, s.dtype);
       x.gg = b.sbuf(static_cast<int>(P), D, DType::fp32);
-      x.a = b.sbuf(static_cast<int>(P), D, DType::fp32);
       x.c = b.sbuf(static_cast<int>(P), D, DType::fp32);
-      x.t = b.sbuf(static_cast<int>(P), 1, DType::fp32);
+      x.rs = b.sbuf(static_cast<int>(P), 1, DType::fp32);
       x.dot = b.sbuf(static_cast<int>(P), 1, DType::fp32);
       x.coef = b.sbuf(static_cast<int>(P), 1, DType::fp32);
     }
-    // Software pipeline over this core's tiles (each engine runs in order):
-    // phase 1 of tile k + 1 (loads, gg and the row dot products) is issued
-    // before phase 2 of tile k (dh and the dgamma accumulation).
     std::vector<std::int64_t> mine;
     for (std::int64_t t = core; t < tiles; t += s.cores) mine.push_back(t);
     struct View {
       int r0, n;
-      Tensor dy, h, dh, gg, a, c, rs, dot, coef;
+      Tensor dy, h, dh, gg, c, rs, dot, coef;
     };
     auto view = [&](std::size_t k) {
-      const Bufs& x = bu[k % kBuf];
+      const Bufs& x = bu[k % bu.size()];
       const int r0 = static_cast<int>(mine[k] * P),
                 n = static_cast<int>(std::min(P, R - mine[k] * P));
       auto T = [&](const Tensor& v) { return v.tile(0, n, 0, v.cols()); };
-      return View{r0,     n,      T(x.dy), T(x.h),   T(x.dh),  T(x.gg),
-                  T(x.a), T(x.c), T(x.t),  T(x.dot), T(x.coef)};
+      return View{r0, n, T(x.dy), T(x.h), T(x.dh), T(x.gg), T(x.c), T(x.rs), T(x.dot), T(x.coef)};
     };
-    auto phase1 = [&](std::size_t k) {
+    // Three pipeline stages, each engine 3 cycles per element:
+    //   A (Vector): gg = dy * gamma (exact in FP32 for bf16 / fp16), c = gg * h;
+    //   B (Scalar): dot = sum(c) (the activation's accumulator),
+    //               coef = ((dot * rstd) * rstd) * rstd * (-1 / D);
+    //   C: a = gg * rstd and c = h * coef (Scalar), dh = a + c and then
+    //      dy * h (GpSimd, exact), dgamma (+)= rstd^T (dy * h) (Tensor).
+    // Iteration i issues A of tile i + 2, B of tile i + 1 and C of tile i, so
+    // no engine's in-order stream waits for another within a tile.
+    auto stage_a = [&](std::size_t k) {
       const View v = view(k);
       b.dma_copy(v.dy, dy_h.tile(v.r0, v.n, 0, D));
       b.dma_copy(v.h, h_h.tile(v.r0, v.n, 0, D));
       b.dma_copy(v.rs, rstd_h.tile(v.r0, v.n, 0, 1));
-      // gg = dy * gamma (exact in FP32 for bf16 / fp16), dot = sum(gg * h).
       b.tensor_tensor(v.gg, v.dy, g.tile(0, v.n, 0, D), isa::AluOp::multiply);
       b.tensor_tensor(v.c, v.gg, v.h, isa::AluOp::multiply);
-      b.tensor_reduce(v.dot, v.c, isa::AluOp::add);
-      // coef = ((dot * rstd) * rstd) * rstd * (-1 / D).
-      b.tensor_scalar(v.coef, v.dot, isa::AluOp::multiply, v.rs, isa::AluOp::multiply, 0.0f, &v.rs,
-                      Engine::gpsimd);
-      b.tensor_scalar(v.coef, v.coef, isa::AluOp::multiply, v.rs, isa::AluOp::multiply, neg_inv_d,
-                      nullptr, Engine::gpsimd);
     };
-    auto phase2 = [&](std::size_t k) {
+    auto stage_b = [&](std::size_t k) {
       const View v = view(k);
-      // dh = gg * rstd + h * coef.
-      b.tensor_scalar(v.a, v.gg, isa::AluOp::multiply, v.rs, isa::AluOp::bypass, 0.0f, nullptr,
+      b.activation(v.c, isa::ActFunc::identity, v.c, nullptr, 1.0f, &v.dot);
+      b.tensor_scalar(v.coef, v.dot, isa::AluOp::multiply, v.rs, isa::AluOp::multiply, 0.0f, &v.rs,
+                      Engine::scalar);
+      b.tensor_scalar(v.coef, v.coef, isa::AluOp::multiply, v.rs, isa::AluOp::multiply, neg_inv_d,
+                      nullptr, Engine::scalar);
+    };
+    auto stage_c = [&](std::size_t k) {
+      const View v = view(k);
+      b.tensor_scalar(v.gg, v.gg, isa::AluOp::multiply, v.rs, isa::AluOp::bypass, 0.0f, nullptr,
                       Engine::scalar);
       b.tensor_scalar(v.c, v.h, isa::AluOp::multiply, v.coef, isa::AluOp::bypass, 0.0f, nullptr,
                       Engine::scalar);
-      b.tensor_tensor(v.dh, v.a, v.c, isa::AluOp::add, Engine::gpsimd);
+      b.tensor_tensor(v.dh, v.gg, v.c, isa::AluOp::add, Engine::gpsimd);
       b.dma_copy(dh_h.tile(v.r0, v.n, 0, D), v.dh, -1, false, Engine::gpsimd);
-      // dgamma (+)= rstd^T @ (dy * h); dy * h is exact in FP32 for bf16 / fp16.
       b.tensor_tensor(v.gg, v.dy, v.h, isa::AluOp::multiply, Engine::gpsimd);
       dg.add(b, v.rs, v.gg, k > 0);
     };
-    if (!mine.empty()) phase1(0);
-    for (std::size_t k = 0; k < mine.size(); ++k) {
-      if (k + 1 < mine.size()) phase1(k + 1);
-      phase2(k);
+    const std::size_t n = mine.size();
+    for (std::size_t it = 0; it < n + 2; ++it) {
+      if (it < n) stage_a(it);
+      if (it >= 1 && it - 1 < n) stage_b(it - 1);
+      if (it >= 2 && it - 2 < n) stage_c(it - 2);
     }
     dg.store(b, dg_h, core, !mine.empty(), Engine::vector);
   }
