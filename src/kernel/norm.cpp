@@ -458,9 +458,12 @@ isa::Program layernorm_backward_kernel(const arch::ChipSpec& chip, const RmsNorm
   // dgamma and dbeta accumulate on the Tensor engine in PSUM.
   const std::int64_t TN = psum_columns(chip);
   ColumnSums::check(chip, "layernorm backward", "dgamma and dbeta", D, TN, 2);
-  constexpr int kBuf = 2;
-  const std::int64_t need = D * esz + 8 + kBuf * (3 * D * esz + 4 * D * 4 + 64);
-  check_fits(chip, "layernorm backward", s, need);
+  // Per buffer dy, h, dh in the dtype and four FP32 rows. Four buffers when
+  // they fit (a four-stage pipeline keeps four tiles in flight), else two
+  // (two stages).
+  auto need = [&](int bufs) { return D * esz + 8 + bufs * (3 * D * esz + 4 * D * 4 + 64); };
+  const int kBuf = need(4) <= sbuf_budget(chip) ? 4 : 2;
+  check_fits(chip, "layernorm backward", s, need(kBuf));
   const std::int64_t tiles = ceil_div(R, P);
   const float neg_inv_d = -1.0f / static_cast<float>(D);
   for (int core = 0; core < s.cores; ++core) {
@@ -478,7 +481,7 @@ isa::Program layernorm_backward_kernel(const arch::ChipSpec& chip, const RmsNorm
     struct Bufs {
       Tensor dy, h, dh, gg, xh, a, c, mean, rs, s1, s2, coef1, coef2;
     };
-    Bufs bu[kBuf];
+    std::vector<Bufs> bu(static_cast<std::size_t>(kBuf));
     for (auto& x : bu) {
       x.dy = b.sbuf(static_cast<int>(P), D, s.dtype);
       x.h = b.sbuf(static_cast<int>(P), D, s.dtype);
@@ -497,53 +500,72 @@ isa::Program layernorm_backward_kernel(const arch::ChipSpec& chip, const RmsNorm
       Tensor dy, h, dh, gg, xh, a, c, mean, rs, s1, s2, coef1, coef2;
     };
     auto view = [&](std::size_t k) {
-      const Bufs& x = bu[k % kBuf];
+      const Bufs& x = bu[k % bu.size()];
       const int r0 = static_cast<int>(mine[k] * P),
                 n = static_cast<int>(std::min(P, R - mine[k] * P));
       auto T = [&](const Tensor& v) { return v.tile(0, n, 0, v.cols()); };
       return View{r0,     n,         T(x.dy), T(x.h),  T(x.dh), T(x.gg),    T(x.xh),   T(x.a),
                   T(x.c), T(x.mean), T(x.rs), T(x.s1), T(x.s2), T(x.coef1), T(x.coef2)};
     };
-    // Software pipeline as in rmsnorm backward: phase 1 of tile k + 1 is
-    // issued before phase 2 of tile k.
-    auto phase1 = [&](std::size_t k) {
+    // Four stages, 4 engine-cycles per element on each of Scalar, Vector and
+    // GpSimd:
+    //   A: loads; xhat = (h - mean) * rstd (Scalar); gg = dy * gamma (Vector)
+    //   B: s1 = sum(gg) (Scalar's accumulator); c = gg * xhat (Vector)
+    //   C: dy * xhat (GpSimd) and dgamma / dbeta (Tensor); s2 = sum(c)
+    //      (Scalar's accumulator); coef1 = s1 * rstd * (-1/D), coef2 = s2 *
+    //      rstd * (-1/D) (Scalar)
+    //   D: a = gg * rstd + coef1 (Scalar), c = xhat * coef2 (Vector),
+    //      dh = a + c (GpSimd).
+    auto stage_a = [&](std::size_t k) {
       const View v = view(k);
       b.dma_copy(v.dy, dy_h.tile(v.r0, v.n, 0, D));
       b.dma_copy(v.h, h_h.tile(v.r0, v.n, 0, D));
       b.dma_copy(v.mean, mean_h.tile(v.r0, v.n, 0, 1));
       b.dma_copy(v.rs, rstd_h.tile(v.r0, v.n, 0, 1));
-      // xhat = (h - mean) * rstd (GpSimd); gg = dy * gamma (Vector, exact);
-      // s1 = sum(gg) (Scalar's accumulator); s2 = sum(gg * xhat) (Vector).
       b.tensor_scalar(v.xh, v.h, isa::AluOp::subtract, v.mean, isa::AluOp::multiply, 0.0f, &v.rs,
-                      Engine::gpsimd);
+                      Engine::scalar);
       b.tensor_tensor(v.gg, v.dy, g.tile(0, v.n, 0, D), isa::AluOp::multiply);
-      b.activation(v.a, isa::ActFunc::identity, v.gg, nullptr, 1.0f, &v.s1);
-      b.tensor_tensor(v.c, v.gg, v.xh, isa::AluOp::multiply);
-      b.tensor_reduce(v.s2, v.c, isa::AluOp::add);
-      // coef1 = s1 * rstd * (-1/D), coef2 = s2 * rstd * (-1/D).
-      b.tensor_scalar(v.coef1, v.s1, isa::AluOp::multiply, v.rs, isa::AluOp::multiply, neg_inv_d,
-                      nullptr, Engine::gpsimd);
-      b.tensor_scalar(v.coef2, v.s2, isa::AluOp::multiply, v.rs, isa::AluOp::multiply, neg_inv_d,
-                      nullptr, Engine::gpsimd);
     };
-    auto phase2 = [&](std::size_t k) {
+    auto stage_b = [&](std::size_t k) {
       const View v = view(k);
-      // dh = (gg * rstd + coef1) + xhat * coef2 (Scalar, Scalar, GpSimd).
-      b.tensor_scalar(v.a, v.gg, isa::AluOp::multiply, v.rs, isa::AluOp::add, 0.0f, &v.coef1,
+      b.activation(v.dh, isa::ActFunc::identity, v.gg, nullptr, 1.0f, &v.s1);  // dh: scratch
+      b.tensor_tensor(v.c, v.gg, v.xh, isa::AluOp::multiply);
+    };
+    auto stage_c = [&](std::size_t k) {
+      const View v = view(k);
+      // dgamma (+)= 1^T (dy * xhat), dbeta (+)= 1^T dy, off stage D's tail.
+      b.tensor_tensor(v.a, v.dy, v.xh, isa::AluOp::multiply, Engine::gpsimd);
+      dg.add(b, ones32.tile(0, v.n, 0, 1), v.a, k > 0);
+      db.add(b, ones.tile(0, v.n, 0, 1), v.dy, k > 0);
+      b.activation(v.c, isa::ActFunc::identity, v.c, nullptr, 1.0f, &v.s2);
+      b.tensor_scalar(v.coef1, v.s1, isa::AluOp::multiply, v.rs, isa::AluOp::multiply, neg_inv_d,
+                      nullptr, Engine::scalar);
+      b.tensor_scalar(v.coef2, v.s2, isa::AluOp::multiply, v.rs, isa::AluOp::multiply, neg_inv_d,
+                      nullptr, Engine::scalar);
+    };
+    auto stage_d = [&](std::size_t k) {
+      const View v = view(k);
+      b.tensor_scalar(v.gg, v.gg, isa::AluOp::multiply, v.rs, isa::AluOp::add, 0.0f, &v.coef1,
                       Engine::scalar);
       b.tensor_scalar(v.c, v.xh, isa::AluOp::multiply, v.coef2, isa::AluOp::bypass, 0.0f, nullptr,
-                      Engine::scalar);
-      b.tensor_tensor(v.dh, v.a, v.c, isa::AluOp::add, Engine::gpsimd);
+                      Engine::vector);
+      b.tensor_tensor(v.dh, v.gg, v.c, isa::AluOp::add, Engine::gpsimd);
       b.dma_copy(dh_h.tile(v.r0, v.n, 0, D), v.dh, -1, false, Engine::gpsimd);
-      // dgamma (+)= 1^T (dy * xhat); dbeta (+)= 1^T dy.
-      b.tensor_tensor(v.xh, v.dy, v.xh, isa::AluOp::multiply, Engine::gpsimd);
-      dg.add(b, ones32.tile(0, v.n, 0, 1), v.xh, k > 0);
-      db.add(b, ones.tile(0, v.n, 0, 1), v.dy, k > 0);
     };
-    if (!mine.empty()) phase1(0);
-    for (std::size_t k = 0; k < mine.size(); ++k) {
-      if (k + 1 < mine.size()) phase1(k + 1);
-      phase2(k);
+    // Iteration i issues A of tile i + 3, B of i + 2, C of i + 1 and D of i
+    // (with two buffers: A, B, C of tile i + 1 and D of i), so no engine's
+    // in-order stream waits for another within a tile.
+    const std::size_t n = mine.size();
+    const std::size_t depth = kBuf == 4 ? 3 : 1;
+    for (std::size_t it = 0; it < n + depth; ++it) {
+      if (depth == 3) {
+        if (it < n) stage_a(it);
+        if (it >= 1 && it - 1 < n) stage_b(it - 1);
+        if (it >= 2 && it - 2 < n) stage_c(it - 2);
+      } else if (it < n) {
+        stage_a(it), stage_b(it), stage_c(it);
+      }
+      if (it >= depth && it - depth < n) stage_d(it - depth);
     }
     dg.store(b, dg_h, core, !mine.empty(), Engine::vector);
     db.store(b, db_h, core, !mine.empty(), Engine::scalar);
