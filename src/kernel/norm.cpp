@@ -394,10 +394,10 @@ isa::Program rmsnorm_backward_kernel(const arch::ChipSpec& chip, const RmsNormSp
     };
     // Three pipeline stages, each engine 3 cycles per element:
     //   A (Vector): gg = dy * gamma (exact in FP32 for bf16 / fp16), c = gg * h;
-    //   B (Scalar): dot = sum(c) (the activation's accumulator),
-    //               coef = ((dot * rstd) * rstd) * rstd * (-1 / D);
-    //   C: a = gg * rstd and c = h * coef (Scalar), dh = a + c and then
-    //      dy * h (GpSimd, exact), dgamma (+)= rstd^T (dy * h) (Tensor).
+    //   B: dot = sum(c) (Scalar's accumulator), coef = ((dot * rstd) *
+    //      rstd) * rstd * (-1 / D) (Scalar); dy * h (GpSimd, exact) and
+    //      dgamma (+)= rstd^T (dy * h) (Tensor);
+    //   C: a = gg * rstd and c = h * coef (Scalar), dh = a + c (GpSimd).
     // Iteration i issues A of tile i + 2, B of tile i + 1 and C of tile i, so
     // no engine's in-order stream waits for another within a tile.
     auto stage_a = [&](std::size_t k) {
@@ -410,11 +410,15 @@ isa::Program rmsnorm_backward_kernel(const arch::ChipSpec& chip, const RmsNormSp
     };
     auto stage_b = [&](std::size_t k) {
       const View v = view(k);
-      b.activation(v.c, isa::ActFunc::identity, v.c, nullptr, 1.0f, &v.dot);
+      b.activation(v.dh, isa::ActFunc::identity, v.c, nullptr, 1.0f, &v.dot);  // dh: scratch
       b.tensor_scalar(v.coef, v.dot, isa::AluOp::multiply, v.rs, isa::AluOp::multiply, 0.0f, &v.rs,
                       Engine::scalar);
       b.tensor_scalar(v.coef, v.coef, isa::AluOp::multiply, v.rs, isa::AluOp::multiply, neg_inv_d,
                       nullptr, Engine::scalar);
+      // dgamma here, off stage C's tail: c = dy * h (GpSimd, exact), then
+      // rstd^T c on the Tensor engine.
+      b.tensor_tensor(v.c, v.dy, v.h, isa::AluOp::multiply, Engine::gpsimd);
+      dg.add(b, v.rs, v.c, k > 0);
     };
     auto stage_c = [&](std::size_t k) {
       const View v = view(k);
@@ -424,8 +428,6 @@ isa::Program rmsnorm_backward_kernel(const arch::ChipSpec& chip, const RmsNormSp
                       Engine::scalar);
       b.tensor_tensor(v.dh, v.gg, v.c, isa::AluOp::add, Engine::gpsimd);
       b.dma_copy(dh_h.tile(v.r0, v.n, 0, D), v.dh, -1, false, Engine::gpsimd);
-      b.tensor_tensor(v.gg, v.dy, v.h, isa::AluOp::multiply, Engine::gpsimd);
-      dg.add(b, v.rs, v.gg, k > 0);
     };
     const std::size_t n = mine.size();
     for (std::size_t it = 0; it < n + 2; ++it) {
