@@ -34,6 +34,14 @@ void check_norm(const char* name, const RmsNormSpec& s) {
   if (!(s.eps >= 0.0f)) throw Error(fmt::format("{}: eps must be >= 0, got {}", name, s.eps));
 }
 
+// The backward kernels' checks: the forward's, and no fused residual.
+void check_norm_backward(const char* name, const RmsNormSpec& s) {
+  check_norm(name, s);
+  if (s.residual)
+    throw NotSupported(
+        fmt::format("{} with a fused residual (dh is the residual's gradient too)", name));
+}
+
 void check_fits(const arch::ChipSpec& chip, const char* name, const RmsNormSpec& s,
                 std::int64_t need) {
   if (!isa::supported_by(s.out_dtype(), chip.core_version))
@@ -332,10 +340,7 @@ isa::Program layernorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& s) 
 }
 
 isa::Program rmsnorm_backward_kernel(const arch::ChipSpec& chip, const RmsNormSpec& s) {
-  check_norm("rmsnorm backward", s);
-  if (s.residual)
-    throw NotSupported(
-        "rmsnorm backward with a fused residual (dh is the residual's gradient too)");
+  check_norm_backward("rmsnorm backward", s);
   Builder b(chip, s.cores);
   const std::int64_t R = s.rows, D = s.dim;
   const Tensor dy_h = b.hbm("dy", {R, D}, s.dtype, isa::TensorKind::input);
@@ -441,10 +446,7 @@ isa::Program rmsnorm_backward_kernel(const arch::ChipSpec& chip, const RmsNormSp
 }
 
 isa::Program layernorm_backward_kernel(const arch::ChipSpec& chip, const RmsNormSpec& s) {
-  check_norm("layernorm backward", s);
-  if (s.residual)
-    throw NotSupported(
-        "layernorm backward with a fused residual (dh is the residual's gradient too)");
+  check_norm_backward("layernorm backward", s);
   Builder b(chip, s.cores);
   const std::int64_t R = s.rows, D = s.dim;
   const Tensor dy_h = b.hbm("dy", {R, D}, s.dtype, isa::TensorKind::input);

@@ -328,6 +328,15 @@ std::string attention_describe(const char* what, const Params& p) {
                      p.i64("head_dim"), p.text("dtype"), p.flag("causal") ? " causal" : "");
 }
 
+// A prepare hook setting the "qscale" input to `value` (large enough that
+// FP8 outputs saturate somewhere, so the tests exercise it).
+std::function<void(const Params&, const std::string&, std::vector<float>&)> qscale_input(
+    float value) {
+  return [value](const Params&, const std::string& input, std::vector<float>& v) {
+    if (input == "qscale") v[0] = value;
+  };
+}
+
 std::vector<KernelEntry> make_registry() {
   std::vector<KernelEntry> r;
 
@@ -394,9 +403,7 @@ std::vector<KernelEntry> make_registry() {
       return 2.0 * static_cast<double>(p.i64("batch")) * static_cast<double>(p.i64("m")) *
              static_cast<double>(p.i64("n")) * static_cast<double>(p.i64("k"));
     };
-    e.prepare = [](const Params&, const std::string& input, std::vector<float>& v) {
-      if (input == "qscale") v[0] = 16.0f;  // large enough that FP8 outputs saturate
-    };
+    e.prepare = qscale_input(16.0f);
     e.describe = [](const Params& p) {
       const std::string ep = p.text("epilogue");
       const std::int64_t nb = p.i64("batch");
@@ -437,9 +444,7 @@ std::vector<KernelEntry> make_registry() {
       if (ep.amax) out.emplace_back("amax", std::move(amax));
       return out;
     };
-    e.prepare = [](const Params&, const std::string& input, std::vector<float>& v) {
-      if (input == "qscale") v[0] = 16.0f;  // large enough that FP8 outputs saturate
-    };
+    e.prepare = qscale_input(16.0f);
     e.describe = [](const Params& p) {
       return fmt::format("epilogue {} [{}, {}] fp32 -> {}",
                          to_string(parse_epilogue(p.text("epilogue"))), p.i64("rows"), p.i64("dim"),
@@ -467,9 +472,7 @@ std::vector<KernelEntry> make_registry() {
       if (s.amax) out.emplace_back("amax", res.amax);
       return out;
     };
-    e.prepare = [](const Params&, const std::string& input, std::vector<float>& v) {
-      if (input == "qscale") v[0] = 128.0f;  // large enough that FP8 outputs saturate
-    };
+    e.prepare = qscale_input(128.0f);
     e.describe = [](const Params& p) { return norm_describe("rmsnorm", p); };
     r.push_back(std::move(e));
   }
@@ -516,9 +519,7 @@ std::vector<KernelEntry> make_registry() {
       if (s.amax) out.emplace_back("amax", res.amax);
       return out;
     };
-    e.prepare = [](const Params&, const std::string& input, std::vector<float>& v) {
-      if (input == "qscale") v[0] = 128.0f;  // large enough that FP8 outputs saturate
-    };
+    e.prepare = qscale_input(128.0f);
     e.describe = [](const Params& p) { return norm_describe("layernorm", p); };
     r.push_back(std::move(e));
   }
