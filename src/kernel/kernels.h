@@ -183,7 +183,9 @@ isa::Program softmax_backward_kernel(const arch::ChipSpec& chip, const SoftmaxSp
 // gradient. grad_scale NaN means 1 / T (the gradient of the mean loss).
 // The vocabulary is processed in chunks of `chunk` columns (any V): pass 1
 // keeps a running max and sum (online softmax), pass 2 recomputes the
-// exponentials and writes the gradient. trn3 (the Vector exponential).
+// exponentials and writes the gradient; the target's logit and its -1 come
+// by indirect DMA (gather, scatter-add). 128 x V < 2^24 (the flat index is
+// formed in FP32). trn3 (the Vector exponential).
 struct CrossEntropySpec {
   std::int64_t rows = 4096, vocab = 50304;
   isa::DType dtype = isa::DType::bf16;

@@ -337,20 +337,16 @@ CrossEntropyResult cross_entropy_reference(const std::vector<float>& logits,
     }
     const float lse = m + isa::apply_act(ActFunc::log, sum);
     const float bias = lngsv - lse;
-    // Pass 2: the target's logit and the gradient.
-    float picked = 0.0f;
-    for (std::int64_t c0 = 0; c0 < vocab; c0 += C) {
-      const std::int64_t w = std::min(C, vocab - c0);
-      const float shift = tg - static_cast<float>(c0);
-      float pk = 0.0f;
-      for (std::int64_t j = 0; j < w; ++j) {
-        const float mask = static_cast<float>(j) == shift ? 1.0f : 0.0f;
-        pk += isa::apply_act(ActFunc::identity, mask * x[c0 + j]);
-        const float p = isa::apply_act(ActFunc::exp, x[c0 + j] * 1.0f + bias);
-        r.dlogits[static_cast<std::size_t>(i * vocab + c0 + j)] = round(p - mask * gsv);
-      }
-      picked = picked + pk;
-    }
+    // Pass 2: gsv * exp(x - lse) in the output dtype; then the target's
+    // element gets -gsv added by the scatter-add DMA (FP32 add of the stored
+    // value, one rounding). The target's logit comes from a gather (the
+    // index is clamped at 0, so an ignored row reads its first logit).
+    float* g = r.dlogits.data() + i * vocab;
+    for (std::int64_t j = 0; j < vocab; ++j)
+      g[j] = round(isa::apply_act(ActFunc::exp, x[j] * 1.0f + bias));
+    const auto at = static_cast<std::int64_t>(std::max(tg, 0.0f));
+    g[at] = round(g[at] + -gsv);
+    const float picked = x[at];
     r.loss[static_cast<std::size_t>(i)] = (lse - picked) * valid;
   }
   return r;

@@ -183,6 +183,11 @@ isa::Program cross_entropy_kernel(const arch::ChipSpec& chip, const CrossEntropy
     throw NotSupported("cross_entropy on " + chip.name +
                        ": the kernel uses the NeuronCore-v4 Vector exponential (trn3)");
   if (s.chunk < 1) throw Error(fmt::format("cross_entropy: chunk must be >= 1, got {}", s.chunk));
+  if (static_cast<std::int64_t>(chip.sbuf_partitions) * s.vocab >= (1LL << 24))
+    throw NotSupported(fmt::format(
+        "cross_entropy with V = {}: the flat index p * V + target is formed in FP32 (exact "
+        "below 2^24 = {} x V)",
+        s.vocab, chip.sbuf_partitions));
   const float gs = std::isnan(s.grad_scale) ? 1.0f / static_cast<float>(s.rows) : s.grad_scale;
   Builder b(chip, s.cores);
   const std::int64_t T = s.rows, V = s.vocab, P = chip.sbuf_partitions;
@@ -192,21 +197,20 @@ isa::Program cross_entropy_kernel(const arch::ChipSpec& chip, const CrossEntropy
   const Tensor loss = b.hbm("loss", {T, 1}, DType::fp32, isa::TensorKind::output);
   const Tensor dlogits = b.hbm("dlogits", {T, V}, s.dtype, isa::TensorKind::output);
   const int esz = isa::size_bytes(s.dtype);
-  constexpr int kBuf = 2;
-  const std::int64_t need = 4 * C + kBuf * (C * (2 * esz + 12)) + 64 * 4;
+  // Separate buffers for the two passes, so pass 1 of the next row tile
+  // (Vector) runs while pass 2 of this one (Scalar) still reads its chunks.
+  constexpr int kBuf = 3;
+  const std::int64_t need = kBuf * C * (2 * esz + 4 + esz) + 64 * 4;
   check_sbuf(chip, "cross_entropy", C, s.dtype, need);
   const std::int64_t tiles = ceil_div(T, P);
   for (int core = 0; core < s.cores; ++core) {
     b.set_core(core);
     const int pp = static_cast<int>(P);
-    const Tensor iota = b.sbuf(pp, C, DType::fp32);
-    b.iota(iota, 0.0f, 0.0f, 1.0f);
-    Tensor xs[kBuf], gs_[kBuf], mask[kBuf], xm[kBuf], pe[kBuf];
+    Tensor xs[kBuf], x2[kBuf], gs_[kBuf], pe[kBuf];
     for (int i = 0; i < kBuf; ++i) {
       xs[i] = b.sbuf(pp, C, s.dtype);
+      x2[i] = b.sbuf(pp, C, s.dtype);
       gs_[i] = b.sbuf(pp, C, s.dtype);
-      mask[i] = b.sbuf(pp, C, DType::fp32);
-      xm[i] = b.sbuf(pp, C, DType::fp32);
       pe[i] = b.sbuf(pp, C, DType::fp32);
     }
     // [P, 1] columns of one row tile.
@@ -224,17 +228,19 @@ isa::Program cross_entropy_kernel(const arch::ChipSpec& chip, const CrossEntropy
       lse,
       bias,
       picked,
-      pk,
-      shift,
+      neg,
+      pos,
       kCols
     };
-    Tensor cols[2][kCols];
+    Tensor cols[2][kCols], idx[2];
     for (auto& set : cols)
       for (auto& c : set) c = b.sbuf(pp, 1, DType::fp32);
-    int buf = 0, parity = 0;
+    for (auto& t : idx) t = b.sbuf(pp, 1, DType::int32);
+    int buf = 0, buf2 = 0, parity = 0;
     for (std::int64_t t = core; t < tiles; t += s.cores, parity ^= 1) {
       const int r0 = static_cast<int>(t * P), n = static_cast<int>(std::min(P, T - t * P));
       auto col = [&](Col c) { return cols[parity][c].tile(0, n, 0, 1); };
+      const Tensor ix = idx[parity].tile(0, n, 0, 1);
       b.dma_copy(col(tg), targets.tile(r0, n, 0, 1));
       // Rows with a negative target (PyTorch's ignore_index) have loss 0 and
       // a zero gradient: valid = (target >= 0), gsv = grad_scale * valid and
@@ -243,6 +249,22 @@ isa::Program cross_entropy_kernel(const arch::ChipSpec& chip, const CrossEntropy
       b.tensor_scalar(col(gsv), col(valid), AluOp::multiply, gs);
       const Tensor gsv_c = col(gsv);
       b.activation(col(lngsv), isa::ActFunc::log, gsv_c);
+      // The target's element of this tile's rows in the flat [n * V] view:
+      // p * V + max(target, 0) (exact in FP32: below 128 * V < 2^24), as an
+      // int32 index for the indirect DMAs. The target's logit is gathered
+      // (one element per row), its gradient fixed by a scatter-add below.
+      b.iota(col(pos), 0.0f, static_cast<float>(V), 0.0f);
+      b.tensor_scalar(col(neg), col(tg), AluOp::max, 0.0f, AluOp::bypass, 0.0f, Engine::gpsimd);
+      b.tensor_tensor(col(pos), col(pos), col(neg), AluOp::add, Engine::gpsimd);
+      b.tensor_copy(ix, col(pos), Engine::gpsimd);
+      // The tile's rows as a flat [n * V, 1] HBM table (row stride 1).
+      Tensor flat_x = logits, flat_g = dlogits;
+      for (Tensor* f : {&flat_x, &flat_g}) {
+        f->ap.offset += static_cast<std::int64_t>(r0) * V * esz;
+        f->ap.dims = {{1, static_cast<std::int64_t>(n) * V}, {1, 1}};
+        f->ap.partitions = static_cast<int>(static_cast<std::int64_t>(n) * V);
+      }
+      b.dma_gather(col(picked), flat_x, ix);
       // Pass 1 (Vector): the running max m and the running sum S of
       // exp(x - m) over the column chunks (online softmax: S is rescaled by
       // exp(m_old - m_new) when the max grows).
@@ -270,33 +292,25 @@ isa::Program cross_entropy_kernel(const arch::ChipSpec& chip, const CrossEntropy
       b.activation(col(lse), isa::ActFunc::log, col(sum));
       b.tensor_tensor(col(lse), col(m), col(lse), AluOp::add);
       b.tensor_tensor(col(bias), col(lngsv), col(lse), AluOp::subtract);
-      b.memset(col(picked), 0.0f);
-      // Pass 2: mask = (column == target) (GpSimd), the target's logit as
-      // the row sum of mask * x (GpSimd product, Scalar sum),
-      // p = gsv * exp(x - lse) (Scalar), dlogits = p - gsv * mask (Vector).
-      for (std::int64_t c = 0; c < chunks; ++c, buf = (buf + 1) % kBuf) {
+      // Pass 2 (Scalar, one instruction per chunk): dlogits = gsv * exp(x -
+      // lse) in the output dtype, stored; then the target's element gets
+      // -gsv added by a scatter-add DMA (FP32 add, one rounding).
+      for (std::int64_t c = 0; c < chunks; ++c, buf2 = (buf2 + 1) % kBuf) {
         const std::int64_t c0 = c * C, w = std::min(C, V - c0);
-        const Tensor xc = xs[buf].tile(0, n, 0, w), mk = mask[buf].tile(0, n, 0, w);
-        const Tensor xmk = xm[buf].tile(0, n, 0, w), p = pe[buf].tile(0, n, 0, w);
-        const Tensor g = gs_[buf].tile(0, n, 0, w);
+        const Tensor xc = x2[buf2].tile(0, n, 0, w), g = gs_[buf2].tile(0, n, 0, w);
         b.dma_copy(xc, logits.tile(r0, n, c0, w));
-        b.tensor_scalar(col(shift), col(tg), AluOp::subtract, static_cast<float>(c0), AluOp::bypass,
-                        0.0f, Engine::gpsimd);
-        b.tensor_scalar(mk, iota.tile(0, n, 0, w), AluOp::is_equal, col(shift), AluOp::bypass, 0.0f,
-                        nullptr, Engine::gpsimd);
-        b.tensor_tensor(xmk, mk, xc, AluOp::multiply, Engine::gpsimd);
-        const Tensor pkc = col(pk), bc = col(bias);
-        b.activation(xmk, isa::ActFunc::identity, xmk, nullptr, 1.0f, &pkc);
-        b.tensor_tensor(col(picked), col(picked), pkc, AluOp::add);
-        b.activation(p, isa::ActFunc::exp, xc, &bc);
-        b.tensor_scalar(mk, mk, AluOp::multiply, gsv_c);
-        b.tensor_tensor(g, p, mk, AluOp::subtract);
-        b.dma_copy(dlogits.tile(r0, n, c0, w), g, -1, false, Engine::vector);
+        const Tensor bc = col(bias);
+        b.activation(g, isa::ActFunc::exp, xc, &bc);
+        b.dma_copy(dlogits.tile(r0, n, c0, w), g, -1, false, Engine::scalar);
       }
+      // GpSimd (otherwise idle) finishes the tile, so Vector's stream moves
+      // on to the next tile's pass 1 while the scatter waits for the stores.
+      b.tensor_scalar(col(neg), gsv_c, AluOp::multiply, -1.0f, AluOp::bypass, 0.0f, Engine::gpsimd);
+      b.dma_scatter(flat_g, col(neg), ix, -1, true, Engine::gpsimd);
       // loss = (lse - picked) * valid.
-      b.tensor_tensor(col(lse), col(lse), col(picked), AluOp::subtract);
-      b.tensor_tensor(col(lse), col(lse), col(valid), AluOp::multiply);
-      b.dma_copy(loss.tile(r0, n, 0, 1), col(lse), -1, false, Engine::vector);
+      b.tensor_tensor(col(lse), col(lse), col(picked), AluOp::subtract, Engine::gpsimd);
+      b.tensor_tensor(col(lse), col(lse), col(valid), AluOp::multiply, Engine::gpsimd);
+      b.dma_copy(loss.tile(r0, n, 0, 1), col(lse), -1, false, Engine::gpsimd);
     }
   }
   return b.finish();
