@@ -185,9 +185,9 @@ isa::Program cross_entropy_kernel(const arch::ChipSpec& chip, const CrossEntropy
   if (s.chunk < 1) throw Error(fmt::format("cross_entropy: chunk must be >= 1, got {}", s.chunk));
   if (static_cast<std::int64_t>(chip.sbuf_partitions) * s.vocab >= (1LL << 24))
     throw NotSupported(fmt::format(
-        "cross_entropy with V = {}: the flat index p * V + target is formed in FP32 (exact "
-        "below 2^24 = {} x V)",
-        s.vocab, chip.sbuf_partitions));
+        "cross_entropy with V = {}: the flat index p * V + target is formed in FP32, exact "
+        "only while {} x V < 2^24 (V <= {})",
+        s.vocab, chip.sbuf_partitions, ((1LL << 24) - 1) / chip.sbuf_partitions));
   const float gs = std::isnan(s.grad_scale) ? 1.0f / static_cast<float>(s.rows) : s.grad_scale;
   Builder b(chip, s.cores);
   const std::int64_t T = s.rows, V = s.vocab, P = chip.sbuf_partitions;
