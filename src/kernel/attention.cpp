@@ -64,6 +64,12 @@ constexpr std::int64_t kStep = 2 * kKb;
 
 void check_attention(const arch::ChipSpec& chip, const AttentionSpec& s, const char* what) {
   auto bad = [&](const std::string& m) { throw Error(fmt::format("{}: {}", what, m)); };
+  // The tiling below is written for the NeuronCore geometry of trn1-3.
+  if (chip.tensor.stationary_fmax != kTq || chip.sbuf_partitions != kTq ||
+      std::min<std::int64_t>(chip.tensor.moving_fmax, chip.psum_bank_bytes().value() / 4) != kKb)
+    throw NotSupported(
+        fmt::format("{} on {}: the kernel's tiles assume 128 partitions and 512-column PSUM banks",
+                    what, chip.name));
   if (s.batch < 1) bad(fmt::format("batch must be >= 1, got {}", s.batch));
   if (s.q_heads < 1) bad(fmt::format("q_heads must be >= 1, got {}", s.q_heads));
   if (s.kv_heads < 1) bad(fmt::format("kv_heads must be >= 1, got {}", s.kv_heads));
