@@ -52,6 +52,8 @@ ROWS = [
     ("cast", "--rows 16384 --dim 4096 --cores 8", "hbm", None,
      "bf16 -> fp8 scaled + amax (no target)"),
     ("mx_quantize", "--k 16384 --dim 4096 --cores 8", "hbm", None, "MXFP8 quantize (no target)"),
+    ("mx_dequantize", "--k 16384 --dim 4096 --cores 8", "hbm", None,
+     "MXFP8 dequantize to bf16 (no target)"),
     ("embedding", "--tokens 16384 --vocab 50304 --dim 768 --cores 8", "hbm", None,
      "embedding gather (no target)"),
     ("embedding_backward", "--tokens 16384 --vocab 50304 --dim 768 --cores 8", "hbm", None,

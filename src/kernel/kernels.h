@@ -285,6 +285,20 @@ struct MxQuantizeSpec {
 };
 isa::Program mx_quantize_kernel(const arch::ChipSpec& chip, const MxQuantizeSpec& spec);
 
+// MX dequantization on chip (trn3): "q" [K/4, cols] x4 (MXFP8 E4M3 / E5M2
+// or MXFP4) and "q_scale" [K/32, cols] E8M0 in mx_quantize_kernel's layout
+// -> "x" [K, cols] in `out` (fp32 exact but for -0, which comes back +0;
+// bf16 rounds). The engines cannot
+// read x4 data, so the Tensor engine does it: each 128 rows of a K block
+// are the MX matmul of an MXFP8 identity slice with the block.
+struct MxDequantizeSpec {
+  std::int64_t k = 4096, cols = 4096;
+  isa::DType elem = isa::DType::fp8_e4m3_x4;
+  isa::DType out = isa::DType::bf16;
+  int cores = 1;
+};
+isa::Program mx_dequantize_kernel(const arch::ChipSpec& chip, const MxDequantizeSpec& spec);
+
 // out[R, C] = a + b (all of dtype `dt`), tiled 128 rows x up to 2048 columns.
 isa::Program add_kernel(const arch::ChipSpec& chip, std::int64_t rows, std::int64_t cols,
                         isa::DType dt);

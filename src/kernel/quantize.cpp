@@ -160,3 +160,91 @@ isa::Program mx_quantize_kernel(const arch::ChipSpec& chip, const MxQuantizeSpec
 }
 
 }  // namespace tern::kernel
+
+namespace tern::kernel {
+
+isa::Program mx_dequantize_kernel(const arch::ChipSpec& chip, const MxDequantizeSpec& s) {
+  if (chip.core_version < 4)
+    throw NotSupported(
+        fmt::format("MX dequantization on {}: the MX matmul is NeuronCore-v4 (trn3)", chip.name));
+  if (!isa::is_x4(s.elem))
+    throw NotSupported(
+        fmt::format("MX dequantization of {} (fp8_e4m3_x4, fp8_e5m2_x4, "
+                    "fp4_e2m1_x4 are)",
+                    isa::name(s.elem)));
+  if (s.out != DType::fp32 && s.out != DType::bf16)
+    throw NotSupported(fmt::format("MX dequantization to {} (fp32, bf16 are)", isa::name(s.out)));
+  if (s.k < 1 || s.cols < 1 || s.k % 128 != 0)
+    throw Error(
+        fmt::format("mx_dequantize: K = {} must be a positive multiple of 128, columns "
+                    "{} >= 1",
+                    s.k, s.cols));
+  if (s.cores < 1) throw Error(fmt::format("mx_dequantize: cores must be >= 1, got {}", s.cores));
+  Builder b(chip, s.cores);
+  const Tensor q = b.hbm("q", {s.k / 4, s.cols}, s.elem, isa::TensorKind::input);
+  const Tensor qs = b.hbm("q_scale", {s.k / 32, s.cols}, DType::uint8, isa::TensorKind::input);
+  const Tensor x = b.hbm("x", {s.k, s.cols}, s.out, isa::TensorKind::output);
+  const std::int64_t P = chip.tensor.rows, TKL = 4 * P, TM = chip.tensor.stationary_fmax;
+  const std::int64_t TN = output_tile_columns(chip), blocks = TKL / TM;
+  const int pp = static_cast<int>(P);
+  for (int core = 0; core < s.cores; ++core) {
+    b.set_core(core);
+    // The engines cannot read x4 data, the MX matmul can: X rows m0 .. m0 +
+    // TM of a K block are I[:, m0 .. m0 + TM]^T X for the [TKL, TKL]
+    // identity I, quantized once per core into MXFP8 (0 and 1 are exact;
+    // the product and the FP32 sum of zeros are too). I[k, m] = (k == m0 +
+    // m) in QuantizeMX's source layout (partition p, element 4c + j holds
+    // row 4p + j of column c): 4p + (i & 3) - (i >> 2) - m0 == 0, i = 4c + j.
+    const Tensor ii = b.sbuf(pp, 4 * TM, DType::int32), jj = b.sbuf(pp, 4 * TM, DType::int32);
+    const Tensor cc = b.sbuf(pp, 4 * TM, DType::int32), src = b.sbuf(pp, 4 * TM, DType::bf16);
+    b.iota(ii, 0.0f, 0.0f, 1.0f);
+    b.tensor_scalar(jj, ii, AluOp::bitwise_and, 3.0f, AluOp::bypass, 0.0f, Engine::gpsimd);
+    b.tensor_scalar(cc, ii, AluOp::shift_right, 2.0f, AluOp::bypass, 0.0f, Engine::gpsimd);
+    b.tensor_tensor(jj, jj, cc, AluOp::subtract, Engine::gpsimd);
+    std::vector<Tensor> idq, ids;
+    for (std::int64_t mb = 0; mb < blocks; ++mb) {
+      b.iota(cc, static_cast<float>(-mb * TM), 4.0f, 0.0f);
+      b.tensor_tensor(cc, cc, jj, AluOp::add, Engine::gpsimd);
+      b.tensor_scalar(src, cc, AluOp::is_equal, 0.0f, AluOp::bypass, 0.0f, Engine::gpsimd);
+      idq.push_back(b.sbuf(pp, TM, DType::fp8_e4m3_x4));
+      ids.push_back(b.sbuf(pp / 8, TM, DType::uint8));
+      b.quantize_mx(idq.back(), ids.back(), src);
+    }
+    constexpr int kLoad = 3, kOut = 4;
+    Tensor dq[kLoad], dsc[kLoad], ps[kOut], out[kOut];
+    for (int i = 0; i < kLoad; ++i) {
+      dq[i] = b.sbuf(pp, TN, s.elem);
+      dsc[i] = b.sbuf(pp / 8, TN, DType::uint8);
+    }
+    for (int i = 0; i < kOut; ++i) {
+      ps[i] = b.psum(static_cast<int>(TM), TN, DType::fp32);
+      out[i] = b.sbuf(static_cast<int>(TM), TN, s.out);
+    }
+    int li = 0, oi = 0;
+    std::int64_t u = 0;
+    for (std::int64_t k0 = 0; k0 < s.k; k0 += TKL) {
+      const int parts = static_cast<int>(std::min(TKL, s.k - k0) / 4);
+      for (std::int64_t c0 = 0; c0 < s.cols; c0 += TN, ++u) {
+        if (u % s.cores != core) continue;
+        const std::int64_t nc = std::min(TN, s.cols - c0);
+        const Tensor vq = dq[li].tile(0, parts, 0, nc), vs = dsc[li].tile(0, parts / 8, 0, nc);
+        li = (li + 1) % kLoad;
+        b.dma_copy(vq, q.tile(static_cast<int>(k0 / 4), parts, c0, nc));
+        b.dma_copy(vs, qs.tile(static_cast<int>(k0 / 32), parts / 8, c0, nc));
+        for (std::int64_t mb = 0; mb * TM < 4 * parts; ++mb) {
+          const int tm = static_cast<int>(std::min(TM, 4 * parts - mb * TM));
+          const Tensor p = ps[oi].tile(0, tm, 0, nc), o = out[oi].tile(0, tm, 0, nc);
+          b.matmul_mx(p, idq[static_cast<std::size_t>(mb)].tile(0, parts, 0, tm),
+                      ids[static_cast<std::size_t>(mb)].tile(0, parts / 8, 0, tm), vq, vs, false);
+          const Engine e = oi % 2 ? Engine::scalar : Engine::vector;
+          b.tensor_copy(o, p, e);
+          b.dma_copy(x.tile(static_cast<int>(k0 + mb * TM), tm, c0, nc), o, -1, false, e);
+          oi = (oi + 1) % kOut;
+        }
+      }
+    }
+  }
+  return b.finish();
+}
+
+}  // namespace tern::kernel

@@ -819,6 +819,28 @@ std::vector<KernelEntry> make_registry() {
 
   {
     KernelEntry e;
+    e.name = "mx_dequantize";
+    e.summary = "MX dequantization on chip (identity MX matmuls; trn3)";
+    e.params = {{"k", "4096", "Rows K (blocks of 32 along K)"},
+                {"dim", "4096", "Columns"},
+                {"elem", "fp8_e4m3_x4", "Element type: fp8_e4m3_x4, fp8_e5m2_x4, fp4_e2m1_x4"},
+                {"out", "bf16", "Output dtype: fp32 or bf16"},
+                cores_doc()};
+    e.build = [](const arch::ChipSpec& c, const Params& p) {
+      MxDequantizeSpec s;
+      s.k = p.i64("k"), s.cols = p.i64("dim"), s.elem = p.dtype("elem"), s.out = p.dtype("out"),
+      s.cores = p.i32("cores");
+      return mx_dequantize_kernel(c, s);
+    };
+    e.describe = [](const Params& p) {
+      return fmt::format("mx_dequantize [{}, {}] {} -> {}", p.i64("k"), p.i64("dim"),
+                         p.text("elem"), p.text("out"));
+    };
+    r.push_back(std::move(e));
+  }
+
+  {
+    KernelEntry e;
     e.name = "embedding";
     e.summary = "Embedding lookup: out[t] = table[ids[t]] by indirect DMA (gather)";
     e.params = embedding_docs("Table and output dtype: fp32, bf16 or fp16");

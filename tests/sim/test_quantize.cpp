@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "arch/chip.h"
@@ -173,6 +174,69 @@ TEST(MxQuantize, Mxfp4MatmulOnHostQuantizedOperands) {
   EXPECT_EQ(testing_helpers::mismatches(s.read("c"), want, "c"), 0u);
   ms.mx_prequantized = false;
   EXPECT_THROW(kernel::matmul_kernel(chip, ms), NotSupported);
+}
+
+}  // namespace
+}  // namespace tern
+
+namespace tern {
+namespace {
+
+// MX dequantization on chip (identity MX matmuls) gives tern::num's
+// dequantized values bit for bit (MXFP8 E4M3 / E5M2 and MXFP4, quantized on
+// the host), but for the sign of zero.
+TEST(MxDequantize, EqualsHostDequantization) {
+  const arch::ChipSpec chip = arch::load_chip("trn3");
+  std::mt19937 rng(19);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  for (const auto& [K, C, elem] :
+       {std::tuple<std::int64_t, std::int64_t, DType>{640, 700, DType::fp8_e4m3_x4},
+        {128, 1, DType::fp8_e5m2_x4},
+        {512, 130, DType::fp4_e2m1_x4}}) {
+    const num::MxFormat& f = num::mx_format(elem == DType::fp8_e4m3_x4   ? num::MxId::mxfp8_e4m3
+                                            : elem == DType::fp8_e5m2_x4 ? num::MxId::mxfp8_e5m2
+                                                                         : num::MxId::mxfp4);
+    const int per = elem == DType::fp4_e2m1_x4 ? 2 : 4;  // bytes per x4 element
+    std::vector<std::uint8_t> q(static_cast<std::size_t>(K / 4 * C * per), 0),
+        s(static_cast<std::size_t>(K / 32 * C));
+    std::vector<float> want(static_cast<std::size_t>(K * C)), col(static_cast<std::size_t>(K)),
+        dq(col.size());
+    std::vector<std::uint8_t> el(col.size()), sc(col.size() / 32);
+    for (std::int64_t c = 0; c < C; ++c) {
+      for (std::size_t i = 0; i < col.size(); ++i)
+        col[i] = d(rng) * std::ldexp(1.0f, static_cast<int>(i / 32 % 9) - 4);
+      num::mx_quantize(f, num::ScalePolicy::trn3, col, el, sc);
+      num::mx_dequantize(f, el, sc, dq);
+      for (std::int64_t k = 0; k < K; ++k) {
+        want[static_cast<std::size_t>(k * C + c)] = dq[static_cast<std::size_t>(k)];
+        const std::size_t e = static_cast<std::size_t>(((k / 4) * C + c) * per);
+        if (per == 4)
+          q[e + static_cast<std::size_t>(k % 4)] = el[static_cast<std::size_t>(k)];
+        else
+          q[e + static_cast<std::size_t>(k % 4 / 2)] |=
+              static_cast<std::uint8_t>(el[static_cast<std::size_t>(k)] << (4 * (k % 2)));
+      }
+      for (std::int64_t blk = 0; blk < K / 32; ++blk)
+        s[static_cast<std::size_t>(blk * C + c)] = sc[static_cast<std::size_t>(blk)];
+    }
+    kernel::MxDequantizeSpec ds;
+    ds.k = K, ds.cols = C, ds.elem = elem, ds.out = DType::fp32, ds.cores = 2;
+    sim::Simulator sim(chip);
+    sim.load(kernel::mx_dequantize_kernel(chip, ds));
+    sim.write_bytes("q", q);
+    sim.write_bytes("q_scale", s);
+    sim.run();
+    // The matmul sums into a zeroed accumulator, so a -0 element comes back
+    // as +0 (documented); every other value bit for bit.
+    for (float& w : want)
+      if (w == 0.0f) w = 0.0f;
+    EXPECT_EQ(testing_helpers::mismatches(sim.read("x"), want, "x"), 0u) << isa::name(elem);
+  }
+  kernel::MxDequantizeSpec bad;
+  bad.k = 100;
+  EXPECT_THROW(kernel::mx_dequantize_kernel(chip, bad), Error);
+  bad.k = 128;
+  EXPECT_THROW(kernel::mx_dequantize_kernel(arch::load_chip("trn2"), bad), NotSupported);
 }
 
 }  // namespace
