@@ -18,12 +18,14 @@ inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
 // (amax: its [rows, 1] column).
 struct EvacTiles {
   Tensor t32, residual, amax;
+  Tensor mx_ps, mx_src, mx_q, mx_s;  // the mxfp8 step's transposes and QuantizeMX
 };
 
 // A tile's quantization operands: the qscale column [rows, 1] in SBUF and
 // the tile's [rows, 1] slice of the HBM "amax" output.
 struct QuantTile {
   Tensor qscale, amax_hbm;
+  Tensor mx_q_hbm, mx_s_hbm;  // the tile's [tn/4, tm] / [tn/32, tm] places in c_q / c_scale
 };
 
 // Applies the epilogue to tile `src` ([tm, tn], PSUM or SBUF) and writes the
@@ -38,10 +40,16 @@ isa::Engine evacuate(Builder& b, const Epilogue& e, const Tensor& src, const Ten
 // [1, N], "residual" [M, N], "qscale" [1, 1] (fp32) and the output "amax"
 // [M, ceil(N / tn)] fp32 for output tiles `tn` columns wide.
 struct EpilogueIo {
-  Tensor bias, residual, qscale, amax;
+  Tensor bias, residual, qscale, amax, mx_q, mx_s;
 };
 EpilogueIo epilogue_io(Builder& b, const Epilogue& e, std::int64_t m, std::int64_t n,
                        std::int64_t tn);
+// The quantization operands of output tile rows [r0, r0 + tm), columns
+// [n0, n0 + tn) (tiles `tile_cols` wide).
+QuantTile quant_tile(const Epilogue& e, const EpilogueIo& io, const Tensor& qscale, int r0, int tm,
+                     std::int64_t n0, std::int64_t tn, std::int64_t tile_cols);
+// Throws "not supported" when the mxfp8 step cannot run (N % 128, chip).
+void check_mxfp8(const arch::ChipSpec& chip, const Epilogue& e, std::int64_t n);
 // The qscale broadcast to `rows` partitions (an empty view without qscale).
 Tensor load_qscale(Builder& b, const Epilogue& e, const EpilogueIo& io, int rows);
 // Throws "not supported" for output dtypes other than fp32, bf16 and (v3+)

@@ -30,6 +30,8 @@ Epilogue parse_epilogue(const std::string& text) {
       e.amax = true;
     } else if (item == "qscale") {
       e.qscale = true;
+    } else if (item == "mxfp8") {
+      e.mxfp8 = true;
     } else if (item == "residual") {
       e.residual = true;
     } else if (item.rfind("scale=", 0) == 0) {
@@ -43,8 +45,8 @@ Epilogue parse_epilogue(const std::string& text) {
         e.act = isa::parse_act(item);
       } catch (const Error&) {
         throw Error(
-            fmt::format("epilogue step '{}': expected scale=<x>, bias, residual, amax, qscale or "
-                        "an activation (gelu, gelu_tanh, silu, relu, ...)",
+            fmt::format("epilogue step '{}': expected scale=<x>, bias, residual, amax, qscale, "
+                        "mxfp8 or an activation (gelu, gelu_tanh, silu, relu, ...)",
                         item));
       }
     }
@@ -63,6 +65,7 @@ std::string to_string(const Epilogue& e) {
   if (e.residual) add("residual");
   if (e.amax) add("amax");
   if (e.qscale) add("qscale");
+  if (e.mxfp8) add("mxfp8");
   return s.empty() ? "none" : s;
 }
 
@@ -85,6 +88,27 @@ std::vector<Epilogue> unfused_steps(const Epilogue& e) {
 }
 
 namespace detail {
+
+// The output tile o [tm, tn] MX-quantized along its columns (the next
+// matmul's contraction): four Tensor-engine transposes of the stride-4
+// column sets j = 0..3 give T_j[p, m] = o[m, 4p + j]; copied interleaved
+// (src[p, 4m + j] = T_j[p, m], BF16) they are QuantizeMX's source layout,
+// whose x4 [tn/4, tm] and scales [tn/32, tm] are stored to the tile's place
+// in "c_q" / "c_scale".
+void mx_output(Builder& b, const Tensor& o, const EvacTiles& t, const QuantTile& q) {
+  const std::int64_t tm = o.rows(), quarter = o.cols() / 4;
+  const int parts = static_cast<int>(quarter);
+  for (std::int64_t j = 0; j < 4; ++j) {
+    const Tensor tp = t.mx_ps.tile(0, parts, j * tm, tm);
+    b.transpose(tp, o.with_dims({{4, quarter}}, j));
+    const Tensor dst = t.mx_src.tile(0, parts, 0, 4 * tm).with_dims({{4, tm}}, j);
+    b.tensor_copy(dst, tp, j % 2 ? Engine::scalar : Engine::vector);
+  }
+  const Tensor xq = t.mx_q.tile(0, parts, 0, tm), xs = t.mx_s.tile(0, parts / 8, 0, tm);
+  b.quantize_mx(xq, xs, t.mx_src.tile(0, parts, 0, 4 * tm));
+  b.dma_copy(q.mx_q_hbm, xq, -1, false, Engine::vector);
+  b.dma_copy(q.mx_s_hbm, xs, -1, false, Engine::vector);
+}
 
 // Applies the epilogue to tile `src` ([tm, tn], PSUM or SBUF) and writes the
 // result, cast, into `o`; returns the engine of the last step (it triggers
@@ -147,6 +171,10 @@ Engine evacuate(Builder& b, const Epilogue& e, const Tensor& src, const Tensor& 
     }
     x = dst;
   }
+  if (steps.empty() && !quantize) {  // only the mxfp8 step: a plain evacuation first
+    b.tensor_copy(o, src, plain);
+    x = o;
+  }
   if (quantize) {
     if (e.amax) {  // max |y| per row of the tile (Vector), stored to its HBM column
       const Tensor col = tiles.amax.tile(0, tm, 0, 1);
@@ -161,6 +189,7 @@ Engine evacuate(Builder& b, const Epilogue& e, const Tensor& src, const Tensor& 
       b.tensor_copy(o, x, Engine::scalar);
     last = Engine::scalar;
   }
+  if (e.mxfp8) mx_output(b, o, tiles, *quant);
   return last;
 }
 
@@ -171,7 +200,34 @@ EpilogueIo epilogue_io(Builder& b, const Epilogue& e, std::int64_t m, std::int64
   if (e.residual) io.residual = b.hbm("residual", {m, n}, DType::fp32, isa::TensorKind::input);
   if (e.qscale) io.qscale = b.hbm("qscale", {1, 1}, DType::fp32, isa::TensorKind::input);
   if (e.amax) io.amax = b.hbm("amax", {m, (n + tn - 1) / tn}, DType::fp32, isa::TensorKind::output);
+  if (e.mxfp8) {
+    io.mx_q = b.hbm("c_q", {n / 4, m}, DType::fp8_e4m3_x4, isa::TensorKind::output);
+    io.mx_s = b.hbm("c_scale", {n / 32, m}, DType::uint8, isa::TensorKind::output);
+  }
   return io;
+}
+
+QuantTile quant_tile(const Epilogue& e, const EpilogueIo& io, const Tensor& qscale, int r0, int tm,
+                     std::int64_t n0, std::int64_t tn, std::int64_t tile_cols) {
+  QuantTile q{qscale, {}, {}, {}};
+  if (e.amax) q.amax_hbm = io.amax.tile(r0, tm, n0 / tile_cols, 1);
+  if (e.mxfp8) {
+    q.mx_q_hbm = io.mx_q.tile(static_cast<int>(n0 / 4), static_cast<int>(tn / 4), r0, tm);
+    q.mx_s_hbm = io.mx_s.tile(static_cast<int>(n0 / 32), static_cast<int>(tn / 32), r0, tm);
+  }
+  return q;
+}
+
+void check_mxfp8(const arch::ChipSpec& chip, const Epilogue& e, std::int64_t n) {
+  if (!e.mxfp8) return;
+  if (!isa::supported_by(DType::fp8_e4m3_x4, chip.core_version))
+    throw NotSupported(
+        fmt::format("the mxfp8 epilogue step on {} (MX is NeuronCore-v4)", chip.name));
+  if (n % 128 != 0)
+    throw NotSupported(fmt::format(
+        "the mxfp8 epilogue step with N = {}: N must be a multiple of 128 (QuantizeMX groups 32 "
+        "partitions of 4 values)",
+        n));
 }
 
 Tensor load_qscale(Builder& b, const Epilogue& e, const EpilogueIo& io, int rows) {
@@ -194,6 +250,17 @@ OutputSlots output_slots(Builder& b, const Epilogue& e, DType out, std::int64_t 
       if (e.residual) t.residual = b.sbuf(rows, tn, DType::fp32);
       if (e.amax) t.amax = b.sbuf(rows, 1, DType::fp32);
     }
+    if (e.mxfp8) {  // tn / 4 partitions of the transposed tile
+      const int parts = static_cast<int>(tn / 4);
+      const Tensor ps[2] = {b.psum(parts, 4 * tm, DType::fp32), b.psum(parts, 4 * tm, DType::fp32)};
+      for (std::size_t i = 0; i < o.evac.size(); ++i) {
+        auto& t = o.evac[i];
+        t.mx_ps = ps[i % 2];
+        t.mx_src = b.sbuf(parts, 4 * tm, DType::bf16);
+        t.mx_q = b.sbuf(parts, tm, DType::fp8_e4m3_x4);
+        t.mx_s = b.sbuf(parts / 8, tm, DType::uint8);
+      }
+    }
     if (e.bias)
       for (auto& t : o.bias) t = b.sbuf(rows, tn, DType::fp32);
   }
@@ -203,8 +270,10 @@ OutputSlots output_slots(Builder& b, const Epilogue& e, DType out, std::int64_t 
 // SBUF bytes per partition output_slots adds for the epilogue.
 std::int64_t epilogue_sbuf_bytes(const Epilogue& e, std::int64_t tn) {
   if (!e.any()) return 0;
+  // (mxfp8: per slot a BF16 source [tn/4, 4 tm], its x4 and scales; tm <= 128.)
   return (OutputSlots::kOut * (e.residual ? 2 : 1) + (e.bias ? 2 : 0)) * tn * 4 +
-         OutputSlots::kOut * 4 + 4;
+         OutputSlots::kOut * 4 + 4 +
+         (e.mxfp8 ? OutputSlots::kOut * (4 * 128 * 2 + 128 * 4 + 128) : 0);
 }
 
 // The [rows, n] HBM bias row seen by every partition (row stride 0).
@@ -236,6 +305,8 @@ isa::Program epilogue_kernel(const arch::ChipSpec& chip, std::int64_t m, std::in
                              const Epilogue& e, DType out) {
   if (m < 1 || n < 1) throw Error(fmt::format("epilogue: shape [{}, {}] must be >= 1", m, n));
   check_output(chip, "epilogue", out);
+  if (e.mxfp8)
+    throw NotSupported("the mxfp8 step in the standalone epilogue kernel (the matmul has it)");
   Builder b(chip);
   const Tensor x = b.hbm("x", {m, n}, DType::fp32, isa::TensorKind::input);
   const Tensor y = b.hbm("y", {m, n}, out, isa::TensorKind::output);
@@ -269,8 +340,7 @@ isa::Program epilogue_kernel(const arch::ChipSpec& chip, std::int64_t m, std::in
       b.dma_copy(vx, x.tile(static_cast<int>(r0), tr, c0, tc));
       const Tensor res_h =
           e.residual ? residual_h.tile(static_cast<int>(r0), tr, c0, tc) : Tensor{};
-      const QuantTile qt{qs,
-                         e.amax ? io.amax.tile(static_cast<int>(r0), tr, c0 / TF, 1) : Tensor{}};
+      const QuantTile qt = quant_tile(e, io, qs, static_cast<int>(r0), tr, c0, tc, TF);
       const Engine last =
           evacuate(b, e, vx, vo, tiles[i], &biases[cb], &res_h, Engine::vector, &qt);
       b.dma_copy(y.tile(static_cast<int>(r0), tr, c0, tc), vo, -1, false, last);

@@ -30,8 +30,16 @@ struct Epilogue {
   // (FP8 outputs saturate, as the engines' output conversion does).
   bool amax = false;
   bool qscale = false;
+  // `mxfp8`: also emit the output MX-quantized for the next matmul, which
+  // contracts over N: HBM "c_q" [N/4, M] fp8_e4m3_x4 and "c_scale" [N/32,
+  // M] E8M0 (blocks of 32 along N, Trainium3 scales; mx_quantize_kernel's
+  // layout of C^T, i.e. the next matmul's `at` operand with
+  // mx_prequantized), quantized from the output rounded to BF16. N a
+  // multiple of 128; trn3.
+  bool mxfp8 = false;
   bool any() const {
-    return scale != 1.0f || bias || act != isa::ActFunc::identity || residual || amax || qscale;
+    return scale != 1.0f || bias || act != isa::ActFunc::identity || residual || amax || qscale ||
+           mxfp8;
   }
 };
 

@@ -154,8 +154,7 @@ isa::Program mx_matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
         const Tensor o = outs[oi].tile(0, tm, 0, tn);
         const Tensor res_h =
             ep.residual ? residual_h.tile(static_cast<int>(m0), tm, n0, tn) : Tensor{};
-        const QuantTile qt{qscale,
-                           ep.amax ? io.amax.tile(static_cast<int>(m0), tm, n0 / TN, 1) : Tensor{}};
+        const QuantTile qt = quant_tile(ep, io, qscale, static_cast<int>(m0), tm, n0, tn, TN);
         const Engine evac = evacuate(b, ep, p, o, evac_tiles[static_cast<std::size_t>(oi)], bias,
                                      &res_h, oi % 2 ? Engine::scalar : Engine::vector, &qt);
         oi = (oi + 1) % kOut;
@@ -173,6 +172,7 @@ isa::Program matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
     throw Error(fmt::format("matmul: M, N, K must be >= 1, got {} x {} x {}", s.m, s.n, s.k));
   }
   check_output(chip, "matmul", s.out);
+  check_mxfp8(chip, s.epilogue, s.n);
   if (s.batch < 1) throw Error(fmt::format("matmul: batch must be >= 1, got {}", s.batch));
   const bool mx =
       s.in == DType::fp8_e4m3_x4 || s.in == DType::fp8_e5m2_x4 || s.in == DType::fp4_e2m1_x4;
@@ -338,7 +338,7 @@ isa::Program matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
         const Tensor res_h = ep.residual ? residual_h.tile(r0, tm, st.n0, tn) : Tensor{};
         // Alternate the PSUM evacuation between Vector and Scalar; the epilogue
         // (if any) runs in the evacuation.
-        const QuantTile qt{qscale, ep.amax ? io.amax.tile(r0, tm, st.n0 / TN, 1) : Tensor{}};
+        const QuantTile qt = quant_tile(ep, io, qscale, r0, tm, st.n0, tn, TN);
         const Engine evac =
             evacuate(b, ep, p, o, evac_tiles[static_cast<std::size_t>(oi)], &bias_sets[st.b_set],
                      &res_h, oi % 2 ? Engine::scalar : Engine::vector, &qt);

@@ -177,7 +177,7 @@ expect_err "M, N, K must be >= 1" bench matmul --m 0
 expect_json 'j["check"]["bit_exact"] and j["kernel"]["epilogue"] == "bias,gelu" and j["unfused"]["fused_speedup"] > 1.2 and len(j["unfused"]["kernels"]) == 3' bench matmul --m 512 --n 512 --k 512 --epilogue bias,gelu --compare-unfused --json
 expect_json 'j["check"]["bit_exact"]' bench matmul --m 130 --n 300 --k 256 --dtype mxfp8 --out bf16 --epilogue scale=0.25,bias,silu,residual --json
 expect_ok "fused is [0-9.]+x faster" bench matmul --m 256 --n 256 --k 256 --epilogue gelu_tanh --compare-unfused
-expect_err "epilogue step 'gleu': expected scale=<x>, bias, residual, amax, qscale or an activation" bench matmul --m 8 --n 8 --k 8 --epilogue bias,gleu
+expect_err "epilogue step 'gleu': expected scale=<x>, bias, residual, amax, qscale, mxfp8 or an activation" bench matmul --m 8 --n 8 --k 8 --epilogue bias,gleu
 expect_err "--compare-unfused needs an --epilogue" bench matmul --m 8 --n 8 --k 8 --compare-unfused
 expect_ok "Usage|Options" bench kernel --help
 expect_json 'j["check"]["bit_exact"] and j["check"]["elements"] == 300 * 1000 * 2 + 300 and j["kernel"]["params"]["cores"] == 2' bench kernel rmsnorm --rows 300 --dim 1000 --residual --cores 2 --json

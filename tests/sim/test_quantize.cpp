@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <span>
 #include <tuple>
 #include <vector>
 
@@ -237,6 +238,64 @@ TEST(MxDequantize, EqualsHostDequantization) {
   EXPECT_THROW(kernel::mx_dequantize_kernel(chip, bad), Error);
   bad.k = 128;
   EXPECT_THROW(kernel::mx_dequantize_kernel(arch::load_chip("trn2"), bad), NotSupported);
+}
+
+}  // namespace
+}  // namespace tern
+
+namespace tern {
+namespace {
+
+// The matmul epilogue's mxfp8 step: c_q / c_scale are C (rounded to BF16)
+// MX-quantized in blocks of 32 along N for every row, in
+// mx_quantize_kernel's layout of C^T; c itself is unchanged.
+TEST(MxQuantize, MatmulMxfp8EpilogueQuantizesTheOutputAlongN) {
+  const arch::ChipSpec chip = arch::load_chip("trn3");
+  for (const auto& [in, out, n] :
+       {std::tuple<DType, DType, std::int64_t>{DType::bf16, DType::fp32, 640},
+        {DType::bf16, DType::bf16, 128},
+        {DType::fp8_e4m3_x4, DType::bf16, 512}}) {
+    kernel::MatmulSpec ms;
+    ms.m = 200, ms.n = n, ms.k = 256, ms.in = in, ms.out = out, ms.cores = 2;
+    const bool mx_in = in == DType::fp8_e4m3_x4;  // the step alone, after an MX matmul
+    ms.epilogue = kernel::parse_epilogue(mx_in ? "mxfp8" : "bias,gelu,mxfp8");
+    std::mt19937 rng(23);
+    std::normal_distribution<float> d(0.0f, 1.0f);
+    auto values = [&](std::size_t count) {
+      std::vector<float> v(count);
+      for (float& x : v) x = num::round_to(*isa::format_of(DType::bf16), d(rng));
+      return v;
+    };
+    const auto at = values(static_cast<std::size_t>(ms.k * ms.m)),
+               b = values(static_cast<std::size_t>(ms.k * ms.n)),
+               bias = values(static_cast<std::size_t>(ms.n));
+    std::vector<std::pair<std::string, const std::vector<float>*>> ins{{"at", &at}, {"b", &b}};
+    if (!mx_in) ins.emplace_back("bias", &bias);
+    auto sim = testing_helpers::run_kernel(chip, kernel::matmul_kernel(chip, ms), ins);
+    std::vector<float> c = sim->read("c");
+    num::round_array(*isa::format_of(DType::bf16), c);
+    const auto q = sim->read_bytes("c_q"), s = sim->read_bytes("c_scale");
+    const num::MxFormat& f = num::mx_format(num::MxId::mxfp8_e4m3);
+    std::vector<std::uint8_t> el(static_cast<std::size_t>(n)), sc(static_cast<std::size_t>(n / 32));
+    std::size_t bad = 0;
+    for (std::int64_t m = 0; m < ms.m; ++m) {
+      num::mx_quantize(f, num::ScalePolicy::trn3,
+                       std::span<const float>(c.data() + m * n, static_cast<std::size_t>(n)), el,
+                       sc);
+      for (std::int64_t k = 0; k < n; ++k)
+        bad += q[static_cast<std::size_t>(((k / 4) * ms.m + m) * 4 + k % 4)] !=
+               el[static_cast<std::size_t>(k)];
+      for (std::int64_t blk = 0; blk < n / 32; ++blk)
+        bad += s[static_cast<std::size_t>(blk * ms.m + m)] != sc[static_cast<std::size_t>(blk)];
+    }
+    EXPECT_EQ(bad, 0u) << isa::name(in) << " -> " << isa::name(out) << ", N = " << n;
+  }
+  kernel::MatmulSpec bad;
+  bad.n = 100;
+  bad.epilogue = kernel::parse_epilogue("mxfp8");
+  EXPECT_THROW(kernel::matmul_kernel(chip, bad), NotSupported);
+  bad.n = 128;
+  EXPECT_THROW(kernel::matmul_kernel(arch::load_chip("trn2"), bad), NotSupported);
 }
 
 }  // namespace
