@@ -48,6 +48,12 @@ EpilogueIo epilogue_io(Builder& b, const Epilogue& e, std::int64_t m, std::int64
 // [n0, n0 + tn) (tiles `tile_cols` wide).
 QuantTile quant_tile(const Epilogue& e, const EpilogueIo& io, const Tensor& qscale, int r0, int tm,
                      std::int64_t n0, std::int64_t tn, std::int64_t tile_cols);
+// The mxfp8 step: tile o [tm <= 128, tn <= 512, tn % 128 == 0]
+// MX-quantized along its columns into q.mx_q_hbm / q.mx_s_hbm, using the
+// slot's mx_* tiles (see Epilogue::mxfp8).
+void mx_output(Builder& b, const Tensor& o, const EvacTiles& t, const QuantTile& q);
+// Allocates the mx_* tiles of `slots` (two PSUM banks shared in turn).
+void alloc_mx_tiles(Builder& b, std::vector<EvacTiles>& slots, std::int64_t tm, std::int64_t tn);
 // Throws "not supported" when the mxfp8 step cannot run (N % 128, chip).
 void check_mxfp8(const arch::ChipSpec& chip, const Epilogue& e, std::int64_t n);
 // The qscale broadcast to `rows` partitions (an empty view without qscale).

@@ -95,6 +95,18 @@ namespace detail {
 // (src[p, 4m + j] = T_j[p, m], BF16) they are QuantizeMX's source layout,
 // whose x4 [tn/4, tm] and scales [tn/32, tm] are stored to the tile's place
 // in "c_q" / "c_scale".
+void alloc_mx_tiles(Builder& b, std::vector<EvacTiles>& slots, std::int64_t tm, std::int64_t tn) {
+  const int parts = static_cast<int>(tn / 4);  // partitions of the transposed tile
+  const Tensor ps[2] = {b.psum(parts, 4 * tm, DType::fp32), b.psum(parts, 4 * tm, DType::fp32)};
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    auto& t = slots[i];
+    t.mx_ps = ps[i % 2];
+    t.mx_src = b.sbuf(parts, 4 * tm, DType::bf16);
+    t.mx_q = b.sbuf(parts, tm, DType::fp8_e4m3_x4);
+    t.mx_s = b.sbuf(parts / 8, tm, DType::uint8);
+  }
+}
+
 void mx_output(Builder& b, const Tensor& o, const EvacTiles& t, const QuantTile& q) {
   const std::int64_t tm = o.rows(), quarter = o.cols() / 4;
   const int parts = static_cast<int>(quarter);
@@ -250,17 +262,7 @@ OutputSlots output_slots(Builder& b, const Epilogue& e, DType out, std::int64_t 
       if (e.residual) t.residual = b.sbuf(rows, tn, DType::fp32);
       if (e.amax) t.amax = b.sbuf(rows, 1, DType::fp32);
     }
-    if (e.mxfp8) {  // tn / 4 partitions of the transposed tile
-      const int parts = static_cast<int>(tn / 4);
-      const Tensor ps[2] = {b.psum(parts, 4 * tm, DType::fp32), b.psum(parts, 4 * tm, DType::fp32)};
-      for (std::size_t i = 0; i < o.evac.size(); ++i) {
-        auto& t = o.evac[i];
-        t.mx_ps = ps[i % 2];
-        t.mx_src = b.sbuf(parts, 4 * tm, DType::bf16);
-        t.mx_q = b.sbuf(parts, tm, DType::fp8_e4m3_x4);
-        t.mx_s = b.sbuf(parts / 8, tm, DType::uint8);
-      }
-    }
+    if (e.mxfp8) alloc_mx_tiles(b, o.evac, tm, tn);
     if (e.bias)
       for (auto& t : o.bias) t = b.sbuf(rows, tn, DType::fp32);
   }

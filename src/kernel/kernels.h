@@ -112,6 +112,10 @@ struct RmsNormSpec {
   // the scale (delayed scaling's amax is the max of the rows).
   std::optional<isa::DType> out;
   bool qscale = false, amax = false;
+  // Also y MX-quantized along D for the next matmul: HBM "y_q" [D/4, R]
+  // fp8_e4m3_x4 and "y_scale" [D/32, R] (the matmul's mxfp8 epilogue
+  // layout; from y in `out`, rounded to BF16). D a multiple of 128, trn3.
+  bool mxfp8 = false;
   isa::DType out_dtype() const { return out ? *out : dtype; }
 };
 isa::Program rmsnorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& spec);

@@ -22,7 +22,7 @@ namespace {
 // The checks every norm kernel makes of its spec.
 void check_norm(const char* name, const RmsNormSpec& s) {
   check_rows(name, s.rows, s.dim, s.dtype, s.cores);
-  if (s.out || s.qscale || s.amax) {
+  if (s.out || s.qscale || s.amax || s.mxfp8) {
     if (std::string(name).find("backward") != std::string::npos)
       throw NotSupported(fmt::format("{} with a quantized output (forward only)", name));
     const DType o = s.out_dtype();
@@ -44,6 +44,11 @@ void check_norm_backward(const char* name, const RmsNormSpec& s) {
 
 void check_fits(const arch::ChipSpec& chip, const char* name, const RmsNormSpec& s,
                 std::int64_t need) {
+  if (s.mxfp8) {
+    check_mxfp8(chip, Epilogue{.mxfp8 = true}, s.dim);
+    if (isa::is_fp8(s.out_dtype()))
+      throw NotSupported(fmt::format("{}: the mxfp8 output from an FP8 y", name));
+  }
   if (!isa::supported_by(s.out_dtype(), chip.core_version))
     throw NotSupported(fmt::format("{} with {} output on {} ({})", name, isa::name(s.out_dtype()),
                                    chip.name, chip.core_generation));
@@ -113,6 +118,33 @@ std::int64_t psum_columns(const arch::ChipSpec& chip) {
   return std::min<std::int64_t>(chip.tensor.moving_fmax, chip.psum_bank_bytes().value() / 4);
 }
 
+// The mxfp8 output of a norm's row tile: yo [n, D] in 512-column chunks
+// through the matmul epilogue's mxfp8 step (slots alternate).
+struct NormMx {
+  Tensor q_hbm, s_hbm;
+  std::vector<EvacTiles> slots;
+  int next = 0;
+};
+NormMx norm_mx_outputs(Builder& b, const RmsNormSpec& s) {
+  NormMx m;
+  if (!s.mxfp8) return m;
+  m.q_hbm = b.hbm("y_q", {s.dim / 4, s.rows}, DType::fp8_e4m3_x4, isa::TensorKind::output);
+  m.s_hbm = b.hbm("y_scale", {s.dim / 32, s.rows}, DType::uint8, isa::TensorKind::output);
+  return m;
+}
+void norm_mx_tile(Builder& b, NormMx& m, const Tensor& yo, int r0) {
+  const int n = yo.rows();
+  constexpr std::int64_t kW = 512;
+  for (std::int64_t c0 = 0; c0 < yo.cols(); c0 += kW) {
+    const std::int64_t w = std::min(kW, yo.cols() - c0);
+    QuantTile q{Tensor{}, Tensor{},
+                m.q_hbm.tile(static_cast<int>(c0 / 4), static_cast<int>(w / 4), r0, n),
+                m.s_hbm.tile(static_cast<int>(c0 / 32), static_cast<int>(w / 32), r0, n)};
+    mx_output(b, yo.tile(0, n, c0, w), m.slots[static_cast<std::size_t>(m.next)], q);
+    m.next ^= 1;
+  }
+}
+
 // Writes a norm's output tile: y32 [n, D] FP32 (the unrounded y), with
 // `amax` its per-row max |y| to "amax" rows r0.. (Vector) and with `qscale`
 // times the scale column, cast into yo and stored (from `e`).
@@ -150,6 +182,7 @@ isa::Program rmsnorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& s) {
   if (s.qscale) qscale_h = b.hbm("qscale", {1, 1}, DType::fp32, isa::TensorKind::input);
   if (s.amax) amax_h = b.hbm("amax", {R, 1}, DType::fp32, isa::TensorKind::output);
   const bool quant = s.qscale || s.amax;
+  NormMx mx = norm_mx_outputs(b, s);
   if (s.residual) h = b.hbm("h", {R, D}, s.dtype, isa::TensorKind::output);
   const std::int64_t P = chip.sbuf_partitions;
   const int esz = isa::size_bytes(s.dtype);
@@ -166,6 +199,10 @@ isa::Program rmsnorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& s) {
   const std::int64_t tiles = ceil_div(R, P);
   for (int core = 0; core < s.cores; ++core) {
     b.set_core(core);
+    if (s.mxfp8) {
+      mx.slots.assign(2, EvacTiles{});
+      alloc_mx_tiles(b, mx.slots, P, 512);
+    }
     const int gp = static_cast<int>(std::min(P, R));
     const Tensor g = b.sbuf(gp, D, s.dtype);
     b.dma_copy(g, bias_rows(gamma, gp, 0, D));
@@ -211,11 +248,12 @@ isa::Program rmsnorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& s) {
         b.tensor_scalar(tf, tf, isa::AluOp::multiply, rs_col, isa::AluOp::bypass, 0.0f, nullptr,
                         Engine::gpsimd);
         store_norm_output(b, s, tf, yo, y, amax_h, amax_col[i], qs, r0, Engine::gpsimd);
-        continue;
+      } else {
+        b.tensor_scalar(yo, tf, isa::AluOp::multiply, rs_col, isa::AluOp::bypass, 0.0f, nullptr,
+                        Engine::gpsimd);
+        b.dma_copy(y.tile(r0, n, 0, D), yo, -1, false, Engine::gpsimd);
       }
-      b.tensor_scalar(yo, tf, isa::AluOp::multiply, rs_col, isa::AluOp::bypass, 0.0f, nullptr,
-                      Engine::gpsimd);
-      b.dma_copy(y.tile(r0, n, 0, D), yo, -1, false, Engine::gpsimd);
+      if (s.mxfp8) norm_mx_tile(b, mx, yo, r0);
     }
   }
   return b.finish();
@@ -238,6 +276,7 @@ isa::Program layernorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& s) 
   if (s.qscale) qscale_h = b.hbm("qscale", {1, 1}, DType::fp32, isa::TensorKind::input);
   if (s.amax) amax_h = b.hbm("amax", {R, 1}, DType::fp32, isa::TensorKind::output);
   const bool quant = s.qscale || s.amax;
+  NormMx mx = norm_mx_outputs(b, s);
   const std::int64_t P = chip.sbuf_partitions, FB = chip.bn_stats_fmax;
   const std::int64_t chunks = ceil_div(D, FB);
   const int esz = isa::size_bytes(s.dtype);
@@ -253,6 +292,10 @@ isa::Program layernorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& s) 
   const std::int64_t tiles = ceil_div(R, P);
   for (int core = 0; core < s.cores; ++core) {
     b.set_core(core);
+    if (s.mxfp8) {
+      mx.slots.assign(2, EvacTiles{});
+      alloc_mx_tiles(b, mx.slots, P, 512);
+    }
     const int gp = static_cast<int>(std::min(P, R));
     const Tensor g = b.sbuf(gp, D, s.dtype), bt = b.sbuf(gp, D, s.dtype);
     b.dma_copy(g, bias_rows(gamma, gp, 0, D));
@@ -325,10 +368,11 @@ isa::Program layernorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& s) 
       if (quant) {  // y in FP32 first (amax, scale), then the cast
         b.tensor_tensor(u, u, bt.tile(0, n, 0, D), isa::AluOp::add, Engine::gpsimd);
         store_norm_output(b, s, u, yo, y, amax_h, v.amax, qs, r0, Engine::gpsimd);
-        return;
+      } else {
+        b.tensor_tensor(yo, u, bt.tile(0, n, 0, D), isa::AluOp::add, Engine::gpsimd);
+        b.dma_copy(y.tile(r0, n, 0, D), yo, -1, false, Engine::gpsimd);
       }
-      b.tensor_tensor(yo, u, bt.tile(0, n, 0, D), isa::AluOp::add, Engine::gpsimd);
-      b.dma_copy(y.tile(r0, n, 0, D), yo, -1, false, Engine::gpsimd);
+      if (s.mxfp8) norm_mx_tile(b, mx, yo, r0);
     };
     if (!mine.empty()) stage1(0);
     for (std::size_t k = 0; k < mine.size(); ++k) {

@@ -127,7 +127,7 @@ RmsNormSpec norm_spec(const Params& p, float default_eps) {
   s.eps = p.text("eps").empty() ? default_eps : p.f32("eps");
   if (p.values().count("out")) {  // the forward kernels' quantized output
     if (!p.text("out").empty()) s.out = p.dtype("out");
-    s.qscale = p.flag("qscale"), s.amax = p.flag("amax");
+    s.qscale = p.flag("qscale"), s.amax = p.flag("amax"), s.mxfp8 = p.flag("mxfp8");
   }
   return s;
 }
@@ -137,6 +137,7 @@ std::vector<ParamDoc> with_quant_docs(std::vector<ParamDoc> d) {
   d.push_back({"out", "", "Output dtype of y (default: dtype; fp8_e4m3 / fp8_e5m2 saturate)"});
   d.push_back({"qscale", "false", "Multiply y by the HBM input qscale [1, 1] before the cast"});
   d.push_back({"amax", "false", "Output amax [rows, 1]: max |y| per row before the scale"});
+  d.push_back({"mxfp8", "false", "Also y MX-quantized along dim: y_q, y_scale (trn3)"});
   return d;
 }
 

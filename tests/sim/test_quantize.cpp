@@ -300,3 +300,50 @@ TEST(MxQuantize, MatmulMxfp8EpilogueQuantizesTheOutputAlongN) {
 
 }  // namespace
 }  // namespace tern
+
+namespace tern {
+namespace {
+
+// The norms' mxfp8 output: y_q / y_scale are y (rounded to BF16)
+// MX-quantized along D for every row, in the matmul epilogue's layout.
+TEST(MxQuantize, NormMxfp8OutputQuantizesYAlongD) {
+  const arch::ChipSpec chip = arch::load_chip("trn3");
+  for (const bool layer : {false, true}) {
+    kernel::RmsNormSpec ns;
+    ns.rows = 200, ns.dim = 640, ns.dtype = DType::bf16, ns.mxfp8 = true, ns.cores = 2;
+    std::mt19937 rng(29);
+    std::normal_distribution<float> d(0.0f, 1.0f);
+    auto values = [&](std::size_t count) {
+      std::vector<float> v(count);
+      for (float& x : v) x = num::round_to(*isa::format_of(DType::bf16), d(rng));
+      return v;
+    };
+    const auto x = values(static_cast<std::size_t>(ns.rows * ns.dim)),
+               g = values(static_cast<std::size_t>(ns.dim)),
+               be = values(static_cast<std::size_t>(ns.dim));
+    std::vector<std::pair<std::string, const std::vector<float>*>> ins{{"x", &x}, {"gamma", &g}};
+    if (layer) ins.emplace_back("beta", &be);
+    auto sim = testing_helpers::run_kernel(
+        chip, layer ? kernel::layernorm_kernel(chip, ns) : kernel::rmsnorm_kernel(chip, ns), ins);
+    const std::vector<float> y = sim->read("y");  // bf16 values
+    const auto q = sim->read_bytes("y_q"), s = sim->read_bytes("y_scale");
+    const num::MxFormat& f = num::mx_format(num::MxId::mxfp8_e4m3);
+    const std::int64_t D = ns.dim, R = ns.rows;
+    std::vector<std::uint8_t> el(static_cast<std::size_t>(D)), sc(static_cast<std::size_t>(D / 32));
+    std::size_t bad = 0;
+    for (std::int64_t r = 0; r < R; ++r) {
+      num::mx_quantize(f, num::ScalePolicy::trn3,
+                       std::span<const float>(y.data() + r * D, static_cast<std::size_t>(D)), el,
+                       sc);
+      for (std::int64_t k = 0; k < D; ++k)
+        bad += q[static_cast<std::size_t>(((k / 4) * R + r) * 4 + k % 4)] !=
+               el[static_cast<std::size_t>(k)];
+      for (std::int64_t blk = 0; blk < D / 32; ++blk)
+        bad += s[static_cast<std::size_t>(blk * R + r)] != sc[static_cast<std::size_t>(blk)];
+    }
+    EXPECT_EQ(bad, 0u) << (layer ? "layernorm" : "rmsnorm");
+  }
+}
+
+}  // namespace
+}  // namespace tern
