@@ -20,6 +20,14 @@ namespace {
 
 using isa::DType;
 
+// n normal(0, 1) values rounded to BF16 (kept as float).
+std::vector<float> bf16_normal(std::mt19937& rng, std::size_t n) {
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = num::round_to(*isa::format_of(DType::bf16), d(rng));
+  return v;
+}
+
 void check_mx(std::int64_t k, std::int64_t cols, DType elem, int cores) {
   const arch::ChipSpec chip = arch::load_chip("trn3");
   kernel::MxQuantizeSpec s;
@@ -70,12 +78,6 @@ TEST(MxQuantize, RejectsWhatItDoesNotSupport) {
   EXPECT_THROW(kernel::mx_quantize_kernel(arch::load_chip("trn3"), s), NotSupported);
 }
 
-}  // namespace
-}  // namespace tern
-
-namespace tern {
-namespace {
-
 // The MX matmul on operands quantized beforehand by mx_quantize_kernel gives
 // the bits of the MX matmul that quantizes its BF16 inputs on chip.
 TEST(MxQuantize, PrequantizedMatmulEqualsOnChipQuantization) {
@@ -83,11 +85,7 @@ TEST(MxQuantize, PrequantizedMatmulEqualsOnChipQuantization) {
   const std::int64_t M = 200, N = 300, K = 384;
   std::mt19937 rng(13);
   std::normal_distribution<float> d(0.0f, 1.0f);
-  auto bf16 = [&](std::size_t n) {
-    std::vector<float> v(n);
-    for (float& x : v) x = num::round_to(*isa::format_of(DType::bf16), d(rng));
-    return v;
-  };
+  auto bf16 = [&](std::size_t n) { return bf16_normal(rng, n); };
   const std::vector<float> at = bf16(static_cast<std::size_t>(K * M)),
                            bm = bf16(static_cast<std::size_t>(K * N));
   auto quantize = [&](const std::vector<float>& x, std::int64_t cols) {
@@ -116,12 +114,6 @@ TEST(MxQuantize, PrequantizedMatmulEqualsOnChipQuantization) {
   ms.in = DType::bf16;
   EXPECT_THROW(kernel::matmul_kernel(chip, ms), Error);
 }
-
-}  // namespace
-}  // namespace tern
-
-namespace tern {
-namespace {
 
 // MXFP4: operands quantized on the host (tern::num, Trainium3 policy),
 // packed as the x4 layout (element (k4, c): codes of rows 4 k4 + j in bits
@@ -176,12 +168,6 @@ TEST(MxQuantize, Mxfp4MatmulOnHostQuantizedOperands) {
   ms.mx_prequantized = false;
   EXPECT_THROW(kernel::matmul_kernel(chip, ms), NotSupported);
 }
-
-}  // namespace
-}  // namespace tern
-
-namespace tern {
-namespace {
 
 // MX dequantization on chip (identity MX matmuls) gives tern::num's
 // dequantized values bit for bit (MXFP8 E4M3 / E5M2 and MXFP4, quantized on
@@ -240,12 +226,6 @@ TEST(MxDequantize, EqualsHostDequantization) {
   EXPECT_THROW(kernel::mx_dequantize_kernel(arch::load_chip("trn2"), bad), NotSupported);
 }
 
-}  // namespace
-}  // namespace tern
-
-namespace tern {
-namespace {
-
 // The matmul epilogue's mxfp8 step: c_q / c_scale are C (rounded to BF16)
 // MX-quantized in blocks of 32 along N for every row, in
 // mx_quantize_kernel's layout of C^T; c itself is unchanged.
@@ -261,11 +241,7 @@ TEST(MxQuantize, MatmulMxfp8EpilogueQuantizesTheOutputAlongN) {
     ms.epilogue = kernel::parse_epilogue(mx_in ? "mxfp8" : "bias,gelu,mxfp8");
     std::mt19937 rng(23);
     std::normal_distribution<float> d(0.0f, 1.0f);
-    auto values = [&](std::size_t count) {
-      std::vector<float> v(count);
-      for (float& x : v) x = num::round_to(*isa::format_of(DType::bf16), d(rng));
-      return v;
-    };
+    auto values = [&](std::size_t count) { return bf16_normal(rng, count); };
     const auto at = values(static_cast<std::size_t>(ms.k * ms.m)),
                b = values(static_cast<std::size_t>(ms.k * ms.n)),
                bias = values(static_cast<std::size_t>(ms.n));
@@ -298,12 +274,6 @@ TEST(MxQuantize, MatmulMxfp8EpilogueQuantizesTheOutputAlongN) {
   EXPECT_THROW(kernel::matmul_kernel(arch::load_chip("trn2"), bad), NotSupported);
 }
 
-}  // namespace
-}  // namespace tern
-
-namespace tern {
-namespace {
-
 // The norms' mxfp8 output: y_q / y_scale are y (rounded to BF16)
 // MX-quantized along D for every row, in the matmul epilogue's layout.
 TEST(MxQuantize, NormMxfp8OutputQuantizesYAlongD) {
@@ -313,11 +283,7 @@ TEST(MxQuantize, NormMxfp8OutputQuantizesYAlongD) {
     ns.rows = 200, ns.dim = 640, ns.dtype = DType::bf16, ns.mxfp8 = true, ns.cores = 2;
     std::mt19937 rng(29);
     std::normal_distribution<float> d(0.0f, 1.0f);
-    auto values = [&](std::size_t count) {
-      std::vector<float> v(count);
-      for (float& x : v) x = num::round_to(*isa::format_of(DType::bf16), d(rng));
-      return v;
-    };
+    auto values = [&](std::size_t count) { return bf16_normal(rng, count); };
     const auto x = values(static_cast<std::size_t>(ns.rows * ns.dim)),
                g = values(static_cast<std::size_t>(ns.dim)),
                be = values(static_cast<std::size_t>(ns.dim));
