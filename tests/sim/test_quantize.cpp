@@ -84,7 +84,6 @@ TEST(MxQuantize, PrequantizedMatmulEqualsOnChipQuantization) {
   const arch::ChipSpec chip = arch::load_chip("trn3");
   const std::int64_t M = 200, N = 300, K = 384;
   std::mt19937 rng(13);
-  std::normal_distribution<float> d(0.0f, 1.0f);
   auto bf16 = [&](std::size_t n) { return bf16_normal(rng, n); };
   const std::vector<float> at = bf16(static_cast<std::size_t>(K * M)),
                            bm = bf16(static_cast<std::size_t>(K * N));
@@ -240,7 +239,6 @@ TEST(MxQuantize, MatmulMxfp8EpilogueQuantizesTheOutputAlongN) {
     const bool mx_in = in == DType::fp8_e4m3_x4;  // the step alone, after an MX matmul
     ms.epilogue = kernel::parse_epilogue(mx_in ? "mxfp8" : "bias,gelu,mxfp8");
     std::mt19937 rng(23);
-    std::normal_distribution<float> d(0.0f, 1.0f);
     auto values = [&](std::size_t count) { return bf16_normal(rng, count); };
     const auto at = values(static_cast<std::size_t>(ms.k * ms.m)),
                b = values(static_cast<std::size_t>(ms.k * ms.n)),
@@ -282,7 +280,6 @@ TEST(MxQuantize, NormMxfp8OutputQuantizesYAlongD) {
     kernel::RmsNormSpec ns;
     ns.rows = 200, ns.dim = 640, ns.dtype = DType::bf16, ns.mxfp8 = true, ns.cores = 2;
     std::mt19937 rng(29);
-    std::normal_distribution<float> d(0.0f, 1.0f);
     auto values = [&](std::size_t count) { return bf16_normal(rng, count); };
     const auto x = values(static_cast<std::size_t>(ns.rows * ns.dim)),
                g = values(static_cast<std::size_t>(ns.dim)),
