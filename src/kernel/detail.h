@@ -77,7 +77,11 @@ OutputSlots output_slots(Builder& b, const Epilogue& e, isa::DType out, std::int
                          std::int64_t tn);
 
 // SBUF bytes per partition output_slots adds for the epilogue.
-std::int64_t epilogue_sbuf_bytes(const Epilogue& e, std::int64_t tn);
+std::int64_t epilogue_sbuf_bytes(const Epilogue& e, std::int64_t tm, std::int64_t tn);
+
+// MX quantization on chip works on 32-partition groups of 4 values (the
+// QuantizeMX rule): MX rows come in multiples of 128.
+constexpr std::int64_t kMxRowMultiple = 32 * 4;
 
 // The [rows, n] HBM bias row seen by every partition (row stride 0).
 Tensor bias_rows(const Tensor& bias, int rows, std::int64_t n0, std::int64_t n);

@@ -235,11 +235,11 @@ void check_mxfp8(const arch::ChipSpec& chip, const Epilogue& e, std::int64_t n) 
   if (!isa::supported_by(DType::fp8_e4m3_x4, chip.core_version))
     throw NotSupported(
         fmt::format("the mxfp8 epilogue step on {} (MX is NeuronCore-v4)", chip.name));
-  if (n % 128 != 0)
+  if (n % kMxRowMultiple != 0)
     throw NotSupported(fmt::format(
-        "the mxfp8 epilogue step with N = {}: N must be a multiple of 128 (QuantizeMX groups 32 "
+        "the mxfp8 epilogue step with N = {}: N must be a multiple of {} (QuantizeMX groups 32 "
         "partitions of 4 values)",
-        n));
+        n, kMxRowMultiple));
 }
 
 Tensor load_qscale(Builder& b, const Epilogue& e, const EpilogueIo& io, int rows) {
@@ -270,12 +270,13 @@ OutputSlots output_slots(Builder& b, const Epilogue& e, DType out, std::int64_t 
 }
 
 // SBUF bytes per partition output_slots adds for the epilogue.
-std::int64_t epilogue_sbuf_bytes(const Epilogue& e, std::int64_t tn) {
+std::int64_t epilogue_sbuf_bytes(const Epilogue& e, std::int64_t tm, std::int64_t tn) {
   if (!e.any()) return 0;
-  // (mxfp8: per slot a BF16 source [tn/4, 4 tm], its x4 and scales; tm <= 128.)
+  // mxfp8, per slot on tn / 4 partitions: a BF16 source of 4 tm values, its
+  // x4 elements (4 bytes each) and one scale byte per 8 partitions.
+  const std::int64_t mx = e.mxfp8 ? OutputSlots::kOut * (4 * tm * 2 + tm * 4 + tm) : 0;
   return (OutputSlots::kOut * (e.residual ? 2 : 1) + (e.bias ? 2 : 0)) * tn * 4 +
-         OutputSlots::kOut * 4 + 4 +
-         (e.mxfp8 ? OutputSlots::kOut * (4 * 128 * 2 + 128 * 4 + 128) : 0);
+         OutputSlots::kOut * 4 + 4 + mx;
 }
 
 // The [rows, n] HBM bias row seen by every partition (row stride 0).

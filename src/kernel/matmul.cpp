@@ -64,7 +64,7 @@ isa::Program mx_matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
   // Per partition: all of A quantized (4 B x M per k tile, + 1 B scales), two
   // sets of one B column tile (4 B x TN, + scales), staging and outputs.
   const std::int64_t need = KT * (5 * s.m + 2 * 5 * TN) + 4 * (4 * TM * 2 + 4 * TN * 2) +
-                            4 * TN * 4 + epilogue_sbuf_bytes(ep, TN);
+                            4 * TN * 4 + epilogue_sbuf_bytes(ep, TM, TN);
   if (need > budget) {
     throw NotSupported(
         fmt::format("MX matmul with M = {}, K = {}: the quantized A ({} bytes per partition) "
@@ -225,7 +225,7 @@ isa::Program matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
   const std::int64_t budget = chip.sbuf_partition_bytes.value() * 3 / 4;
   std::int64_t BM = std::min<std::int64_t>(4 * TM, ceil_div(s.m, TM) * TM);
   // Epilogue scratch: kOut fp32 tiles (+ kOut residual tiles) and two bias rows.
-  const std::int64_t epi = epilogue_sbuf_bytes(ep, TN);
+  const std::int64_t epi = epilogue_sbuf_bytes(ep, TM, TN);
   auto need = [&](std::int64_t bm) { return KT * (2 * bm + 2 * TN) * esz + 4 * TN * 4 + epi; };
   while (BM > TM && need(BM) > budget) BM -= TM;
   if (need(BM) > budget) {

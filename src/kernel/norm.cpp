@@ -122,21 +122,22 @@ std::int64_t psum_columns(const arch::ChipSpec& chip) {
 // through the matmul epilogue's mxfp8 step (slots alternate).
 struct NormMx {
   Tensor q_hbm, s_hbm;
+  std::int64_t width = 0;  // columns per chunk: a matmul output tile's
   std::vector<EvacTiles> slots;
   int next = 0;
 };
-NormMx norm_mx_outputs(Builder& b, const RmsNormSpec& s) {
+NormMx norm_mx_outputs(const arch::ChipSpec& chip, Builder& b, const RmsNormSpec& s) {
   NormMx m;
   if (!s.mxfp8) return m;
+  m.width = output_tile_columns(chip);
   m.q_hbm = b.hbm("y_q", {s.dim / 4, s.rows}, DType::fp8_e4m3_x4, isa::TensorKind::output);
   m.s_hbm = b.hbm("y_scale", {s.dim / 32, s.rows}, DType::uint8, isa::TensorKind::output);
   return m;
 }
 void norm_mx_tile(Builder& b, NormMx& m, const Tensor& yo, int r0) {
   const int n = yo.rows();
-  constexpr std::int64_t kW = 512;
-  for (std::int64_t c0 = 0; c0 < yo.cols(); c0 += kW) {
-    const std::int64_t w = std::min(kW, yo.cols() - c0);
+  for (std::int64_t c0 = 0; c0 < yo.cols(); c0 += m.width) {
+    const std::int64_t w = std::min(m.width, yo.cols() - c0);
     QuantTile q{Tensor{}, Tensor{},
                 m.q_hbm.tile(static_cast<int>(c0 / 4), static_cast<int>(w / 4), r0, n),
                 m.s_hbm.tile(static_cast<int>(c0 / 32), static_cast<int>(w / 32), r0, n)};
@@ -182,7 +183,7 @@ isa::Program rmsnorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& s) {
   if (s.qscale) qscale_h = b.hbm("qscale", {1, 1}, DType::fp32, isa::TensorKind::input);
   if (s.amax) amax_h = b.hbm("amax", {R, 1}, DType::fp32, isa::TensorKind::output);
   const bool quant = s.qscale || s.amax;
-  NormMx mx = norm_mx_outputs(b, s);
+  NormMx mx = norm_mx_outputs(chip, b, s);
   if (s.residual) h = b.hbm("h", {R, D}, s.dtype, isa::TensorKind::output);
   const std::int64_t P = chip.sbuf_partitions;
   const int esz = isa::size_bytes(s.dtype);
@@ -201,7 +202,7 @@ isa::Program rmsnorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& s) {
     b.set_core(core);
     if (s.mxfp8) {
       mx.slots.assign(2, EvacTiles{});
-      alloc_mx_tiles(b, mx.slots, P, 512);
+      alloc_mx_tiles(b, mx.slots, P, mx.width);
     }
     const int gp = static_cast<int>(std::min(P, R));
     const Tensor g = b.sbuf(gp, D, s.dtype);
@@ -276,7 +277,7 @@ isa::Program layernorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& s) 
   if (s.qscale) qscale_h = b.hbm("qscale", {1, 1}, DType::fp32, isa::TensorKind::input);
   if (s.amax) amax_h = b.hbm("amax", {R, 1}, DType::fp32, isa::TensorKind::output);
   const bool quant = s.qscale || s.amax;
-  NormMx mx = norm_mx_outputs(b, s);
+  NormMx mx = norm_mx_outputs(chip, b, s);
   const std::int64_t P = chip.sbuf_partitions, FB = chip.bn_stats_fmax;
   const std::int64_t chunks = ceil_div(D, FB);
   const int esz = isa::size_bytes(s.dtype);
@@ -294,7 +295,7 @@ isa::Program layernorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& s) 
     b.set_core(core);
     if (s.mxfp8) {
       mx.slots.assign(2, EvacTiles{});
-      alloc_mx_tiles(b, mx.slots, P, 512);
+      alloc_mx_tiles(b, mx.slots, P, mx.width);
     }
     const int gp = static_cast<int>(std::min(P, R));
     const Tensor g = b.sbuf(gp, D, s.dtype), bt = b.sbuf(gp, D, s.dtype);
