@@ -188,7 +188,9 @@ isa::Program softmax_kernel(const arch::ChipSpec& chip, const SoftmaxSpec& spec)
 isa::Program softmax_backward_kernel(const arch::ChipSpec& chip, const SoftmaxSpec& spec);
 
 // Cross-entropy loss fused with softmax and its gradient, in one kernel:
-// HBM "logits" [T, V] (dtype), "targets" [T, 1] int32 ->
+// HBM "logits" [T, V] (dtype), "targets" [T, 1] int32 (< V; negative:
+// ignored; a target >= V reads and writes another row: not checked on
+// chip) ->
 //   "loss" [T, 1] fp32 = logsumexp(x) - x[target] (per token),
 //   "dlogits" [T, V] (dtype) = grad_scale * (softmax(x) - onehot(target)).
 // A negative target (PyTorch's ignore_index) gives loss 0 and zero

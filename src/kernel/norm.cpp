@@ -113,11 +113,6 @@ class ColumnSums {
   std::vector<Tensor> banks_;
 };
 
-// PSUM columns per matmul: one bank of FP32.
-std::int64_t psum_columns(const arch::ChipSpec& chip) {
-  return std::min<std::int64_t>(chip.tensor.moving_fmax, chip.psum_bank_bytes().value() / 4);
-}
-
 // The mxfp8 output of a norm's row tile: yo [n, D] in 512-column chunks
 // through the matmul epilogue's mxfp8 step (slots alternate).
 struct NormMx {
@@ -134,6 +129,14 @@ NormMx norm_mx_outputs(const arch::ChipSpec& chip, Builder& b, const RmsNormSpec
   m.s_hbm = b.hbm("y_scale", {s.dim / 32, s.rows}, DType::uint8, isa::TensorKind::output);
   return m;
 }
+// SBUF bytes per partition of the mxfp8 output's two slots (as the matmul
+// epilogue's, 128-row tiles).
+std::int64_t norm_mx_bytes(const arch::ChipSpec& chip, const RmsNormSpec& s) {
+  if (!s.mxfp8) return 0;
+  const std::int64_t tm = chip.sbuf_partitions;
+  return 2 * (4 * tm * 2 + tm * 4 + tm);
+}
+
 void norm_mx_tile(Builder& b, NormMx& m, const Tensor& yo, int r0) {
   const int n = yo.rows();
   for (std::int64_t c0 = 0; c0 < yo.cols(); c0 += m.width) {
@@ -187,13 +190,16 @@ isa::Program rmsnorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& s) {
   if (s.residual) h = b.hbm("h", {R, D}, s.dtype, isa::TensorKind::output);
   const std::int64_t P = chip.sbuf_partitions;
   const int esz = isa::size_bytes(s.dtype);
-  // Per partition: gamma, and per buffer x (residual), y and the squares in
-  // the dtype, one FP32 row (h * gamma) and small columns.
+  // Per partition: gamma, and per buffer x (residual) and the squares in the
+  // dtype, y in the output dtype, one FP32 row (h * gamma) and small columns
+  // (plus the mxfp8 output's tiles).
   // Three buffers when they fit (a load, a compute and a store in flight),
   // else two.
   constexpr int kMaxBuf = 3;
+  const int osz = isa::size_bytes(s.out_dtype());
   auto need = [&](int bufs) {
-    return D * esz + bufs * (D * esz * (s.residual ? 4 : 3) + D * 4 + 16);
+    return D * esz + bufs * (D * esz * (s.residual ? 3 : 2) + D * osz + D * 4 + 16 + 4) +
+           norm_mx_bytes(chip, s);
   };
   const int bufs = need(kMaxBuf) <= sbuf_budget(chip) ? kMaxBuf : 2;
   check_fits(chip, "rmsnorm", s, need(bufs));
@@ -285,8 +291,11 @@ isa::Program layernorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& s) 
   // one FP32 row, bn_stats output (6 per chunk) and small columns.
   // Three buffers when they fit (stage 1 runs a tile ahead), else two.
   constexpr int kMaxBuf = 3;
+  const int osz = isa::size_bytes(s.out_dtype());
   auto need = [&](int bufs) {
-    return 2 * D * esz + bufs * (D * esz * (s.residual ? 3 : 2) + D * 4 + chunks * 24 + 16);
+    return 2 * D * esz +
+           bufs * (D * esz * (s.residual ? 2 : 1) + D * osz + D * 4 + chunks * 24 + 16 + 4) +
+           norm_mx_bytes(chip, s);
   };
   const int kBuf = need(kMaxBuf) <= sbuf_budget(chip) ? kMaxBuf : 2;
   check_fits(chip, "layernorm", s, need(kBuf));
@@ -397,7 +406,7 @@ isa::Program rmsnorm_backward_kernel(const arch::ChipSpec& chip, const RmsNormSp
   const std::int64_t P = chip.sbuf_partitions;
   const int esz = isa::size_bytes(s.dtype);
   // dgamma accumulates on the Tensor engine in PSUM.
-  const std::int64_t TN = psum_columns(chip);
+  const std::int64_t TN = output_tile_columns(chip);
   ColumnSums::check(chip, "rmsnorm backward", "dgamma", D, TN, 1);
   // Per partition: gamma, and per buffer dy, h and dh in the dtype and two
   // FP32 rows; three buffers when they fit (three tiles are in flight).
@@ -479,11 +488,15 @@ isa::Program rmsnorm_backward_kernel(const arch::ChipSpec& chip, const RmsNormSp
       b.tensor_tensor(v.dh, v.gg, v.c, isa::AluOp::add, Engine::gpsimd);
       b.dma_copy(dh_h.tile(v.r0, v.n, 0, D), v.dh, -1, false, Engine::gpsimd);
     };
+    // With two buffers only two tiles may be in flight: A and B of tile i,
+    // C of tile i - 1 (a third tile would overwrite what C still reads).
     const std::size_t n = mine.size();
-    for (std::size_t it = 0; it < n + 2; ++it) {
+    const std::size_t depth = kBuf == 3 ? 2 : 1;
+    for (std::size_t it = 0; it < n + depth; ++it) {
       if (it < n) stage_a(it);
-      if (it >= 1 && it - 1 < n) stage_b(it - 1);
-      if (it >= 2 && it - 2 < n) stage_c(it - 2);
+      if (depth == 2 && it >= 1 && it - 1 < n) stage_b(it - 1);
+      if (depth == 1 && it < n) stage_b(it);
+      if (it >= depth && it - depth < n) stage_c(it - depth);
     }
     dg.store(b, dg_h, core, !mine.empty(), Engine::vector);
   }
@@ -505,7 +518,7 @@ isa::Program layernorm_backward_kernel(const arch::ChipSpec& chip, const RmsNorm
   const std::int64_t P = chip.sbuf_partitions;
   const int esz = isa::size_bytes(s.dtype);
   // dgamma and dbeta accumulate on the Tensor engine in PSUM.
-  const std::int64_t TN = psum_columns(chip);
+  const std::int64_t TN = output_tile_columns(chip);
   ColumnSums::check(chip, "layernorm backward", "dgamma and dbeta", D, TN, 2);
   // Per buffer dy, h, dh in the dtype and four FP32 rows. Four buffers when
   // they fit (a four-stage pipeline keeps four tiles in flight), else two

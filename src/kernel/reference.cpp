@@ -344,6 +344,8 @@ CrossEntropyResult cross_entropy_reference(const std::vector<float>& logits,
     float* g = r.dlogits.data() + i * vocab;
     for (std::int64_t j = 0; j < vocab; ++j)
       g[j] = round(isa::apply_act(ActFunc::exp, x[j] * 1.0f + bias));
+    if (!(tg < static_cast<float>(vocab)) || tg != std::floor(tg))
+      throw Error("cross_entropy_reference: a target is not an integer below V");
     const auto at = static_cast<std::int64_t>(std::max(tg, 0.0f));
     g[at] = round(g[at] + -gsv);
     const float picked = x[at];

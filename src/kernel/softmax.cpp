@@ -189,6 +189,8 @@ isa::Program cross_entropy_kernel(const arch::ChipSpec& chip, const CrossEntropy
         "only while {} x V < 2^24 (V <= {})",
         s.vocab, chip.sbuf_partitions, ((1LL << 24) - 1) / chip.sbuf_partitions));
   const float gs = std::isnan(s.grad_scale) ? 1.0f / static_cast<float>(s.rows) : s.grad_scale;
+  if (!(gs >= 0.0f) || std::isinf(gs))
+    throw Error(fmt::format("cross_entropy: grad_scale must be finite and >= 0, got {}", gs));
   Builder b(chip, s.cores);
   const std::int64_t T = s.rows, V = s.vocab, P = chip.sbuf_partitions;
   const std::int64_t C = std::min(V, s.chunk), chunks = ceil_div(V, C);

@@ -160,6 +160,9 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"layernorm",
              "trn2",
              {{"rows", "64"}, {"dim", "700"}, {"dtype", "fp32"}, {"out", "bf16"}}},
+        // Two buffers (a row too long for three): two tiles in flight.
+        Case{"rmsnorm_backward", "trn3", {{"rows", "384"}, {"dim", "4096"}, {"dtype", "fp32"}}},
+        Case{"layernorm_backward", "trn3", {{"rows", "384"}, {"dim", "2048"}, {"dtype", "fp32"}}},
         Case{"cast", "trn3", {{"rows", "300"}, {"dim", "3000"}, {"cores", "2"}}},
         Case{"cast",
              "trn2",
@@ -247,6 +250,7 @@ TEST(Registry, BadParametersNameTheKernelAndTheParameter) {
         << e.what();
   }
   EXPECT_THROW(kernel::build_kernel(chip, "nosuch", {}), Error);
+  EXPECT_THROW(kernel::build_kernel(chip, "cross_entropy", {{"grad_scale", "-1"}}), Error);
   EXPECT_THROW(kernel::build_kernel(chip, "softmax", {{"dtype", "fp8_e4m3"}}), NotSupported);
   EXPECT_THROW(kernel::build_kernel(chip, "softmax", {{"dim", "0"}}), Error);
   EXPECT_THROW(kernel::build_kernel(chip, "softmax", {{"dim", "1000000"}}), NotSupported);
