@@ -83,6 +83,12 @@ std::int64_t epilogue_sbuf_bytes(const Epilogue& e, std::int64_t tm, std::int64_
 // QuantizeMX rule): MX rows come in multiples of 128.
 constexpr std::int64_t kMxRowMultiple = 32 * 4;
 
+// Columns per tile of the elementwise-style kernels (elementwise, reduce,
+// clip, cast, GLU): 4 KiB rows of BF16, where DMA reaches its efficiency
+// (data/arch: saturating_bytes_per_partition). The host references chunk
+// the same way.
+constexpr std::int64_t kRowTileColumns = 2048;
+
 // The [rows, n] HBM bias row seen by every partition (row stride 0).
 Tensor bias_rows(const Tensor& bias, int rows, std::int64_t n0, std::int64_t n);
 

@@ -35,7 +35,7 @@ std::vector<Unit> units(std::int64_t rows, std::int64_t cols, std::int64_t parti
   return u;
 }
 
-constexpr std::int64_t kWidth = 2048;  // columns per tile: 4 KiB rows of bf16
+constexpr std::int64_t kWidth = kRowTileColumns;
 constexpr int kBufs = 4;
 
 }  // namespace

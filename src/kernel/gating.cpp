@@ -19,7 +19,7 @@ using namespace detail;
 
 namespace {
 
-constexpr std::int64_t kWidth = 2048;  // columns per tile
+constexpr std::int64_t kWidth = kRowTileColumns;
 constexpr int kBufs = 3;
 
 void check_glu(const char* name, const GluSpec& s) {

@@ -95,6 +95,9 @@ isa::Program adamw_kernel(const arch::ChipSpec& chip, const AdamWSpec& s) {
     // a queue with the next tiles' loads would wait for them (and the loads
     // that reuse its buffer for it).
     constexpr int kQp = 0, kQg = 2, kQm = 4, kQv = 6, kQmo = 8, kQvo = 10, kQpo = 12, kQpb = 14;
+    if (chip.dma.queues_per_engine <= kQpb)
+      throw NotSupported(fmt::format("adamw on {}: it uses DMA queues 0..{}, the chip has {}",
+                                     chip.name, kQpb, chip.dma.queues_per_engine));
     auto phase1 = [&](std::size_t k) {
       const View x = view(k);
       b.dma_copy(x.p, hbm(k, p_h), kQp);

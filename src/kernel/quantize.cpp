@@ -25,7 +25,7 @@ bool castable(DType d) {
          d == DType::fp8_e5m2;
 }
 
-constexpr std::int64_t kWidth = 2048;
+constexpr std::int64_t kWidth = kRowTileColumns;
 constexpr int kBufs = 4;
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include "isa/dtype.h"
 #include "isa/instruction.h"
+#include "kernel/detail.h"
 #include "num/convert.h"
 #include "num/mx.h"
 #include "util/error.h"
@@ -380,7 +381,7 @@ std::vector<float> reduce_reference(const std::vector<float>& x, const ReduceSpe
                                     int partitions) {
   if (x.size() != static_cast<std::size_t>(s.rows * s.cols))
     throw Error("reduce_reference: sizes do not match the [R, C] shape");
-  const std::int64_t width = std::min<std::int64_t>(s.cols, 2048);
+  const std::int64_t width = std::min(s.cols, detail::kRowTileColumns);
   auto combine = [&](float a, float b) {
     return isa::apply_alu(s.op == ReduceOp::max ? isa::AluOp::max : isa::AluOp::add, a, b);
   };
@@ -516,7 +517,8 @@ CastResult cast_reference(const std::vector<float>& x, float scale, const CastSp
   }
   if (!s.amax) return r;
   // Per core: per partition the max over its units, then over partitions.
-  const std::int64_t P = partitions, W = 2048, pp = std::min<std::int64_t>(P, s.rows);
+  const std::int64_t P = partitions, W = detail::kRowTileColumns,
+                     pp = std::min<std::int64_t>(P, s.rows);
   std::vector<std::vector<float>> acc(static_cast<std::size_t>(s.cores),
                                       std::vector<float>(static_cast<std::size_t>(pp), 0.0f));
   std::int64_t u = 0;
