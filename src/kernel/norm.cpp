@@ -120,6 +120,12 @@ struct NormMx {
   std::int64_t width = 0;  // columns per chunk: a matmul output tile's
   std::vector<EvacTiles> slots;
   int next = 0;
+  // The current core's two slots (none without the mxfp8 output).
+  void start_core(Builder& b, std::int64_t partitions) {
+    if (width == 0) return;
+    slots.assign(2, EvacTiles{});
+    alloc_mx_tiles(b, slots, partitions, width);
+  }
 };
 NormMx norm_mx_outputs(const arch::ChipSpec& chip, Builder& b, const RmsNormSpec& s) {
   NormMx m;
@@ -206,10 +212,7 @@ isa::Program rmsnorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& s) {
   const std::int64_t tiles = ceil_div(R, P);
   for (int core = 0; core < s.cores; ++core) {
     b.set_core(core);
-    if (s.mxfp8) {
-      mx.slots.assign(2, EvacTiles{});
-      alloc_mx_tiles(b, mx.slots, P, mx.width);
-    }
+    mx.start_core(b, P);
     const int gp = static_cast<int>(std::min(P, R));
     const Tensor g = b.sbuf(gp, D, s.dtype);
     b.dma_copy(g, bias_rows(gamma, gp, 0, D));
@@ -302,10 +305,7 @@ isa::Program layernorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& s) 
   const std::int64_t tiles = ceil_div(R, P);
   for (int core = 0; core < s.cores; ++core) {
     b.set_core(core);
-    if (s.mxfp8) {
-      mx.slots.assign(2, EvacTiles{});
-      alloc_mx_tiles(b, mx.slots, P, mx.width);
-    }
+    mx.start_core(b, P);
     const int gp = static_cast<int>(std::min(P, R));
     const Tensor g = b.sbuf(gp, D, s.dtype), bt = b.sbuf(gp, D, s.dtype);
     b.dma_copy(g, bias_rows(gamma, gp, 0, D));

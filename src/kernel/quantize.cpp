@@ -26,6 +26,17 @@ bool castable(DType d) {
 }
 
 constexpr std::int64_t kWidth = kRowTileColumns;
+
+// The shape checks of the MX kernels: K rows in QuantizeMX's groups (32
+// partitions x 4 values), columns and cores >= 1.
+void check_mx_shape(const char* name, std::int64_t k, std::int64_t cols, int cores) {
+  if (k < 1 || cols < 1 || k % kMxRowMultiple != 0)
+    throw Error(
+        fmt::format("{}: K = {} must be a positive multiple of {} (QuantizeMX works on "
+                    "32 partitions x 4 values), columns {} >= 1",
+                    name, k, kMxRowMultiple, cols));
+  if (cores < 1) throw Error(fmt::format("{}: cores must be >= 1, got {}", name, cores));
+}
 constexpr int kBufs = 4;
 
 }  // namespace
@@ -111,13 +122,7 @@ isa::Program mx_quantize_kernel(const arch::ChipSpec& chip, const MxQuantizeSpec
   if (s.elem != DType::fp8_e4m3_x4 && s.elem != DType::fp8_e5m2_x4)
     throw NotSupported(
         fmt::format("MX quantization to {} (MXFP8 E4M3 / E5M2 x4 are)", isa::name(s.elem)));
-  // QuantizeMX takes 32-partition groups of 4 values each: K in steps of 128.
-  if (s.k < 1 || s.cols < 1 || s.k % 128 != 0)
-    throw Error(
-        fmt::format("mx_quantize: K = {} must be a positive multiple of 128 (QuantizeMX "
-                    "works on 32 partitions x 4 values), columns {} >= 1",
-                    s.k, s.cols));
-  if (s.cores < 1) throw Error(fmt::format("mx_quantize: cores must be >= 1, got {}", s.cores));
+  check_mx_shape("mx_quantize", s.k, s.cols, s.cores);
   Builder b(chip, s.cores);
   const Tensor x = b.hbm("x", {s.k, s.cols}, DType::bf16, isa::TensorKind::input);
   const Tensor q = b.hbm("q", {s.k / 4, s.cols}, s.elem, isa::TensorKind::output);
@@ -174,12 +179,7 @@ isa::Program mx_dequantize_kernel(const arch::ChipSpec& chip, const MxDequantize
                     isa::name(s.elem)));
   if (s.out != DType::fp32 && s.out != DType::bf16)
     throw NotSupported(fmt::format("MX dequantization to {} (fp32, bf16 are)", isa::name(s.out)));
-  if (s.k < 1 || s.cols < 1 || s.k % 128 != 0)
-    throw Error(
-        fmt::format("mx_dequantize: K = {} must be a positive multiple of 128, columns "
-                    "{} >= 1",
-                    s.k, s.cols));
-  if (s.cores < 1) throw Error(fmt::format("mx_dequantize: cores must be >= 1, got {}", s.cores));
+  check_mx_shape("mx_dequantize", s.k, s.cols, s.cores);
   Builder b(chip, s.cores);
   const Tensor q = b.hbm("q", {s.k / 4, s.cols}, s.elem, isa::TensorKind::input);
   const Tensor qs = b.hbm("q_scale", {s.k / 32, s.cols}, DType::uint8, isa::TensorKind::input);
