@@ -10,6 +10,7 @@
 
 #include "arch/chip.h"
 #include "isa/program.h"
+#include "num/mx.h"
 
 namespace tern::kernel {
 
@@ -286,15 +287,24 @@ struct CastSpec {
 };
 isa::Program cast_kernel(const arch::ChipSpec& chip, const CastSpec& spec);
 
-// MX block quantization on chip (trn3's QuantizeMX: Trainium3 scale policy;
-// the OCP and rceil policies exist in tern::num on the host only): "x" [K,
-// cols] bf16 in blocks of 32 along K -> "q" [K/4, cols] x4-packed elements
-// (element (k4, c) holds rows 4 k4 .. 4 k4 + 3) and "q_scale" [K/32, cols]
-// E8M0 codes (uint8): the operand layout of the MX matmul. K a multiple of
-// 128 (QuantizeMX works on groups of 32 partitions x 4 values).
+// MX block quantization on chip (trn3): "x" [K, cols] bf16 in blocks of 32
+// along K -> "q" [K/4, cols] x4-packed elements (element (k4, c) holds rows
+// 4 k4 .. 4 k4 + 3; MXFP4: row 4 k4 + j in bits 4j .. 4j + 3) and
+// "q_scale" [K/32, cols] E8M0 codes (uint8): the operand layout of the MX
+// matmul. Bytes equal tern::num::mx_quantize under `policy` (numerics.md
+// section 3). MXFP8 with the trn3 policy runs on QuantizeMX; the other
+// policies and MXFP4 (QuantizeMX writes only MXFP8 with Trainium3 scales)
+// run a software path: block amax from the BF16 bits on GpSimd, the cross-
+// partition max and the scale broadcast on the Tensor engine, scales with
+// integer ALU ops, elements by one exact multiply and one rounding
+// (MXFP4: rounded on the FP32 bits, packed four to an element).
+// `software` forces that path for trn3 MXFP8 too (a cross-check). K a
+// multiple of 128 (QuantizeMX works on groups of 32 partitions x 4 values).
 struct MxQuantizeSpec {
   std::int64_t k = 4096, cols = 4096;
   isa::DType elem = isa::DType::fp8_e4m3_x4;
+  num::ScalePolicy policy = num::ScalePolicy::trn3;
+  bool software = false;
   int cores = 1;
 };
 isa::Program mx_quantize_kernel(const arch::ChipSpec& chip, const MxQuantizeSpec& spec);

@@ -119,14 +119,19 @@ isa::Program mx_quantize_kernel(const arch::ChipSpec& chip, const MxQuantizeSpec
   if (chip.core_version < 4)
     throw NotSupported(
         fmt::format("MX quantization on {}: QuantizeMX is NeuronCore-v4 (trn3)", chip.name));
-  if (s.elem != DType::fp8_e4m3_x4 && s.elem != DType::fp8_e5m2_x4)
-    throw NotSupported(
-        fmt::format("MX quantization to {} (MXFP8 E4M3 / E5M2 x4 are)", isa::name(s.elem)));
+  if (!isa::is_x4(s.elem))
+    throw NotSupported(fmt::format(
+        "MX quantization to {} (fp8_e4m3_x4, fp8_e5m2_x4, fp4_e2m1_x4 are)", isa::name(s.elem)));
   check_mx_shape("mx_quantize", s.k, s.cols, s.cores);
   Builder b(chip, s.cores);
   const Tensor x = b.hbm("x", {s.k, s.cols}, DType::bf16, isa::TensorKind::input);
   const Tensor q = b.hbm("q", {s.k / 4, s.cols}, s.elem, isa::TensorKind::output);
   const Tensor qs = b.hbm("q_scale", {s.k / 32, s.cols}, DType::uint8, isa::TensorKind::output);
+  // QuantizeMX: MXFP8 with Trainium3 scales; everything else in software.
+  if (s.software || s.policy != num::ScalePolicy::trn3 || s.elem == DType::fp4_e2m1_x4) {
+    mx_quantize_software(b, chip, s, x, q, qs);
+    return b.finish();
+  }
   const std::int64_t P = chip.sbuf_partitions, TKL = 4 * P;
   const std::int64_t TC = 512;  // columns per tile: 4 KiB of BF16 per partition
   for (int core = 0; core < s.cores; ++core) {
@@ -147,11 +152,7 @@ isa::Program mx_quantize_kernel(const arch::ChipSpec& chip, const MxQuantizeSpec
         // Partition p holds, per column, the 4 values of rows k0 + 4p + j:
         // the x4 layout the MX matmul contracts over.
         const Tensor v = src[i].tile(0, parts, 0, 4 * nc);
-        Tensor view = x;
-        view.ap.offset += (k0 * s.cols + c0) * 2;
-        view.ap.dims = {{4 * s.cols, parts}, {1, nc}, {s.cols, 4}};
-        view.ap.partitions = parts;
-        b.dma_copy(v, view);
+        b.dma_copy(v, mx_source_view(x, s.cols, k0, c0, parts, nc));
         const Tensor oq = dq[i].tile(0, parts, 0, nc), os = ds[i].tile(0, parts / 8, 0, nc);
         b.quantize_mx(oq, os, v);
         b.dma_copy(q.tile(static_cast<int>(k0 / 4), parts, c0, nc), oq, -1, false, Engine::vector);

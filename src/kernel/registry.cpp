@@ -801,19 +801,24 @@ std::vector<KernelEntry> make_registry() {
   {
     KernelEntry e;
     e.name = "mx_quantize";
-    e.summary = "MXFP8 block quantization on chip (trn3 QuantizeMX), the MX matmul's layout";
+    e.summary =
+        "MX block quantization on chip (trn3; QuantizeMX or ALU ops), the MX matmul's layout";
     e.params = {{"k", "4096", "Rows K (blocks of 32 along K)"},
                 {"dim", "4096", "Columns"},
-                {"elem", "fp8_e4m3_x4", "Element type: fp8_e4m3_x4 or fp8_e5m2_x4"},
+                {"elem", "fp8_e4m3_x4", "Element type: fp8_e4m3_x4, fp8_e5m2_x4 or fp4_e2m1_x4"},
+                {"policy", "trn3",
+                 "Scale policy: trn3 (QuantizeMX for MXFP8), ocp-floor or rceil (ALU ops)"},
+                {"software", "false", "Use the ALU-op path even where QuantizeMX would do"},
                 cores_doc()};
     e.build = [](const arch::ChipSpec& c, const Params& p) {
       MxQuantizeSpec s;
       s.k = p.i64("k"), s.cols = p.i64("dim"), s.elem = p.dtype("elem"), s.cores = p.i32("cores");
+      s.policy = num::parse_scale_policy(p.text("policy")), s.software = p.flag("software");
       return mx_quantize_kernel(c, s);
     };
     e.describe = [](const Params& p) {
-      return fmt::format("mx_quantize [{}, {}] bf16 -> {}", p.i64("k"), p.i64("dim"),
-                         p.text("elem"));
+      return fmt::format("mx_quantize [{}, {}] bf16 -> {} ({} scales{})", p.i64("k"), p.i64("dim"),
+                         p.text("elem"), p.text("policy"), p.flag("software") ? ", software" : "");
     };
     r.push_back(std::move(e));
   }

@@ -79,16 +79,12 @@ std::string_view policy_name(ScalePolicy p) {
 
 namespace {
 
-// A policy reduced to integers once per call: k = e - offset (+1 for rceil
-// when amax's fraction exceeds max_elem's), with e = floor(log2 amax).
-struct ScaleRule {
-  int offset = 0;
-  bool rceil = false;
-  std::uint32_t max_frac = 0;  // fraction bits of max_elem (rceil)
-};
+using ScaleRule = MxScaleRule;
 
-ScaleRule scale_rule(const MxFormat& f, ScalePolicy policy) {
-  ScaleRule r;
+}  // namespace
+
+MxScaleRule mx_scale_rule(const MxFormat& f, ScalePolicy policy) {
+  MxScaleRule r;
   switch (policy) {
     case ScalePolicy::ocp_floor:
       r.offset = f.emax_elem;
@@ -116,6 +112,8 @@ ScaleRule scale_rule(const MxFormat& f, ScalePolicy policy) {
   }
   return r;
 }
+
+namespace {
 
 // k for a block whose largest magnitude has FP32 bits `amax`.
 int block_exponent(const ScaleRule& r, std::uint32_t amax) {
@@ -145,7 +143,7 @@ int mx_scale_exponent(const MxFormat& f, ScalePolicy policy, std::span<const flo
   if (block.size() != kMxBlock) {
     throw Error(fmt::format("{}: a block has {} values, got {}", f.name, kMxBlock, block.size()));
   }
-  return block_exponent(scale_rule(f, policy), block_amax(block.data()));
+  return block_exponent(mx_scale_rule(f, policy), block_amax(block.data()));
 }
 
 std::uint8_t mx_scale_code(int k) {
@@ -165,7 +163,7 @@ void mx_quantize(const MxFormat& f, ScalePolicy policy, std::span<const float> i
     throw Error(fmt::format("{}: {} values need {} element codes and {} scales, got {} and {}",
                             f.name, in.size(), in.size(), nblocks, elements.size(), scales.size()));
   }
-  const ScaleRule rule = scale_rule(f, policy);
+  const ScaleRule rule = mx_scale_rule(f, policy);
   std::vector<std::int32_t> ks(nblocks);
   for (std::size_t b = 0; b < nblocks; ++b) {
     const int k = block_exponent(rule, block_amax(in.data() + b * kMxBlock));

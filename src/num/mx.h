@@ -46,6 +46,18 @@ std::string_view policy_name(ScalePolicy p);
 constexpr int kMxNanScale = 1 << 20;
 int mx_scale_exponent(const MxFormat& f, ScalePolicy policy, std::span<const float> block);
 
+// A policy reduced to integers (what a kernel needs to compute scales from
+// the exponent and fraction bits of amax): k = floor(log2 amax) - offset,
+// plus 1 under rceil when amax's 23-bit fraction exceeds max_frac (that of
+// the element's largest finite value). Throws NotSupported for trn3 with
+// MXFP6/MXINT8.
+struct MxScaleRule {
+  int offset = 0;
+  bool rceil = false;
+  std::uint32_t max_frac = 0;
+};
+MxScaleRule mx_scale_rule(const MxFormat& f, ScalePolicy policy);
+
 // E8M0 code of a scale exponent from mx_scale_exponent (clamped at -127).
 std::uint8_t mx_scale_code(int k);
 

@@ -339,6 +339,20 @@ PYBIND11_MODULE(_core, m) {
              std::copy(v.begin(), v.end(), out.mutable_data());
              return out;
            })
+      // Raw bytes of a tensor (x4-packed MX data, E8M0 scales, FP8 codes).
+      .def("read_bytes",
+           [](const sim::Simulator& s, const std::string& name) {
+             const std::vector<std::uint8_t> v = s.read_bytes(name);
+             py::array_t<std::uint8_t> out(static_cast<py::ssize_t>(v.size()));
+             std::copy(v.begin(), v.end(), out.mutable_data());
+             return out;
+           })
+      .def("write_bytes",
+           [](sim::Simulator& s, const std::string& name,
+              py::array_t<std::uint8_t, py::array::c_style | py::array::forcecast> a) {
+             s.write_bytes(
+                 name, std::span<const std::uint8_t>(a.data(), static_cast<std::size_t>(a.size())));
+           })
       // Runs; returns (summary dict, RunStats handle for the trace).
       .def(
           "run",

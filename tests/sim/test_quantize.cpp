@@ -1,9 +1,13 @@
 // MX quantization on chip: the bytes of q and q_scale against tern::num's
 // host quantizer (Trainium3 policy), in the layout the MX matmul reads.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
 #include <random>
 #include <span>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -28,36 +32,53 @@ std::vector<float> bf16_normal(std::mt19937& rng, std::size_t n) {
   return v;
 }
 
-void check_mx(std::int64_t k, std::int64_t cols, DType elem, int cores) {
+// Quantizes x on chip and compares q / q_scale byte for byte with
+// tern::num::mx_quantize of each column under the same policy.
+void check_mx(std::int64_t k, std::int64_t cols, DType elem, int cores,
+              num::ScalePolicy policy = num::ScalePolicy::trn3, bool software = false,
+              std::vector<float> x = {}) {
   const arch::ChipSpec chip = arch::load_chip("trn3");
   kernel::MxQuantizeSpec s;
-  s.k = k, s.cols = cols, s.elem = elem, s.cores = cores;
+  s.k = k, s.cols = cols, s.elem = elem, s.cores = cores, s.policy = policy, s.software = software;
   std::mt19937 rng(11);
   std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> x(static_cast<std::size_t>(k * cols));
-  for (std::size_t i = 0; i < x.size(); ++i)  // blocks of very different magnitudes
-    x[i] = num::round_to(*isa::format_of(DType::bf16),
-                         d(rng) * std::ldexp(1.0f, static_cast<int>((i / 97) % 40) - 20));
+  if (x.empty()) {
+    x.resize(static_cast<std::size_t>(k * cols));
+    for (std::size_t i = 0; i < x.size(); ++i)  // blocks of very different magnitudes
+      x[i] = num::round_to(*isa::format_of(DType::bf16),
+                           d(rng) * std::ldexp(1.0f, static_cast<int>((i / 97) % 40) - 20));
+  }
   auto sim = testing_helpers::run_kernel(chip, kernel::mx_quantize_kernel(chip, s), {{"x", &x}});
   const auto q = sim->read_bytes("q"), qs = sim->read_bytes("q_scale");
-  ASSERT_EQ(q.size(), x.size());
+  const bool fp4 = elem == DType::fp4_e2m1_x4;
+  ASSERT_EQ(q.size(), fp4 ? x.size() / 2 : x.size());
   ASSERT_EQ(qs.size(), x.size() / 32);
-  const num::MxFormat& f =
-      num::mx_format(elem == DType::fp8_e5m2_x4 ? num::MxId::mxfp8_e5m2 : num::MxId::mxfp8_e4m3);
+  const num::MxFormat& f = num::mx_format(fp4                          ? num::MxId::mxfp4
+                                          : elem == DType::fp8_e5m2_x4 ? num::MxId::mxfp8_e5m2
+                                                                       : num::MxId::mxfp8_e4m3);
   std::vector<float> col(static_cast<std::size_t>(k));
   std::vector<std::uint8_t> el(col.size()), sc(col.size() / 32);
   std::size_t bad = 0;
   for (std::int64_t c = 0; c < cols; ++c) {
     for (std::int64_t i = 0; i < k; ++i)
       col[static_cast<std::size_t>(i)] = x[static_cast<std::size_t>(i * cols + c)];
-    num::mx_quantize(f, num::ScalePolicy::trn3, col, el, sc);
+    num::mx_quantize(f, policy, col, el, sc);
     for (std::int64_t i = 0; i < k; ++i) {
-      // Element (k4, c) of the x4 tensor is 4 bytes: rows 4 k4 .. 4 k4 + 3.
-      const std::size_t at = static_cast<std::size_t>(((i / 4) * cols + c) * 4 + i % 4);
-      bad += q[at] != el[static_cast<std::size_t>(i)];
+      // Element (k4, c) of the x4 tensor holds rows 4 k4 .. 4 k4 + 3: MXFP8
+      // one byte each, MXFP4 a nibble each (row 4 k4 + j in bits 4j..4j+3).
+      const std::size_t e = static_cast<std::size_t>((i / 4) * cols + c);
+      const unsigned got = fp4 ? (q[e * 2 + (i % 4) / 2] >> (4 * (i % 2))) & 0xF
+                               : q[e * 4 + static_cast<std::size_t>(i % 4)];
+      if (got != el[static_cast<std::size_t>(i)] && bad++ < 5)
+        ADD_FAILURE() << "element row " << i << " col " << c << " x " << col[i] << ": got " << got
+                      << " want " << unsigned{el[static_cast<std::size_t>(i)]};
     }
     for (std::int64_t b = 0; b < k / 32; ++b)
-      bad += qs[static_cast<std::size_t>(b * cols + c)] != sc[static_cast<std::size_t>(b)];
+      if (qs[static_cast<std::size_t>(b * cols + c)] != sc[static_cast<std::size_t>(b)] &&
+          bad++ < 5)
+        ADD_FAILURE() << "scale block " << b << " col " << c << ": got "
+                      << unsigned{qs[static_cast<std::size_t>(b * cols + c)]} << " want "
+                      << unsigned{sc[static_cast<std::size_t>(b)]};
   }
   EXPECT_EQ(bad, 0u);
 }
@@ -66,6 +87,74 @@ TEST(MxQuantize, BytesMatchTheHostQuantizer) {
   check_mx(1024, 700, DType::fp8_e4m3_x4, 2);
   check_mx(128, 1, DType::fp8_e5m2_x4, 1);
   check_mx(640, 513, DType::fp8_e4m3_x4, 3);
+}
+
+// The software path (no QuantizeMX) gives QuantizeMX's bytes for its own
+// policy, and the host's for the others and for MXFP4.
+TEST(MxQuantize, SoftwarePathMatchesEveryPolicy) {
+  using num::ScalePolicy;
+  check_mx(256, 300, DType::fp8_e4m3_x4, 2, ScalePolicy::trn3, true);
+  for (ScalePolicy p : {ScalePolicy::ocp_floor, ScalePolicy::rceil}) {
+    SCOPED_TRACE(std::string(num::policy_name(p)));
+    check_mx(640, 513, DType::fp8_e4m3_x4, 3, p);
+    check_mx(128, 40, DType::fp8_e5m2_x4, 1, p);
+  }
+  for (ScalePolicy p : {ScalePolicy::trn3, ScalePolicy::ocp_floor, ScalePolicy::rceil}) {
+    SCOPED_TRACE(std::string(num::policy_name(p)));
+    check_mx(384, 130, DType::fp4_e2m1_x4, 2, p);
+  }
+}
+
+// The edge cases of numerics.md section 3 in one tensor, one block per
+// column: zero blocks, NaN and Inf, -0, BF16 subnormals, amax exactly at
+// and just past the element maximum's mantissa (the rceil decision),
+// the largest BF16 values, E2M1 ties.
+TEST(MxQuantize, SoftwarePathEdgeCases) {
+  const std::int64_t K = 128, C = 12;
+  std::vector<float> x(static_cast<std::size_t>(K * C));
+  std::mt19937 rng(5);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  const float inf = std::numeric_limits<float>::infinity();
+  const float specials[] = {0.0f,        -0.0f,  inf,      -inf,  std::nanf(""), 1.75f,  1.7578125f,
+                            -3.3895e38f, 1e-39f, 0.25f,    0.75f, -1.25f,        2.5f,   5.0f,
+                            448.0f,      464.0f, 57344.0f, 6.0f,  1.5f,          -0.375f};
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const std::int64_t r = static_cast<std::int64_t>(i) / C, c = static_cast<std::int64_t>(i) % C;
+    float v = d(rng);
+    switch (c) {
+      case 0:
+        v = 0.0f;
+        break;  // all-zero blocks
+      case 1:
+        v = r % 32 == 5 ? std::nanf("") : v;
+        break;
+      case 2:
+        v = r % 32 == 7 ? -inf : v;
+        break;
+      case 3:
+        v = v * 1e-39f;
+        break;  // subnormal amax
+      case 4:
+        v = r % 32 == 0 ? 1.75f * 256 : v;
+        break;  // amax mantissa = E4M3's
+      case 5:
+        v = r % 32 == 0 ? 1.7578125f * 256 : v;
+        break;  // just above it
+      case 6:
+        v = v * 1e38f;
+        break;  // near the BF16 maximum
+      default:
+        v = specials[(i * 7 + r) % 20] * std::ldexp(1.0f, static_cast<int>(c) - 8);
+        break;
+    }
+    x[i] = num::round_to(*isa::format_of(DType::bf16), v);
+  }
+  using num::ScalePolicy;
+  for (DType e : {DType::fp8_e4m3_x4, DType::fp8_e5m2_x4, DType::fp4_e2m1_x4})
+    for (ScalePolicy p : {ScalePolicy::trn3, ScalePolicy::ocp_floor, ScalePolicy::rceil}) {
+      SCOPED_TRACE(fmt::format("{} {}", isa::name(e), num::policy_name(p)));
+      check_mx(K, C, e, 1, p, true, x);
+    }
 }
 
 TEST(MxQuantize, RejectsWhatItDoesNotSupport) {
