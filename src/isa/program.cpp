@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "util/error.h"
+#include "util/file.h"
 
 namespace tern::isa {
 
@@ -376,24 +377,11 @@ Program parse_program_binary(const std::vector<std::uint8_t>& bytes) {
 void save_program(const Program& p, const std::filesystem::path& path) {
   const std::string ext = path.extension().string();
   const bool text = ext == ".txt" || ext == ".ternt";
-  const std::filesystem::path tmp = path.string() + fmt::format(".tmp{}", ::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) throw Error(fmt::format("cannot write {}", tmp.string()));
-    if (text) {
-      out << to_text(p);
-    } else {
-      const auto b = to_binary(p);
-      out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
-    }
-    out.flush();
-    if (!out) throw Error(fmt::format("cannot write {}", tmp.string()));
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::filesystem::remove(tmp, ec);
-    throw Error(fmt::format("cannot write {}: rename failed", path.string()));
+  if (text) {
+    write_file_atomic(path, to_text(p));
+  } else {
+    const auto b = to_binary(p);
+    write_file_atomic(path, std::string_view(reinterpret_cast<const char*>(b.data()), b.size()));
   }
 }
 

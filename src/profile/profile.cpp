@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "util/error.h"
+#include "util/file.h"
 
 namespace tern::profile {
 
@@ -73,16 +74,7 @@ json chrome_trace(const sim::RunStats& st, const arch::ChipSpec& chip) {
 }
 
 void write_trace(const sim::RunStats& st, const arch::ChipSpec& chip, const std::string& path) {
-  const std::string tmp = path + fmt::format(".tmp{}", ::getpid());
-  {
-    std::ofstream out(tmp);
-    if (!out) throw Error(fmt::format("cannot write trace {}", path));
-    out << chrome_trace(st, chip).dump() << "\n";
-    if (!out) throw Error(fmt::format("cannot write trace {}", path));
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) throw Error(fmt::format("cannot write trace {}: {}", path, ec.message()));
+  write_file_atomic(path, chrome_trace(st, chip).dump() + "\n");
 }
 
 Summary summarize(const sim::RunStats& st, const arch::ChipSpec& chip) {

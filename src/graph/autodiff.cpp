@@ -1,0 +1,274 @@
+#include "graph/autodiff.h"
+
+#include <algorithm>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "util/error.h"
+
+namespace tern::graph {
+
+namespace {
+
+// Sums g (broadcast from `shape`) back to `shape`.
+int unbroadcast(Graph& g, int grad, const Shape& shape) {
+  const Shape gs = g.value(grad).shape;
+  if (gs == shape) return grad;
+  const std::size_t off = gs.size() - shape.size();
+  std::vector<std::int64_t> axes;
+  for (std::size_t i = 0; i < gs.size(); ++i)
+    if (i < off || (shape[i - off] == 1 && gs[i] != 1))
+      axes.push_back(static_cast<std::int64_t>(i));
+  const int s = g.sum(grad, axes, true);
+  return g.value(s).shape == shape ? s : g.reshape(s, shape);
+}
+
+class Backward {
+ public:
+  explicit Backward(Graph& g) : g_(g) {}
+
+  // Accumulates `d` into the gradient of value v.
+  void acc(int v, int d) {
+    const auto it = grad_.find(v);
+    if (it == grad_.end())
+      grad_[v] = d;
+    else
+      it->second = g_.add(it->second, d);
+  }
+
+  void node(const Node& n, const std::set<int>& needed) {
+    // The gradient of each output (absent: no path to the loss).
+    std::vector<int> dy;
+    bool any = false;
+    for (int o : n.outputs) {
+      const auto it = grad_.find(o);
+      dy.push_back(it == grad_.end() ? -1 : it->second);
+      any = any || it != grad_.end();
+    }
+    if (!any) return;
+    auto need = [&](std::size_t i) { return needed.contains(n.inputs[i]); };
+    auto in = [&](std::size_t i) { return n.inputs[i]; };
+    auto shp = [&](int v) { return g_.value(v).shape; };
+    const int d = dy[0];
+    switch (n.op) {
+      case Op::input:
+      case Op::param:
+      case Op::full:
+        return;
+      case Op::matmul: {
+        const bool ta = attr_int(n.attrs, "trans_a", 0) != 0,
+                   tb = attr_int(n.attrs, "trans_b", 0) != 0;
+        const int a = in(0), b = in(1);
+        const std::size_t ra = shp(a).size(), rb = shp(b).size();
+        if (ta && ra > 2 && rb == 2)
+          throw NotSupported(
+              "the gradient of a transposed batched matmul operand against a shared matrix");
+        if (need(0)) {
+          // dA' = dC B'^T; dA = dA' or its transpose.
+          const int da = !ta ? g_.matmul(d, b, false, !tb) : g_.matmul(b, d, tb, true);
+          acc(a, da);
+        }
+        if (need(1)) {
+          int db;
+          if (rb > 2 || ra == 2) {
+            // dB' = A'^T dC; dB = dB' or its transpose.
+            db = !tb ? g_.matmul(a, d, !ta, false) : g_.matmul(d, a, true, ta);
+          } else {  // shared B: fold A's batch dims into rows
+            const std::int64_t k = shp(a).back(), nn = shp(d).back();
+            const int a2 = g_.reshape(a, {-1, k}), d2 = g_.reshape(d, {-1, nn});
+            db = !tb ? g_.matmul(a2, d2, true, false) : g_.matmul(d2, a2, true, false);
+          }
+          acc(b, db);
+        }
+        return;
+      }
+      case Op::add:
+      case Op::sub:
+        if (need(0)) acc(in(0), unbroadcast(g_, d, shp(in(0))));
+        if (need(1)) {
+          const int db = unbroadcast(g_, d, shp(in(1)));
+          acc(in(1), n.op == Op::add ? db : g_.scale(db, -1.0));
+        }
+        return;
+      case Op::mul:
+        if (need(0)) acc(in(0), unbroadcast(g_, g_.mul(d, in(1)), shp(in(0))));
+        if (need(1)) acc(in(1), unbroadcast(g_, g_.mul(d, in(0)), shp(in(1))));
+        return;
+      case Op::scale:
+        acc(in(0), g_.scale(d, attr_real(n.attrs, "value", 1.0)));
+        return;
+      case Op::gelu:
+      case Op::gelu_tanh:
+      case Op::silu:
+      case Op::relu:
+        acc(in(0), g_.add1(Op::act_backward, {d, in(0)}, {{"func", std::string(op_name(n.op))}}));
+        return;
+      case Op::rmsnorm:
+      case Op::layernorm: {
+        const Attrs at{{"eps", n.attrs.at("eps")}};
+        const auto r = g_.add(n.op == Op::rmsnorm ? Op::rmsnorm_backward : Op::layernorm_backward,
+                              {d, in(0), in(1)}, at);
+        for (std::size_t i = 0; i < r.size(); ++i)
+          if (need(i)) acc(in(i), r[i]);
+        return;
+      }
+      case Op::softmax:
+        acc(in(0), g_.add1(Op::softmax_backward, {d, n.outputs[0]}));
+        return;
+      case Op::cross_entropy: {
+        Attrs at;
+        if (auto it = n.attrs.find("ignore_index"); it != n.attrs.end()) at[it->first] = it->second;
+        acc(in(0), g_.add1(Op::cross_entropy_backward, {d, in(0), in(1)}, at));
+        return;
+      }
+      case Op::embedding:
+        if (need(0))
+          acc(in(0), g_.add1(Op::embedding_backward, {d, in(1)}, {{"vocab", shp(in(0))[0]}}));
+        return;
+      case Op::rope:
+        acc(in(0), g_.add1(Op::rope, {d, in(1), in(2)},
+                           {{"inverse", std::int64_t{attr_int(n.attrs, "inverse", 0) ? 0 : 1}}}));
+        return;
+      case Op::attention: {
+        if (dy[1] >= 0) throw NotSupported("the gradient through attention's lse output");
+        const auto r = g_.add(Op::attention_backward,
+                              {d, in(0), in(1), in(2), n.outputs[0], n.outputs[1]}, n.attrs);
+        for (std::size_t i = 0; i < 3; ++i)
+          if (need(i)) acc(in(i), r[i]);
+        return;
+      }
+      case Op::reshape:
+        acc(in(0), g_.reshape(d, shp(in(0))));
+        return;
+      case Op::transpose: {
+        const auto perm = attr_ints(n.attrs, "perm");
+        std::vector<std::int64_t> inv(perm.size());
+        for (std::size_t i = 0; i < perm.size(); ++i)
+          inv[static_cast<std::size_t>(perm[i])] = static_cast<std::int64_t>(i);
+        acc(in(0), g_.transpose(d, inv));
+        return;
+      }
+      case Op::slice: {
+        const Shape s = shp(in(0));
+        const std::int64_t ax = attr_int(n.attrs, "axis", 0);
+        const auto a = static_cast<std::size_t>((ax + static_cast<std::int64_t>(s.size())) %
+                                                static_cast<std::int64_t>(s.size()));
+        const std::int64_t b = attr_int(n.attrs, "start", 0), e = attr_int(n.attrs, "end", s[a]);
+        acc(in(0), g_.add1(Op::pad, {d}, {{"axis", ax}, {"before", b}, {"after", s[a] - e}}));
+        return;
+      }
+      case Op::pad: {
+        const std::int64_t ax = attr_int(n.attrs, "axis", 0), b = attr_int(n.attrs, "before", 0);
+        const Shape s = shp(in(0));
+        const auto a = static_cast<std::size_t>((ax + static_cast<std::int64_t>(s.size())) %
+                                                static_cast<std::int64_t>(s.size()));
+        acc(in(0), g_.slice(d, ax, b, b + s[a]));
+        return;
+      }
+      case Op::concat: {
+        const std::int64_t ax = attr_int(n.attrs, "axis", 0);
+        std::int64_t at = 0;
+        for (std::size_t i = 0; i < n.inputs.size(); ++i) {
+          const Shape s = shp(in(i));
+          const auto a = static_cast<std::size_t>((ax + static_cast<std::int64_t>(s.size())) %
+                                                  static_cast<std::int64_t>(s.size()));
+          if (need(i)) acc(in(i), g_.slice(d, ax, at, at + s[a]));
+          at += s[a];
+        }
+        return;
+      }
+      case Op::cast:
+        acc(in(0), g_.cast(d, g_.value(in(0)).dtype));
+        return;
+      case Op::sum: {
+        const Shape s = shp(in(0));
+        Shape kept = s;
+        std::vector<std::int64_t> axes = attr_ints(n.attrs, "axes");
+        if (axes.empty())
+          for (std::size_t i = 0; i < s.size(); ++i) axes.push_back(static_cast<std::int64_t>(i));
+        for (std::int64_t a : axes)
+          kept[static_cast<std::size_t>((a + static_cast<std::int64_t>(s.size())) %
+                                        static_cast<std::int64_t>(s.size()))] = 1;
+        const int k = shp(d) == kept ? d : g_.reshape(d, kept);
+        acc(in(0), kept == s ? k : g_.broadcast(k, s));
+        return;
+      }
+      case Op::broadcast:
+        acc(in(0), unbroadcast(g_, d, shp(in(0))));
+        return;
+      case Op::act_backward:
+      case Op::rmsnorm_backward:
+      case Op::layernorm_backward:
+      case Op::softmax_backward:
+      case Op::cross_entropy_backward:
+      case Op::embedding_backward:
+      case Op::attention_backward:
+        throw NotSupported(
+            fmt::format("differentiating {} (no second derivatives)", op_name(n.op)));
+      case Op::count_:
+        break;
+    }
+  }
+
+  std::map<int, int> grad_;
+
+ private:
+  Graph& g_;
+};
+
+}  // namespace
+
+std::map<int, int> add_backward(Graph& g, int loss, const std::vector<int>& wrt) {
+  if (!g.value(loss).shape.empty())
+    throw Error(fmt::format("autodiff: the loss %{} must be a scalar [], got {}",
+                            g.value(loss).name, shape_string(g.value(loss).shape)));
+  // Values on a path from some wrt value to the loss: only their gradients
+  // are built.
+  const std::size_t nodes = g.nodes().size();
+  std::set<int> from_wrt(wrt.begin(), wrt.end());
+  for (std::size_t i = 0; i < nodes; ++i) {
+    const Node& n = g.nodes()[i];
+    if (std::any_of(n.inputs.begin(), n.inputs.end(), [&](int v) { return from_wrt.contains(v); }))
+      from_wrt.insert(n.outputs.begin(), n.outputs.end());
+  }
+  std::set<int> to_loss{loss};
+  for (std::size_t i = nodes; i-- > 0;) {
+    const Node& n = g.nodes()[i];
+    if (std::any_of(n.outputs.begin(), n.outputs.end(), [&](int v) { return to_loss.contains(v); }))
+      to_loss.insert(n.inputs.begin(), n.inputs.end());
+  }
+  std::set<int> needed;
+  for (int v : from_wrt)
+    if (to_loss.contains(v)) needed.insert(v);
+
+  Backward bw(g);
+  const Value& l = g.value(loss);
+  bw.grad_[loss] = g.full({}, 1.0, l.dtype);
+  for (std::size_t i = nodes; i-- > 0;) {
+    const Node n = g.nodes()[i];  // a copy: g.nodes() grows below
+    if (std::none_of(n.outputs.begin(), n.outputs.end(), [&](int v) { return needed.contains(v); }))
+      continue;
+    try {
+      bw.node(n, needed);
+    } catch (const NotSupported&) {
+      throw;
+    } catch (const Error& e) {
+      throw Error(fmt::format("autodiff of {} %{}: {}", op_name(n.op), g.value(n.outputs[0]).name,
+                              e.what()));
+    }
+  }
+  std::map<int, int> out;
+  for (int v : wrt) {
+    const Value val = g.value(v);
+    const auto it = bw.grad_.find(v);
+    int gr = it != bw.grad_.end() ? it->second : g.full(val.shape, 0.0, val.dtype);
+    // A named copy, so that the result reads "grad.<name>" in the text form.
+    const std::string name = "grad." + val.name;
+    if (g.find(name) < 0) gr = g.add1(Op::reshape, {gr}, {{"shape", val.shape}}, name);
+    out[v] = gr;
+  }
+  return out;
+}
+
+}  // namespace tern::graph

@@ -1,0 +1,23 @@
+// Reverse-mode autodiff over the graph IR: appends the backward pass to the
+// graph, op by op in reverse order, using the backward ops of ops.h (which
+// the kernel library implements: norm, softmax, attention, embedding,
+// activation backward) and matmuls / reductions for the rest.
+#pragma once
+
+#include <map>
+#include <vector>
+
+#include "graph/ir.h"
+
+namespace tern::graph {
+
+// Adds to g the gradient of the scalar `loss` (shape []) with respect to
+// each value of `wrt` (typically the params). Returns value id -> gradient
+// value id (same shape and dtype as the value; a value the loss does not
+// depend on gets a zero tensor). Gradients are named "grad.<name>".
+// Throws tern::Error for a non-scalar loss, NotSupported for an op it
+// cannot differentiate (the backward ops themselves; the lse output of
+// attention; a transposed batched matmul operand against a shared matrix).
+std::map<int, int> add_backward(Graph& g, int loss, const std::vector<int>& wrt);
+
+}  // namespace tern::graph
