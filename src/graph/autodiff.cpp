@@ -17,9 +17,13 @@ int unbroadcast(Graph& g, int grad, const Shape& shape) {
   if (gs == shape) return grad;
   const std::size_t off = gs.size() - shape.size();
   std::vector<std::int64_t> axes;
+  bool leading = true;  // only the extra leading dims are summed away
   for (std::size_t i = 0; i < gs.size(); ++i)
-    if (i < off || (shape[i - off] == 1 && gs[i] != 1))
+    if (i < off || (shape[i - off] == 1 && gs[i] != 1)) {
       axes.push_back(static_cast<std::int64_t>(i));
+      leading = leading && i < off;
+    }
+  if (leading) return g.sum(grad, axes, false);
   const int s = g.sum(grad, axes, true);
   return g.value(s).shape == shape ? s : g.reshape(s, shape);
 }
@@ -263,9 +267,17 @@ std::map<int, int> add_backward(Graph& g, int loss, const std::vector<int>& wrt)
     const Value val = g.value(v);
     const auto it = bw.grad_.find(v);
     int gr = it != bw.grad_.end() ? it->second : g.full(val.shape, 0.0, val.dtype);
-    // A named copy, so that the result reads "grad.<name>" in the text form.
+    // Named "grad.<name>" unless it is another value under its own name
+    // (a wrt value whose gradient is a graph input, or one gradient for two
+    // values).
     const std::string name = "grad." + val.name;
-    if (g.find(name) < 0) gr = g.add1(Op::reshape, {gr}, {{"shape", val.shape}}, name);
+    const Node& prod = g.node(g.value(gr).node);
+    const bool own = prod.op != Op::input && prod.op != Op::param &&
+                     std::count_if(wrt.begin(), wrt.end(), [&](int w) {
+                       const auto gw = bw.grad_.find(w);
+                       return gw != bw.grad_.end() && gw->second == gr;
+                     }) <= 1;
+    if (own && g.find(name) < 0) g.rename(gr, name);
     out[v] = gr;
   }
   return out;

@@ -14,7 +14,8 @@ namespace tern::graph {
 // Adds to g the gradient of the scalar `loss` (shape []) with respect to
 // each value of `wrt` (typically the params). Returns value id -> gradient
 // value id (same shape and dtype as the value; a value the loss does not
-// depend on gets a zero tensor). Gradients are named "grad.<name>".
+// depend on gets a zero tensor). Gradients are named "grad.<name>" (unless
+// one gradient value serves two of them, or is a graph input).
 // Throws tern::Error for a non-scalar loss, NotSupported for an op it
 // cannot differentiate (the backward ops themselves; the lse output of
 // attention; a transposed batched matmul operand against a shared matrix).

@@ -111,6 +111,8 @@ class Graph {
                        std::vector<std::string> names = {});
   int add1(Op op, std::vector<int> inputs, Attrs attrs = {}, std::string name = {});
   void mark_output(int value);
+  // Gives value v another unique name (throws when taken or invalid).
+  void rename(int v, const std::string& name);
 
   // Builders, one per op (see ops.cpp for the semantics).
   int matmul(int a, int b, bool trans_a = false, bool trans_b = false);

@@ -1,0 +1,403 @@
+// Greedy pattern fusion over the graph in node order (fusion.h lists the
+// patterns). A group runs at the position of its last node, so a group is
+// valid when every value it produces that leaves it is read only by later
+// nodes; intermediates a kernel keeps on chip must have one reader, inside
+// the group, and must not be graph outputs.
+#include "graph/fusion.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "util/error.h"
+
+namespace tern::graph {
+
+namespace {
+
+bool is_leaf(Op op) {
+  return op == Op::input || op == Op::param || op == Op::full;
+}
+bool is_act(Op op) {
+  return op == Op::gelu || op == Op::gelu_tanh || op == Op::silu || op == Op::relu;
+}
+bool is_elementwise(Op op) {
+  return op == Op::add || op == Op::sub || op == Op::mul || op == Op::scale || is_act(op) ||
+         op == Op::cast;
+}
+// A transpose that swaps the last two dims only (a matmul layout flag).
+bool swaps_last_two(const Node& n) {
+  const auto p = attr_ints(n.attrs, "perm");
+  const std::size_t r = p.size();
+  if (r < 2) return false;
+  for (std::size_t i = 0; i + 2 < r; ++i)
+    if (p[i] != static_cast<std::int64_t>(i)) return false;
+  return p[r - 2] == static_cast<std::int64_t>(r - 1) &&
+         p[r - 1] == static_cast<std::int64_t>(r - 2);
+}
+
+class Fuser {
+ public:
+  explicit Fuser(const Graph& g) : g_(g), group_(g.nodes().size(), -1) {
+    users_.resize(g.values().size());
+    for (std::size_t i = 0; i < g.nodes().size(); ++i)
+      for (int v : g.nodes()[i].inputs)
+        users_[static_cast<std::size_t>(v)].push_back(static_cast<int>(i));
+    for (int v : g.outputs()) outputs_.insert(v);
+  }
+
+  const Node& node(int i) const { return g_.nodes()[static_cast<std::size_t>(i)]; }
+  int producer(int v) const { return g_.value(v).node; }
+  const std::vector<int>& users(int v) const { return users_[static_cast<std::size_t>(v)]; }
+  bool free(int n) const { return group_[static_cast<std::size_t>(n)] < 0; }
+  // v's only reader is a node (and v is not a graph output): it can stay on chip.
+  int sole_user(int v) const {
+    if (outputs_.contains(v) || users(v).size() != 1) return -1;
+    return users(v)[0];
+  }
+  int out(int n) const { return node(n).outputs[0]; }
+
+  int make(std::string kernel, std::string detail, std::vector<int> nodes) {
+    std::sort(nodes.begin(), nodes.end());
+    const int id = static_cast<int>(groups_.size());
+    for (int n : nodes) group_[static_cast<std::size_t>(n)] = id;
+    groups_.push_back({std::move(kernel), std::move(detail), std::move(nodes)});
+    return id;
+  }
+
+  // Values made in `nodes` and read outside are read only after the last node.
+  bool escapes_ok(const std::vector<int>& nodes) const {
+    const int last = *std::max_element(nodes.begin(), nodes.end());
+    const std::set<int> in(nodes.begin(), nodes.end());
+    for (int n : nodes)
+      for (int v : node(n).outputs)
+        for (int u : users(v))
+          if (!in.contains(u) && u < last) return false;
+    return true;
+  }
+
+  void attention_pattern() {
+    for (int m = 0; m < static_cast<int>(g_.nodes().size()); ++m) {
+      if (node(m).op != Op::matmul || !free(m) || attr_int(node(m).attrs, "trans_b", 0) == 0 ||
+          attr_int(node(m).attrs, "trans_a", 0) != 0)
+        continue;
+      std::vector<int> nodes{m};
+      int at = sole_user(out(m));
+      if (at >= 0 && node(at).op == Op::scale && free(at))
+        nodes.push_back(at), at = sole_user(out(at));
+      if (at < 0 || node(at).op != Op::softmax || !free(at)) continue;
+      nodes.push_back(at);
+      const int pv = sole_user(out(at));
+      if (pv < 0 || node(pv).op != Op::matmul || !free(pv) || node(pv).inputs[0] != out(at) ||
+          attr_int(node(pv).attrs, "trans_a", 0) || attr_int(node(pv).attrs, "trans_b", 0))
+        continue;
+      nodes.push_back(pv);
+      make("flash_attention", "from matmul, softmax, matmul", nodes);
+    }
+  }
+
+  void glu_backward() {
+    for (int ab = 0; ab < static_cast<int>(g_.nodes().size()); ++ab) {
+      const Node& n = node(ab);
+      if (n.op != Op::act_backward || !free(ab)) continue;
+      const int m1 = producer(n.inputs[0]);
+      if (node(m1).op != Op::mul || !free(m1) || sole_user(out(m1)) != ab) continue;
+      const std::string func = attr_string(n.attrs, "func", "");
+      // The forward act(g) and the mul(d, act(g)) beside m1 (same d).
+      for (int d : node(m1).inputs)
+        for (int m2 : users(d)) {
+          if (m2 == m1 || node(m2).op != Op::mul || !free(m2) || !free(ab)) continue;
+          for (int y : node(m2).inputs) {
+            const Node& a = node(producer(y));
+            if (y != d && is_act(a.op) && std::string(op_name(a.op)) == func &&
+                a.inputs[0] == n.inputs[1] && escapes_ok({m1, m2, ab})) {
+              make("glu_backward", func, {m1, m2, ab});
+              break;
+            }
+          }
+        }
+    }
+  }
+
+  void glu() {
+    for (int m = 0; m < static_cast<int>(g_.nodes().size()); ++m) {
+      if (node(m).op != Op::mul || !free(m)) continue;
+      for (int v : node(m).inputs) {
+        const int a = producer(v);
+        if (a >= 0 &&
+            (node(a).op == Op::silu || node(a).op == Op::gelu || node(a).op == Op::gelu_tanh) &&
+            free(a) && sole_user(v) == m && free(m)) {
+          make("glu", std::string(op_name(node(a).op)), {a, m});
+        }
+      }
+    }
+  }
+
+  void cross_entropy() {
+    for (int c = 0; c < static_cast<int>(g_.nodes().size()); ++c) {
+      if (node(c).op != Op::cross_entropy || !free(c)) continue;
+      for (int b : users(node(c).inputs[0]))
+        if (node(b).op == Op::cross_entropy_backward && free(b) &&
+            node(b).inputs[2] == node(c).inputs[1] && escapes_ok({c, b})) {
+          make("cross_entropy", "forward and backward in one pass", {c, b});
+          break;
+        }
+    }
+  }
+
+  void norms() {
+    for (int n = 0; n < static_cast<int>(g_.nodes().size()); ++n) {
+      const Op op = node(n).op;
+      if ((op != Op::rmsnorm && op != Op::layernorm) || !free(n)) continue;
+      std::vector<int> nodes{n};
+      std::vector<std::string> what;
+      const int p = producer(node(n).inputs[0]);
+      if (p >= 0 && node(p).op == Op::add && free(p) &&
+          g_.value(node(p).inputs[0]).shape == g_.value(node(p).inputs[1]).shape) {
+        nodes.push_back(p);
+        if (escapes_ok(nodes))
+          what.push_back("residual add");
+        else
+          nodes.pop_back();
+      }
+      if (const int c = sole_user(out(n)); c >= 0 && node(c).op == Op::cast && free(c)) {
+        nodes.push_back(c);
+        what.push_back("cast");
+      }
+      make(std::string(op_name(op)), fmt::format("{}", fmt::join(what, ", ")), nodes);
+    }
+  }
+
+  void matmuls() {
+    for (int m = 0; m < static_cast<int>(g_.nodes().size()); ++m) {
+      if (node(m).op != Op::matmul || !free(m)) continue;
+      std::vector<int> nodes{m};
+      std::vector<std::string> what;
+      for (int v : node(m).inputs) {
+        const int t = producer(v);
+        if (node(t).op == Op::transpose && free(t) && swaps_last_two(node(t)) &&
+            sole_user(v) == m && g_.value(v).shape.size() == 2)
+          nodes.push_back(t), what.push_back("transposed operand");
+      }
+      // The epilogue, in its order: scale, bias, activation, residual, cast.
+      int stage = -1, v = out(m);
+      for (;;) {
+        const int c = sole_user(v);
+        if (c < 0 || !free(c)) break;
+        const Node& cn = node(c);
+        int s = -1;
+        std::string name;
+        if (cn.op == Op::scale) {
+          s = 0, name = "scale";
+        } else if (cn.op == Op::add) {
+          const int other = cn.inputs[0] == v ? cn.inputs[1] : cn.inputs[0];
+          const Shape& os = g_.value(other).shape;
+          const Shape& vs = g_.value(v).shape;
+          if (os.size() == 1 && os[0] == vs.back())
+            s = 1, name = "bias";
+          else if (os == vs)
+            s = 3, name = "residual";
+        } else if (is_act(cn.op)) {
+          s = 2, name = std::string(op_name(cn.op));
+        } else if (cn.op == Op::cast) {
+          s = 4, name = "cast";
+        }
+        if (s <= stage) break;
+        stage = s;
+        nodes.push_back(c);
+        what.push_back(name);
+        v = out(c);
+      }
+      make("matmul", what.empty() ? "" : fmt::format("{}", fmt::join(what, ", ")), nodes);
+    }
+  }
+
+  void elementwise() {
+    for (int e = 0; e < static_cast<int>(g_.nodes().size()); ++e) {
+      if (!is_elementwise(node(e).op) || !free(e)) continue;
+      std::vector<int> nodes{e};
+      int v = out(e);
+      for (;;) {
+        const int c = sole_user(v);
+        if (c < 0 || !free(c) || !is_elementwise(node(c).op) ||
+            g_.value(out(c)).shape != g_.value(v).shape)
+          break;
+        nodes.push_back(c);
+        v = out(c);
+      }
+      if (nodes.size() > 1)
+        make("elementwise", fmt::format("{} ops in one pass", nodes.size()), nodes);
+    }
+  }
+
+  // Everything left runs alone; then reshapes join the kernel that reads them.
+  void rest() {
+    for (int n = 0; n < static_cast<int>(g_.nodes().size()); ++n) {
+      if (!free(n) || is_leaf(node(n).op)) continue;
+      make(kernel_of(node(n).op), "", {n});
+    }
+    // A reshape moves no data: every reader reads its input's bytes. It
+    // joins the group of its first reader (a chain of reshapes, the last
+    // one's group).
+    for (int n = static_cast<int>(g_.nodes().size()); n-- > 0;) {
+      if (node(n).op != Op::reshape) continue;
+      const auto& us = users(out(n));
+      const int gr = group_[static_cast<std::size_t>(n)];
+      if (us.empty() || groups_[static_cast<std::size_t>(gr)].nodes.size() != 1) continue;
+      const int u = *std::min_element(us.begin(), us.end());
+      const int target = group_[static_cast<std::size_t>(u)];
+      if (target < 0) continue;
+      auto& tn = groups_[static_cast<std::size_t>(target)].nodes;
+      tn.insert(std::upper_bound(tn.begin(), tn.end(), n), n);
+      groups_[static_cast<std::size_t>(gr)].nodes.clear();
+      group_[static_cast<std::size_t>(n)] = target;
+    }
+  }
+
+  static std::string kernel_of(Op op) {
+    switch (op) {
+      case Op::attention:
+        return "flash_attention";
+      case Op::attention_backward:
+        return "flash_attention_backward";
+      case Op::reshape:
+        return "view";
+      case Op::slice:
+      case Op::pad:
+      case Op::concat:
+      case Op::broadcast:
+        return "copy";
+      case Op::sum:
+        return "reduce";
+      case Op::act_backward:
+        return "act_backward";
+      default:
+        return is_elementwise(op) && op != Op::cast ? "elementwise" : std::string(op_name(op));
+    }
+  }
+
+  static std::string reason(const Graph& g, const Node& n) {
+    switch (n.op) {
+      case Op::matmul:
+        return "no epilogue op follows that the matmul's output feeds alone";
+      case Op::attention:
+      case Op::attention_backward:
+        return "one op is the whole flash-attention kernel";
+      case Op::transpose:
+        return "a layout change its reader cannot absorb: runs as a transpose";
+      case Op::reshape:
+        return "a view that only graph outputs read: no kernel, no data moves";
+      case Op::slice:
+      case Op::pad:
+      case Op::concat:
+      case Op::broadcast:
+        return "data movement: DMA copies";
+      case Op::sum:
+        return "a reduction kernel (nothing before it to fuse with)";
+      case Op::embedding:
+      case Op::embedding_backward:
+        return "gather / scatter-add by DMA: nothing to fuse with";
+      case Op::rope:
+        return "the rope kernel (not fused into the q / k projection)";
+      case Op::rmsnorm_backward:
+      case Op::layernorm_backward:
+      case Op::softmax_backward:
+      case Op::act_backward:
+        return "its own backward kernel";
+      case Op::softmax:
+        return "no cross-entropy or attention pattern around it";
+      case Op::cross_entropy:
+      case Op::cross_entropy_backward:
+        return "forward or backward without its pair";
+      case Op::cast:
+        return "its producer has other readers";
+      default:
+        if (is_elementwise(n.op))
+          return g.outputs().empty() ? "no neighbouring elementwise op"
+                                     : "no neighbouring elementwise op with a single reader";
+        return "no pattern applies";
+    }
+  }
+
+  FusionReport finish() {
+    FusionReport r;
+    std::vector<int> order;
+    for (std::size_t i = 0; i < groups_.size(); ++i)
+      if (!groups_[i].nodes.empty()) order.push_back(static_cast<int>(i));
+    std::sort(order.begin(), order.end(), [&](int a, int b) {
+      return groups_[static_cast<std::size_t>(a)].last() <
+             groups_[static_cast<std::size_t>(b)].last();
+    });
+    r.group_of.assign(g_.nodes().size(), -1);
+    r.alone.assign(g_.nodes().size(), "");
+    for (int gi : order) {
+      const int id = static_cast<int>(r.groups.size());
+      r.groups.push_back(groups_[static_cast<std::size_t>(gi)]);
+      for (int n : r.groups.back().nodes) r.group_of[static_cast<std::size_t>(n)] = id;
+    }
+    // A view counts as fused when a kernel absorbs it; any other op when its
+    // kernel runs at least one more op that is not a view.
+    for (std::size_t n = 0; n < g_.nodes().size(); ++n) {
+      const Op op = node(static_cast<int>(n)).op;
+      if (is_leaf(op)) continue;
+      ++r.ops;
+      const KernelGroup& gr = r.groups[static_cast<std::size_t>(r.group_of[n])];
+      const auto real = std::count_if(gr.nodes.begin(), gr.nodes.end(),
+                                      [&](int m) { return node(m).op != Op::reshape; });
+      if (op == Op::reshape ? real >= 1 : real >= 2)
+        ++r.fused;
+      else
+        r.alone[n] = reason(g_, node(static_cast<int>(n)));
+    }
+    return r;
+  }
+
+ private:
+  const Graph& g_;
+  std::vector<int> group_;
+  std::vector<std::vector<int>> users_;
+  std::set<int> outputs_;
+  std::vector<KernelGroup> groups_;
+};
+
+}  // namespace
+
+FusionReport fuse(const Graph& g) {
+  Fuser f(g);
+  f.attention_pattern();
+  f.glu_backward();
+  f.glu();
+  f.cross_entropy();
+  f.norms();
+  f.matmuls();
+  f.elementwise();
+  f.rest();
+  return f.finish();
+}
+
+std::string fusion_table(const Graph& g, const FusionReport& r) {
+  std::string out = fmt::format("{:<5} {:<24} {:<26} {}\n", "#", "kernel", "ops", "note");
+  for (std::size_t i = 0; i < r.groups.size(); ++i) {
+    const KernelGroup& k = r.groups[i];
+    std::vector<std::string> ops;
+    for (int n : k.nodes)
+      ops.push_back(fmt::format("{} %{}", op_name(g.nodes()[static_cast<std::size_t>(n)].op),
+                                g.value(g.nodes()[static_cast<std::size_t>(n)].outputs[0]).name));
+    auto note = [&](std::size_t j) {
+      const std::string& why = r.alone[static_cast<std::size_t>(k.nodes[j])];
+      if (!why.empty()) return "unfused: " + why;
+      return j == 0 ? k.detail : std::string{};
+    };
+    out += fmt::format("{:<5} {:<24} {:<26} {}\n", i, k.kernel, ops[0], note(0));
+    for (std::size_t j = 1; j < ops.size(); ++j)
+      out += fmt::format("{:<5} {:<24} {:<26} {}\n", "", "", ops[j], note(j));
+  }
+  out += fmt::format("fusion rate {:.3f} ({} of {} ops in a kernel with others; {} kernels)\n",
+                     r.rate(), r.fused, r.ops, r.groups.size());
+  return out;
+}
+
+}  // namespace tern::graph
