@@ -21,4 +21,6 @@ trap 'rm -rf "$work"' EXIT
 "$TERN" bench matmul --m 512 --n 512 --k 512 --epilogue bias,gelu --compare-unfused | tail -1
 "$TERN" bench kernel rmsnorm --rows 8192 --dim 4096 --cores 8 | head -3
 "$TERN" bench kernel adamw --rows 256 --dim 4096 --cores 2 | tail -1
+"$TERN" compile --model gpt2 --train | head -1
+"$TERN" compile "$(dirname "$0")/graphs/mlp.tgraph" --train --report --emit "$work/mlp_train.tgraph" | tail -3
 echo "cli tour: ok"

@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   tern::cli::add_info_command(app);
   tern::cli::add_num_command(app);
   tern::cli::add_sim_commands(app);
+  tern::cli::add_compile_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -262,6 +262,18 @@ std::map<int, int> add_backward(Graph& g, int loss, const std::vector<int>& wrt)
                               e.what()));
     }
   }
+  // Gradients of named activations read "grad.<name>" too (when the value
+  // is not already named, and the name is free).
+  auto automatic = [](const std::string& n) {
+    return n.size() > 1 && n[0] == 't' &&
+           std::all_of(n.begin() + 1, n.end(), [](char c) { return c >= '0' && c <= '9'; });
+  };
+  for (const auto& [v, gr] : bw.grad_) {
+    const std::string& vn = g.value(v).name;
+    if (!automatic(vn) && automatic(g.value(gr).name) && g.find("grad." + vn) < 0 &&
+        std::find(wrt.begin(), wrt.end(), v) == wrt.end())
+      g.rename(gr, "grad." + vn);
+  }
   std::map<int, int> out;
   for (int v : wrt) {
     const Value val = g.value(v);

@@ -179,7 +179,8 @@ void Graph::rename(int v, const std::string& name) {
   const std::string old = value(v).name;
   if (old == name) return;
   if (!valid_name(name))
-    throw Error(fmt::format("graph {}: bad value name '{}' (letters, digits, '_', '.')", name_, name));
+    throw Error(
+        fmt::format("graph {}: bad value name '{}' (letters, digits, '_', '.')", name_, name));
   if (find(name) >= 0) throw Error(fmt::format("graph {}: %{} is defined twice", name_, name));
   by_name_.erase(by_name_.find(old));
   values_[static_cast<std::size_t>(v)].name = name;

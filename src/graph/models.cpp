@@ -40,8 +40,10 @@ Model gpt2(const Gpt2Config& c) {
   for (std::int64_t l = 0; l < c.layers; ++l) {
     const std::string p = fmt::format("h.{}.", l);
     const int ln1 = g.layernorm(x, param(p + "ln_1.w", {D}, w), param(p + "ln_1.b", {D}, w));
+    g.rename(ln1, p + "ln_1");
     const int qkv = g.add(g.matmul(ln1, param(p + "attn.c_attn.w", {D, 3 * D}, w)),
                           param(p + "attn.c_attn.b", {3 * D}, w));
+    g.rename(qkv, p + "qkv");
     auto head = [&](std::int64_t part) {
       return split_heads(g, g.slice(qkv, 2, part * D, (part + 1) * D), B, S, H, hd);
     };
@@ -51,16 +53,23 @@ Model gpt2(const Gpt2Config& c) {
         g.add(g.matmul(merge_heads(g, o, B, S, H, hd), param(p + "attn.c_proj.w", {D, D}, w)),
               param(p + "attn.c_proj.b", {D}, w));
     x = g.add(proj, x);
+    g.rename(x, p + "resid_attn");
     const int ln2 = g.layernorm(x, param(p + "ln_2.w", {D}, w), param(p + "ln_2.b", {D}, w));
+    g.rename(ln2, p + "ln_2");
     const int fc = g.act(Op::gelu_tanh, g.add(g.matmul(ln2, param(p + "mlp.c_fc.w", {D, 4 * D}, w)),
                                               param(p + "mlp.c_fc.b", {4 * D}, w)));
+    g.rename(fc, p + "mlp.fc");
     const int fp = g.add(g.matmul(fc, param(p + "mlp.c_proj.w", {4 * D, D}, w)),
                          param(p + "mlp.c_proj.b", {D}, w));
     x = g.add(fp, x);
+    g.rename(x, p + "out");
   }
   const int lnf = g.layernorm(x, param("ln_f.w", {D}, w), param("ln_f.b", {D}, w));
+  g.rename(lnf, "ln_f");
   const int logits = g.matmul(lnf, wte, false, true);
+  g.rename(logits, "logits");
   m.loss = g.cross_entropy(logits, targets);
+  g.rename(m.loss, "loss");
   g.mark_output(m.loss);
   return m;
 }
@@ -93,15 +102,19 @@ Model llama(const LlamaConfig& c) {
         g.rope(split_heads(g, g.matmul(h, param(p + "wk", {D, K * hd}, w)), B, S, K, hd), cs, sn);
     const int v = split_heads(g, g.matmul(h, param(p + "wv", {D, K * hd}, w)), B, S, K, hd);
     const int o = g.attention(q, k, v, true, 1.0 / std::sqrt(static_cast<double>(hd)))[0];
+    g.rename(o, p + "attn");
     x = g.add(g.matmul(merge_heads(g, o, B, S, H, hd), param(p + "wo", {H * hd, D}, w)), x);
     const int h2 = g.rmsnorm(x, param(p + "ffn_norm", {D}, w), c.norm_eps);
     const int gate = g.act(Op::silu, g.matmul(h2, param(p + "w_gate", {D, c.ffn}, w)));
     const int up = g.matmul(h2, param(p + "w_up", {D, c.ffn}, w));
     x = g.add(g.matmul(g.mul(gate, up), param(p + "w_down", {c.ffn, D}, w)), x);
+    g.rename(x, p + "out");
   }
   const int hn = g.rmsnorm(x, param("norm", {D}, w), c.norm_eps);
   const int logits = g.matmul(hn, param("lm_head", {D, c.vocab}, w));
+  g.rename(logits, "logits");
   m.loss = g.cross_entropy(logits, targets);
+  g.rename(m.loss, "loss");
   g.mark_output(m.loss);
   return m;
 }

@@ -215,5 +215,23 @@ expect_err "unknown dtype 'bf17'" bench matmul --dtype bf17
 expect_err "--check 'maybe'" bench matmul --check maybe --m 8 --n 8 --k 8
 expect_err "a kernel for 9 cores, but trn3 has 8" bench matmul --cores 9 --m 8 --n 8 --k 8
 
+# tern compile: fusion report, HBM plan, fit check, graph errors (issue 6)
+EX=$(cd "$(dirname "$0")/../../examples" && pwd)
+expect_ok "Usage|Options" compile --help
+expect_ok "^graph gpt2: 782 ops in 502 kernels, fusion rate 0.468; 124475904 parameters" compile --model gpt2 --train
+expect_json 'j["params"] == 124475904 and j["hbm"]["fits"] and all(u["reason"] for u in j["unfused"])' compile --model gpt2 --train --json
+expect_ok "cross_entropy_backward %grad.logits" compile "$EX/graphs/mlp.tgraph" --train --report
+expect_json 'j["ops"] == 5 and j["params"] == 9600' compile "$EX/graphs/mlp.tgraph" --json
+expect_err "does not fit trn3 (144.00 GiB): it needs" compile --model gpt2 --train --layers 96 --dim 12288 --heads 96 --seq 2048 --batch 8 --json
+expect_err "not supported: --autocast mxfp8" compile --model gpt2 --autocast mxfp8
+expect_err "give a .tgraph file or --model" compile
+printf 'graph bad {\n  %%x = input : [2, 3] float32\n  %%y = matmul %%x, %%x : [2, 2] float32\n}\n' >"$tmp/bad.tgraph"
+expect_err "bad.tgraph:3: graph bad: matmul %x, %x: contraction dims differ" compile "$tmp/bad.tgraph"
+printf 'graph bad {\n  %%x = input : [2, 3] float32\n  %%y = frobnicate %%x : [2, 3] float32\n}\n' >"$tmp/bad2.tgraph"
+expect_err "bad2.tgraph:3: unknown op 'frobnicate'" compile "$tmp/bad2.tgraph"
+printf 'graph noloss {\n  %%x = param : [2, 3] float32\n  %%y = relu %%x : [2, 3] float32\n  output %%y\n}\n' >"$tmp/noloss.tgraph"
+expect_err "--train: graph noloss has no scalar output" compile "$tmp/noloss.tgraph" --train
+expect_err "cannot read $tmp/missing.tgraph" compile "$tmp/missing.tgraph"
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

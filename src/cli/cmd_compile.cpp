@@ -1,0 +1,166 @@
+// `tern compile`: a graph (a .tgraph file or a built-in model) through
+// autodiff (--train), fusion and HBM planning, with the fusion report and
+// the memory plan; the fit check against the chip's HBM.
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "arch/chip.h"
+#include "cli/commands.h"
+#include "graph/autodiff.h"
+#include "graph/fusion.h"
+#include "graph/memplan.h"
+#include "graph/models.h"
+#include "graph/text.h"
+#include "util/error.h"
+
+namespace tern::cli {
+
+namespace {
+
+struct Args {
+  std::string file, model, arch = "trn3", emit, autocast = "none", dtype = "bf16";
+  bool train = false, report = false, json = false;
+  std::int64_t layers = 12, dim = 768, heads = 12, kv_heads = 0, ffn = 0, vocab = 50304, seq = 1024,
+               batch = 4;
+  std::int64_t optimizer_bytes = -1;
+};
+
+graph::Model build(const Args& a) {
+  if (!a.file.empty() && !a.model.empty())
+    throw Error("give either a .tgraph file or --model, not both");
+  if (a.file.empty() && a.model.empty())
+    throw Error("give a .tgraph file or --model gpt2|llama (see --help)");
+  if (!a.file.empty()) {
+    graph::Model m{graph::load(a.file), -1, {}};
+    for (const graph::Value& v : m.graph.values())
+      if (m.graph.node(v.node).op == graph::Op::param) m.params.push_back(m.graph.find(v.name));
+    for (int o : m.graph.outputs())
+      if (m.graph.value(o).shape.empty()) {
+        m.loss = o;
+        break;
+      }
+    return m;
+  }
+  const isa::DType dt = isa::parse_dtype(a.dtype);
+  if (a.model == "gpt2") {
+    graph::Gpt2Config c;
+    c.layers = a.layers, c.dim = a.dim, c.heads = a.heads, c.vocab = a.vocab, c.seq = a.seq;
+    c.batch = a.batch, c.dtype = dt;
+    return graph::gpt2(c);
+  }
+  if (a.model == "llama") {
+    graph::LlamaConfig c;
+    c.layers = a.layers, c.dim = a.dim, c.heads = a.heads;
+    c.kv_heads = a.kv_heads ? a.kv_heads : a.heads, c.ffn = a.ffn ? a.ffn : 4 * a.dim;
+    c.vocab = a.vocab, c.seq = a.seq, c.batch = a.batch, c.dtype = dt;
+    return graph::llama(c);
+  }
+  throw Error(fmt::format("unknown --model '{}' (gpt2, llama)", a.model));
+}
+
+void run(const Args& a) {
+  if (a.autocast != "none")
+    throw NotSupported(
+        fmt::format("--autocast {}: the autocast passes come with the graph lowering (issue 6); "
+                    "graphs compile in the dtypes they are written in",
+                    a.autocast));
+  const arch::ChipSpec chip = arch::load_chip(a.arch);
+  graph::Model m = build(a);
+  graph::Graph& g = m.graph;
+  if (a.train) {
+    if (m.loss < 0)
+      throw Error(
+          fmt::format("--train: graph {} has no scalar output to use as the loss", g.name()));
+    for (const auto& [p, d] : graph::add_backward(g, m.loss, m.params)) g.mark_output(d);
+  }
+  if (!a.emit.empty()) graph::save(g, a.emit);
+  const graph::FusionReport f = graph::fuse(g);
+  graph::PlanOptions po;
+  po.optimizer_bytes_per_param = a.optimizer_bytes >= 0 ? a.optimizer_bytes : (a.train ? 12 : 0);
+  const graph::MemoryPlan plan = graph::plan_memory(g, f, po);
+  const std::int64_t cap = chip.hbm_capacity.value();
+  const bool fits = plan.total() <= cap;
+  if (a.json) {
+    nlohmann::json j;
+    j["graph"] = g.name();
+    j["arch"] = chip.name;
+    j["ops"] = f.ops;
+    j["fused_ops"] = f.fused;
+    j["fusion_rate"] = f.rate();
+    j["kernels"] = f.groups.size();
+    j["params"] = plan.param_elements;
+    j["hbm"] = {{"total_bytes", plan.total()},
+                {"params_and_inputs_bytes", plan.persistent_bytes},
+                {"activations_bytes", plan.arena_bytes - plan.persistent_bytes},
+                {"peak_live_activations_bytes", plan.transient_peak},
+                {"optimizer_bytes", plan.optimizer_bytes},
+                {"capacity_bytes", cap},
+                {"fits", fits}};
+    nlohmann::json kernels = nlohmann::json::array(), unfused = nlohmann::json::array();
+    for (const graph::KernelGroup& k : f.groups) {
+      nlohmann::json ops = nlohmann::json::array();
+      for (int n : k.nodes) {
+        const graph::Node& node = g.node(n);
+        const std::string v = g.value(node.outputs[0]).name;
+        ops.push_back({{"op", graph::op_name(node.op)}, {"value", v}});
+        if (!f.alone[static_cast<std::size_t>(n)].empty())
+          unfused.push_back({{"op", graph::op_name(node.op)},
+                             {"value", v},
+                             {"reason", f.alone[static_cast<std::size_t>(n)]}});
+      }
+      kernels.push_back({{"kernel", k.kernel}, {"detail", k.detail}, {"ops", ops}});
+    }
+    j["kernel_list"] = kernels;
+    j["unfused"] = unfused;
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf("graph %s: %d ops in %zu kernels, fusion rate %.3f; %lld parameters\n",
+                g.name().c_str(), f.ops, f.groups.size(), f.rate(),
+                static_cast<long long>(plan.param_elements));
+    if (a.report) std::printf("\n%s\n", graph::fusion_table(g, f).c_str());
+    std::printf("%s", graph::plan_table(g, plan, a.report ? 10 : 3).c_str());
+    std::printf("fits %s (%s HBM): %s\n", chip.name.c_str(), graph::bytes_string(cap).c_str(),
+                fits ? "yes" : "no");
+    if (!a.emit.empty()) std::printf("graph written to %s\n", a.emit.c_str());
+  }
+  graph::check_fits(g, plan, cap, fmt::format("{} ({})", chip.name, graph::bytes_string(cap)));
+}
+
+}  // namespace
+
+void add_compile_command(CLI::App& app) {
+  auto a = std::make_shared<Args>();
+  auto* cmd = app.add_subcommand(
+      "compile",
+      "Compile a graph: autodiff (--train), operator fusion and the HBM plan, with reports");
+  cmd->add_option("graph", a->file, "Graph file (.tgraph text form; docs/graph.md)");
+  cmd->add_option("--model", a->model, "A built-in model instead of a file: gpt2 or llama");
+  cmd->add_option("--layers", a->layers, "Built-in model: layers")->capture_default_str();
+  cmd->add_option("--dim", a->dim, "Built-in model: hidden size")->capture_default_str();
+  cmd->add_option("--heads", a->heads, "Built-in model: attention heads")->capture_default_str();
+  cmd->add_option("--kv-heads", a->kv_heads, "llama: kv heads (default: --heads)");
+  cmd->add_option("--ffn", a->ffn, "llama: feed-forward size (default: 4 x --dim)");
+  cmd->add_option("--vocab", a->vocab, "Built-in model: vocabulary")->capture_default_str();
+  cmd->add_option("--seq", a->seq, "Built-in model: sequence length")->capture_default_str();
+  cmd->add_option("--batch", a->batch, "Built-in model: micro-batch")->capture_default_str();
+  cmd->add_option("--dtype", a->dtype, "Built-in model: weights and activations dtype")
+      ->capture_default_str();
+  cmd->add_flag("--train", a->train,
+                "Add the backward pass: gradients of the scalar output for every param");
+  cmd->add_option("--optimizer-bytes", a->optimizer_bytes,
+                  "Optimizer state per parameter in the fit check (default 12 with --train: "
+                  "AdamW FP32 master, m, v; else 0)");
+  cmd->add_option("--autocast", a->autocast, "Precision policy (only 'none' so far)")
+      ->capture_default_str();
+  cmd->add_option("--arch", a->arch, "Chip whose HBM must hold the plan")->capture_default_str();
+  cmd->add_option("--emit", a->emit, "Write the compiled graph's text form to this file");
+  cmd->add_flag("--report", a->report, "Print the fusion report and the largest tensors");
+  cmd->add_flag("--json", a->json, "Print the results as JSON");
+  cmd->callback([a] { run(*a); });
+}
+
+}  // namespace tern::cli
