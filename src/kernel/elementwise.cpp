@@ -1,9 +1,11 @@
 // Elementwise arithmetic, reductions and gradient clipping by global norm.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "kernel/builder.h"
 #include "kernel/detail.h"
@@ -40,26 +42,45 @@ constexpr int kBufs = 4;
 
 }  // namespace
 
+namespace {
+constexpr std::array<const char*, 12> kOpNames = {
+    "add",           "sub",          "mul",  "scale",         "gelu",
+    "gelu_tanh",     "silu",         "relu", "gelu_backward", "gelu_tanh_backward",
+    "silu_backward", "relu_backward"};
+}  // namespace
+
 ElementwiseOp parse_elementwise_op(const std::string& s) {
-  if (s == "add") return ElementwiseOp::add;
-  if (s == "sub") return ElementwiseOp::sub;
-  if (s == "mul") return ElementwiseOp::mul;
-  if (s == "scale") return ElementwiseOp::scale;
-  throw Error(fmt::format("elementwise op '{}': expected add, sub, mul or scale", s));
+  for (std::size_t i = 0; i < kOpNames.size(); ++i)
+    if (s == kOpNames[i]) return static_cast<ElementwiseOp>(i);
+  throw Error(fmt::format("elementwise op '{}': expected {}", s, fmt::join(kOpNames, ", ")));
 }
 
 std::string to_string(ElementwiseOp op) {
+  return kOpNames[static_cast<std::size_t>(op)];
+}
+
+isa::ActFunc activation_of(ElementwiseOp op) {
   switch (op) {
-    case ElementwiseOp::add:
-      return "add";
-    case ElementwiseOp::sub:
-      return "sub";
-    case ElementwiseOp::mul:
-      return "mul";
-    case ElementwiseOp::scale:
-      return "scale";
+    case ElementwiseOp::gelu:
+    case ElementwiseOp::gelu_backward:
+      return isa::ActFunc::gelu;
+    case ElementwiseOp::gelu_tanh:
+    case ElementwiseOp::gelu_tanh_backward:
+      return isa::ActFunc::gelu_tanh;
+    case ElementwiseOp::silu:
+    case ElementwiseOp::silu_backward:
+      return isa::ActFunc::silu;
+    case ElementwiseOp::relu:
+    case ElementwiseOp::relu_backward:
+      return isa::ActFunc::relu;
+    default:
+      return isa::ActFunc::identity;
   }
-  return "?";
+}
+
+bool is_unary(ElementwiseOp op) {
+  return op == ElementwiseOp::scale || op == ElementwiseOp::gelu ||
+         op == ElementwiseOp::gelu_tanh || op == ElementwiseOp::silu || op == ElementwiseOp::relu;
 }
 
 ReduceOp parse_reduce_op(const std::string& s) {
@@ -71,7 +92,14 @@ ReduceOp parse_reduce_op(const std::string& s) {
 
 isa::Program elementwise_kernel(const arch::ChipSpec& chip, const ElementwiseSpec& s) {
   check_rows("elementwise", s.rows, s.cols, s.dtype, s.cores);
-  const bool binary = s.op != ElementwiseOp::scale;
+  const bool binary = !is_unary(s.op);
+  const isa::ActFunc act = activation_of(s.op);
+  const bool grad = binary && act != isa::ActFunc::identity;
+  // f' on the Scalar engine's table (relu's as a comparison).
+  const isa::ActFunc dact = act == isa::ActFunc::gelu        ? isa::ActFunc::gelu_dx
+                            : act == isa::ActFunc::gelu_tanh ? isa::ActFunc::gelu_tanh_dx
+                            : act == isa::ActFunc::silu      ? isa::ActFunc::silu_dx
+                                                             : isa::ActFunc::identity;
   Builder b(chip, s.cores);
   const Tensor a = b.hbm("a", {s.rows, s.cols}, s.dtype, isa::TensorKind::input);
   Tensor bb;
@@ -84,10 +112,11 @@ isa::Program elementwise_kernel(const arch::ChipSpec& chip, const ElementwiseSpe
                                                 : AluOp::multiply;
   for (int core = 0; core < s.cores; ++core) {
     b.set_core(core);
-    Tensor ta[kBufs], tb[kBufs];
+    Tensor ta[kBufs], tb[kBufs], td[kBufs];
     for (int i = 0; i < kBufs; ++i) {
       ta[i] = b.sbuf(static_cast<int>(P), kWidth, s.dtype);
       if (binary) tb[i] = b.sbuf(static_cast<int>(P), kWidth, s.dtype);
+      if (grad) td[i] = b.sbuf(static_cast<int>(P), kWidth, DType::fp32);
     }
     int i = 0, k = 0;
     for (std::size_t u = static_cast<std::size_t>(core); u < work.size();
@@ -99,11 +128,24 @@ isa::Program elementwise_kernel(const arch::ChipSpec& chip, const ElementwiseSpe
       // and GpSimd engines (and the Scalar engine joins for `scale`), each
       // storing what it computed.
       const Engine e = k % 2 == 0 ? Engine::vector : Engine::gpsimd;
-      if (binary) {
+      if (grad) {
+        // f'(x) in FP32 on the Scalar engine, then dy * f'(x), rounded once.
+        const Tensor vb = tb[i].tile(0, w.n, 0, w.w), vd = td[i].tile(0, w.n, 0, w.w);
+        b.dma_copy(vb, bb.tile(w.r0, w.n, w.c0, w.w));
+        if (act == isa::ActFunc::relu)
+          b.tensor_scalar(vd, va, AluOp::is_gt, 0.0f, AluOp::bypass, 0.0f, Engine::scalar);
+        else
+          b.activation(vd, dact, va);
+        b.tensor_tensor(va, vd, vb, AluOp::multiply, e);
+        b.dma_copy(out.tile(w.r0, w.n, w.c0, w.w), va, -1, false, e);
+      } else if (binary) {
         const Tensor vb = tb[i].tile(0, w.n, 0, w.w);
         b.dma_copy(vb, bb.tile(w.r0, w.n, w.c0, w.w));
         b.tensor_tensor(va, va, vb, op, e);
         b.dma_copy(out.tile(w.r0, w.n, w.c0, w.w), va, -1, false, e);
+      } else if (act != isa::ActFunc::identity) {
+        b.activation(va, act, va);
+        b.dma_copy(out.tile(w.r0, w.n, w.c0, w.w), va, -1, false, Engine::scalar);
       } else {
         const Engine es = k % 3 == 0   ? Engine::vector
                           : k % 3 == 1 ? Engine::gpsimd

@@ -215,7 +215,26 @@ isa::Program cross_entropy_kernel(const arch::ChipSpec& chip, const CrossEntropy
 // fp32, bf16 or fp16, FP32 arithmetic rounded once to the dtype. Tiles of
 // 128 x 2048 alternate between the Vector and GpSimd (and for `scale` the
 // Scalar) engines; tiles are dealt over `cores`.
-enum class ElementwiseOp { add, sub, mul, scale };
+// Also activations, "out" = f(a) (gelu, gelu_tanh, silu, relu, on the
+// Scalar engine), and their gradients, "out" = b * f'(a) with a = x and b =
+// dy ("gelu_backward", ...: f'(x) in FP32, one rounding at the end).
+enum class ElementwiseOp {
+  add,
+  sub,
+  mul,
+  scale,
+  gelu,
+  gelu_tanh,
+  silu,
+  relu,
+  gelu_backward,
+  gelu_tanh_backward,
+  silu_backward,
+  relu_backward,
+};
+// The activation of an activation op or of its backward (identity otherwise).
+isa::ActFunc activation_of(ElementwiseOp op);
+bool is_unary(ElementwiseOp op);
 ElementwiseOp parse_elementwise_op(const std::string& s);
 std::string to_string(ElementwiseOp op);
 struct ElementwiseSpec {

@@ -372,6 +372,25 @@ std::vector<float> elementwise_reference(const std::vector<float>& a, const std:
       case ElementwiseOp::scale:
         out[i] = round(a[i] * s.alpha);
         break;
+      case ElementwiseOp::gelu:
+      case ElementwiseOp::gelu_tanh:
+      case ElementwiseOp::silu:
+      case ElementwiseOp::relu:
+        out[i] = round(isa::apply_act(activation_of(s.op), a[i]));
+        break;
+      case ElementwiseOp::gelu_backward:
+      case ElementwiseOp::gelu_tanh_backward:
+      case ElementwiseOp::silu_backward:
+      case ElementwiseOp::relu_backward: {
+        const isa::ActFunc f = activation_of(s.op);
+        const float d = f == isa::ActFunc::relu   ? (a[i] > 0.0f ? 1.0f : 0.0f)
+                        : f == isa::ActFunc::gelu ? isa::apply_act(isa::ActFunc::gelu_dx, a[i])
+                        : f == isa::ActFunc::silu
+                            ? isa::apply_act(isa::ActFunc::silu_dx, a[i])
+                            : isa::apply_act(isa::ActFunc::gelu_tanh_dx, a[i]);
+        out[i] = round(d * b[i]);
+        break;
+      }
     }
   }
   return out;

@@ -659,10 +659,14 @@ std::vector<KernelEntry> make_registry() {
   {
     KernelEntry e;
     e.name = "elementwise";
-    e.summary = "Elementwise add, sub, mul (out = a op b) or scale (out = alpha * a)";
+    e.summary =
+        "Elementwise add, sub, mul (out = a op b), scale (alpha * a), activations f(a) and "
+        "their gradients (b * f'(a))";
     e.params = {rows_doc(),
                 {"dim", "4096", "Columns (any flattening of the tensors)"},
-                {"op", "add", "add, sub, mul or scale"},
+                {"op", "add",
+                 "add, sub, mul, scale, gelu, gelu_tanh, silu, relu, gelu_backward, "
+                 "gelu_tanh_backward, silu_backward, relu_backward"},
                 {"alpha", "1", "The factor of scale"},
                 {"dtype", "bf16", "Tensor dtype: fp32, bf16 or fp16"},
                 cores_doc()};
