@@ -208,8 +208,8 @@ Engine evacuate(Builder& b, const Epilogue& e, const Tensor& src, const Tensor& 
 EpilogueIo epilogue_io(Builder& b, const Epilogue& e, std::int64_t m, std::int64_t n,
                        std::int64_t tn) {
   EpilogueIo io;
-  if (e.bias) io.bias = b.hbm("bias", {1, n}, DType::fp32, isa::TensorKind::input);
-  if (e.residual) io.residual = b.hbm("residual", {m, n}, DType::fp32, isa::TensorKind::input);
+  if (e.bias) io.bias = b.hbm("bias", {1, n}, e.bias_dtype, isa::TensorKind::input);
+  if (e.residual) io.residual = b.hbm("residual", {m, n}, e.residual_dtype, isa::TensorKind::input);
   if (e.qscale) io.qscale = b.hbm("qscale", {1, 1}, DType::fp32, isa::TensorKind::input);
   if (e.amax) io.amax = b.hbm("amax", {m, (n + tn - 1) / tn}, DType::fp32, isa::TensorKind::output);
   if (e.mxfp8) {

@@ -23,6 +23,9 @@ struct Epilogue {
   bool bias = false;  // HBM "bias" [1, N] float32, added to every row
   isa::ActFunc act = isa::ActFunc::identity;
   bool residual = false;  // HBM "residual" [M, N] float32
+  // The HBM dtypes of "bias" and "residual" (any float type: the DMA
+  // converts them to the FP32 tiles the chain adds).
+  isa::DType bias_dtype = isa::DType::fp32, residual_dtype = isa::DType::fp32;
   // Quantization for delayed / current FP8 scaling, after the chain: `amax`
   // writes max |y| of each output tile's rows to HBM "amax" [M, ceil(N /
   // tile columns)] fp32 (the tensor's amax is the max of all entries; tiles

@@ -1,0 +1,236 @@
+#include "graph/lower.h"
+
+#include <algorithm>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "kernel/kernels.h"
+#include "util/error.h"
+
+namespace tern::graph {
+
+namespace {
+
+isa::ActFunc act_func(Op op) {
+  switch (op) {
+    case Op::gelu:
+      return isa::ActFunc::gelu;
+    case Op::gelu_tanh:
+      return isa::ActFunc::gelu_tanh;
+    case Op::silu:
+      return isa::ActFunc::silu;
+    case Op::relu:
+      return isa::ActFunc::relu;
+    default:
+      return isa::ActFunc::identity;
+  }
+}
+
+class Lowerer {
+ public:
+  Lowerer(const Graph& g, const arch::ChipSpec& chip, int cores)
+      : g_(g), chip_(chip), cores_(cores) {}
+
+  const Node& node(int n) const { return g_.node(n); }
+  const Value& val(int v) const { return g_.value(v); }
+  int out(int n) const { return node(n).outputs[0]; }
+
+  [[noreturn]] void unsupported(int n, const std::string& why = {}) const {
+    throw NotSupported(fmt::format("lowering {} %{}{} (graph lowering is in progress, issue 6)",
+                                   op_name(node(n).op), val(out(n)).name,
+                                   why.empty() ? "" : ": " + why));
+  }
+
+  // The group's nodes other than views.
+  std::vector<int> real_nodes(const KernelGroup& k) const {
+    std::vector<int> r;
+    for (int n : k.nodes)
+      if (node(n).op != Op::reshape) r.push_back(n);
+    return r;
+  }
+
+  // [rows, last dim] of a value.
+  std::pair<std::int64_t, std::int64_t> rows_cols(int v) const {
+    const Shape& s = val(v).shape;
+    const std::int64_t c = s.empty() ? 1 : s.back();
+    return {elements(s) / c, c};
+  }
+
+  std::optional<Launch> lower(const KernelGroup& k, int gi) {
+    const std::vector<int> nodes = real_nodes(k);
+    if (nodes.empty()) return std::nullopt;  // a view
+    Launch l;
+    l.group = gi, l.kernel = k.kernel, l.detail = k.detail;
+    const Op first = node(nodes[0]).op;
+    if (k.kernel == "matmul") {
+      matmul(nodes, l);
+    } else if (k.kernel == "rmsnorm" || k.kernel == "layernorm") {
+      norm(nodes, l);
+    } else if (nodes.size() == 1 && (first == Op::softmax || first == Op::softmax_backward)) {
+      softmax(nodes[0], l);
+    } else if (nodes.size() == 1 &&
+               (first == Op::add || first == Op::sub || first == Op::mul || first == Op::scale ||
+                act_func(first) != isa::ActFunc::identity || first == Op::act_backward)) {
+      elementwise(nodes[0], l);
+    } else {
+      unsupported(nodes[0], nodes.size() > 1 ? fmt::format("the {} kernel", k.kernel) : "");
+    }
+    return l;
+  }
+
+  void matmul(const std::vector<int>& nodes, Launch& l) {
+    int m = -1;
+    for (int n : nodes)
+      if (node(n).op == Op::matmul) m = n;
+    const Node& mn = node(m);
+    int a = mn.inputs[0], b = mn.inputs[1];
+    bool ta = attr_int(mn.attrs, "trans_a", 0) != 0, tb = attr_int(mn.attrs, "trans_b", 0) != 0;
+    // Transposes the fusion absorbed become layout flags.
+    auto absorbed = [&](int v) {
+      const int p = val(v).node;
+      return std::find(nodes.begin(), nodes.end(), p) != nodes.end() && node(p).op == Op::transpose;
+    };
+    if (absorbed(a)) a = node(val(a).node).inputs[0], ta = !ta;
+    if (absorbed(b)) b = node(val(b).node).inputs[0], tb = !tb;
+    const Shape &as = val(a).shape, &bs = val(b).shape;
+    if (bs.size() != 2) unsupported(m, "a batched second operand");
+    if (ta && as.size() != 2) unsupported(m, "a transposed batched first operand");
+    kernel::MatmulSpec s;
+    s.k = ta ? as[0] : as.back();
+    s.m = ta ? as[1] : elements(as) / as.back();
+    s.n = tb ? bs[0] : bs[1];
+    s.in = val(a).dtype;
+    s.trans_a = ta, s.trans_b = tb, s.cores = cores_;
+    l.inputs = {{ta ? "at" : "a", a}, {tb ? "bt" : "b", b}};
+    int last = out(m);
+    for (int n : nodes) {
+      if (n <= m) continue;
+      const Node& e = node(n);
+      if (e.op == Op::scale) {
+        s.epilogue.scale = static_cast<float>(attr_real(e.attrs, "value", 1.0));
+      } else if (e.op == Op::add) {
+        const int other = e.inputs[0] == last ? e.inputs[1] : e.inputs[0];
+        if (val(other).shape.size() == 1) {
+          s.epilogue.bias = true, s.epilogue.bias_dtype = val(other).dtype;
+          l.inputs.push_back({"bias", other});
+        } else {
+          s.epilogue.residual = true, s.epilogue.residual_dtype = val(other).dtype;
+          l.inputs.push_back({"residual", other});
+        }
+      } else if (act_func(e.op) != isa::ActFunc::identity) {
+        s.epilogue.act = act_func(e.op);
+      } else if (e.op != Op::cast) {
+        unsupported(n, "in a matmul epilogue");
+      }
+      last = out(n);
+    }
+    s.out = val(last).dtype;
+    l.outputs = {{"c", last}};
+    l.detail = kernel::to_string(s.epilogue);
+    l.program = kernel::matmul_kernel(chip_, s);
+  }
+
+  void norm(const std::vector<int>& nodes, Launch& l) {
+    int nn = -1, add = -1, cast = -1;
+    for (int n : nodes) {
+      const Op op = node(n).op;
+      if (op == Op::rmsnorm || op == Op::layernorm) nn = n;
+      if (op == Op::add) add = n;
+      if (op == Op::cast) cast = n;
+    }
+    const Node& N = node(nn);
+    const auto [rows, dim] = rows_cols(N.inputs[0]);
+    kernel::RmsNormSpec s;
+    s.rows = rows, s.dim = dim, s.cores = cores_;
+    s.eps = static_cast<float>(attr_real(N.attrs, "eps", N.op == Op::layernorm ? 1e-5 : 1e-6));
+    s.dtype = val(N.inputs[0]).dtype;
+    if (add >= 0) {
+      s.residual = true;
+      l.inputs = {{"x", node(add).inputs[0]}, {"residual", node(add).inputs[1]}};
+      l.outputs.push_back({"h", out(add)});
+    } else {
+      l.inputs = {{"x", N.inputs[0]}};
+    }
+    l.inputs.push_back({"gamma", N.inputs[1]});
+    if (N.op == Op::layernorm) l.inputs.push_back({"beta", N.inputs[2]});
+    const int y = cast >= 0 ? out(cast) : out(nn);
+    if (cast >= 0) s.out = val(y).dtype;
+    l.outputs.push_back({"y", y});
+    l.program =
+        N.op == Op::rmsnorm ? kernel::rmsnorm_kernel(chip_, s) : kernel::layernorm_kernel(chip_, s);
+  }
+
+  void softmax(int n, Launch& l) {
+    const Node& N = node(n);
+    const auto [rows, dim] = rows_cols(out(n));
+    kernel::SoftmaxSpec s;
+    s.rows = rows, s.dim = dim, s.dtype = val(out(n)).dtype, s.cores = cores_;
+    if (N.op == Op::softmax) {
+      l.inputs = {{"x", N.inputs[0]}};
+      l.outputs = {{"y", out(n)}};
+      l.program = kernel::softmax_kernel(chip_, s);
+    } else {
+      l.inputs = {{"dy", N.inputs[0]}, {"y", N.inputs[1]}};
+      l.outputs = {{"dx", out(n)}};
+      l.program = kernel::softmax_backward_kernel(chip_, s);
+    }
+  }
+
+  void elementwise(int n, Launch& l) {
+    const Node& N = node(n);
+    const auto [rows, cols] = rows_cols(out(n));
+    kernel::ElementwiseSpec s;
+    s.rows = rows, s.cols = cols, s.dtype = val(out(n)).dtype, s.cores = cores_;
+    for (int v : N.inputs)
+      if (val(v).shape != val(out(n)).shape) unsupported(n, "broadcasting operands");
+    switch (N.op) {
+      case Op::add:
+      case Op::sub:
+      case Op::mul:
+        s.op = N.op == Op::add   ? kernel::ElementwiseOp::add
+               : N.op == Op::sub ? kernel::ElementwiseOp::sub
+                                 : kernel::ElementwiseOp::mul;
+        l.inputs = {{"a", N.inputs[0]}, {"b", N.inputs[1]}};
+        break;
+      case Op::scale:
+        s.op = kernel::ElementwiseOp::scale;
+        s.alpha = static_cast<float>(attr_real(N.attrs, "value", 1.0));
+        l.inputs = {{"a", N.inputs[0]}};
+        break;
+      case Op::act_backward:
+        s.op = kernel::parse_elementwise_op(attr_string(N.attrs, "func", "") + "_backward");
+        l.inputs = {{"a", N.inputs[1]}, {"b", N.inputs[0]}};  // a = x, b = dy
+        break;
+      default:
+        s.op = kernel::parse_elementwise_op(std::string(op_name(N.op)));
+        l.inputs = {{"a", N.inputs[0]}};
+        break;
+    }
+    l.outputs = {{"out", out(n)}};
+    l.detail = kernel::to_string(s.op);
+    l.program = kernel::elementwise_kernel(chip_, s);
+  }
+
+ private:
+  const Graph& g_;
+  const arch::ChipSpec& chip_;
+  int cores_;
+};
+
+}  // namespace
+
+Executable compile(const Graph& g, const arch::ChipSpec& chip, const CompileOptions& opt) {
+  Executable e{g, fuse(g), {}, {}, chip.name};
+  e.plan = plan_memory(e.graph, e.fusion);
+  const int cores = opt.cores > 0 ? opt.cores : chip.cores;
+  if (cores > chip.cores)
+    throw Error(fmt::format("compile: {} cores asked, {} has {}", cores, chip.name, chip.cores));
+  Lowerer lw(e.graph, chip, cores);
+  for (std::size_t i = 0; i < e.fusion.groups.size(); ++i)
+    if (auto l = lw.lower(e.fusion.groups[i], static_cast<int>(i)))
+      e.launches.push_back(std::move(*l));
+  return e;
+}
+
+}  // namespace tern::graph

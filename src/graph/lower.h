@@ -1,0 +1,54 @@
+// Lowering: each fused group of a graph becomes one launch of a kernel of
+// the kernel library (a Program built for the group's shapes), with the
+// kernel's HBM tensors bound to graph values. An Executable is the
+// compiled graph: launches in order plus the HBM plan the runtime places
+// values by. Built once, it runs step after step (runtime/device.h).
+//
+// Lowered so far (the rest throws NotSupported naming the op): reshapes
+// (views, no launch); matmul groups with their epilogue (2-D operands, or
+// batched activations against a 2-D weight; scale, bias, activation,
+// residual, output cast); single elementwise ops of one shape (add, sub,
+// mul, scale, activations, act_backward); RMSNorm / LayerNorm forward (with
+// the fused residual add and output cast); softmax forward and backward.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "arch/chip.h"
+#include "graph/fusion.h"
+#include "graph/ir.h"
+#include "graph/memplan.h"
+#include "isa/program.h"
+
+namespace tern::graph {
+
+struct Binding {
+  std::string tensor;  // the kernel's HBM tensor
+  int value = -1;      // the graph value whose bytes it is
+};
+
+struct Launch {
+  int group = -1;
+  std::string kernel, detail;
+  isa::Program program;
+  std::vector<Binding> inputs, outputs;
+};
+
+struct Executable {
+  Graph graph;
+  FusionReport fusion;
+  MemoryPlan plan;
+  std::vector<Launch> launches;
+  std::string arch;
+};
+
+struct CompileOptions {
+  int cores = 0;  // NeuronCores each kernel uses (0: all of the chip's)
+};
+
+// Throws NotSupported for a group it cannot lower yet, naming the op and
+// value; tern::Error for graphs whose shapes a kernel rejects.
+Executable compile(const Graph& g, const arch::ChipSpec& chip, const CompileOptions& opt = {});
+
+}  // namespace tern::graph

@@ -1,0 +1,98 @@
+// Compiled graphs on the simulated chip against the float64 reference
+// interpreter: lowering to kernels, the HBM arena laid out by the memory
+// plan, and reruns of one executable. bf16 values: each kernel rounds its
+// outputs to bf16 (8 significant bits), so results agree to about 2^-7
+// relative to the tensor's largest magnitude after a few kernels.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "arch/chip.h"
+#include "graph/eval.h"
+#include "graph/lower.h"
+#include "num/convert.h"
+#include "runtime/device.h"
+#include "util/error.h"
+
+namespace tern::graph {
+namespace {
+
+std::vector<float> bf16_normal(std::size_t n, std::mt19937& rng, float scale) {
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = num::round_to(*isa::format_of(DType::bf16), d(rng));
+  return v;
+}
+
+double max_rel_error(const std::vector<float>& got, const HostData& want) {
+  double err = 0, scale = 1e-30;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    err = std::max(err, std::abs(got[i] - want[i]));
+    scale = std::max(scale, std::abs(want[i]));
+  }
+  return err / scale;
+}
+
+TEST(Runtime, CompiledGraphMatchesTheInterpreter) {
+  const arch::ChipSpec chip = arch::load_chip("trn3");
+  Graph g("net");
+  const std::int64_t M = 130, D = 96, F = 200;
+  const int x = g.input("x", {M, D}, DType::bf16);
+  const int w1 = g.param("w1", {D, F}, DType::bf16), b1 = g.param("b1", {F}, DType::bf16);
+  const int gm = g.param("gamma", {F}, DType::bf16), bt = g.param("beta", {F}, DType::bf16);
+  const int w2 = g.param("w2", {F, D}, DType::bf16);
+  const int h = g.act(Op::gelu, g.add(g.matmul(x, w1), b1));  // matmul + bias + gelu
+  const int n = g.layernorm(h, gm, bt);
+  const int y = g.add(g.matmul(n, w2), x);  // matmul + residual
+  const int s = g.softmax(y);
+  const int a = g.act(Op::silu, y);
+  const int q = g.rmsnorm(g.add(a, s), g.param("g2", {D}, DType::bf16));  // residual add + norm
+  for (int o : {s, a, q}) g.mark_output(o);
+
+  const Executable exe = compile(g, chip, {2});
+  ASSERT_EQ(exe.launches.size(), 6u);
+  EXPECT_EQ(exe.launches[0].detail, "bias,gelu");
+  runtime::Device dev(chip);
+  std::mt19937 rng(3);
+  for (int step = 0; step < 2; ++step) {  // one executable, two steps with other data
+    std::map<std::string, std::vector<float>> feeds{
+        {"x", bf16_normal(M * D, rng, 1.0f)}, {"w1", bf16_normal(D * F, rng, 0.1f)},
+        {"b1", bf16_normal(F, rng, 0.1f)},    {"gamma", bf16_normal(F, rng, 1.0f)},
+        {"beta", bf16_normal(F, rng, 0.1f)},  {"w2", bf16_normal(F * D, rng, 0.1f)},
+        {"g2", bf16_normal(D, rng, 1.0f)}};
+    const runtime::StepResult r = dev.run(exe, feeds);
+    std::map<std::string, HostData> hf;
+    for (const auto& [k, v] : feeds) hf[k] = HostData(v.begin(), v.end());
+    const auto want = evaluate(g, hf);
+    for (int o : {s, a, q}) {
+      SCOPED_TRACE(g.value(o).name);
+      EXPECT_LE(max_rel_error(r.outputs.at(g.value(o).name), want[static_cast<std::size_t>(o)]),
+                2.0 / 128);
+    }
+    EXPECT_GT(r.time_ns, 0);
+    EXPECT_EQ(r.kernel_ns.size(), exe.launches.size());
+  }
+}
+
+TEST(Runtime, SaysWhatItCannotLowerYet) {
+  const arch::ChipSpec chip = arch::load_chip("trn3");
+  Graph g("att");
+  const int q = g.input("q", {1, 2, 8, 64}, DType::bf16);
+  g.mark_output(g.attention(q, q, q, true, 0.125)[0]);
+  try {
+    compile(g, chip);
+    ADD_FAILURE() << "compiled";
+  } catch (const NotSupported& e) {
+    EXPECT_NE(std::string(e.what()).find("lowering attention %t0"), std::string::npos) << e.what();
+  }
+  // A missing feed is an error naming the value.
+  Graph h("m");
+  const int x = h.input("x", {4, 8}, DType::bf16);
+  h.mark_output(h.act(Op::relu, x));
+  runtime::Device dev(chip);
+  EXPECT_THROW(dev.run(compile(h, chip), {}), Error);
+}
+
+}  // namespace
+}  // namespace tern::graph
