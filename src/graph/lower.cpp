@@ -57,13 +57,17 @@ class Lowerer {
     return {elements(s) / c, c};
   }
 
-  std::optional<Launch> lower(const KernelGroup& k, int gi) {
+  std::vector<Launch> lower(const KernelGroup& k, int gi) {
     const std::vector<int> nodes = real_nodes(k);
-    if (nodes.empty()) return std::nullopt;  // a view
+    if (nodes.empty()) return {};  // a view
     Launch l;
     l.group = gi, l.kernel = k.kernel, l.detail = k.detail;
     const Op first = node(nodes[0]).op;
-    if (k.kernel == "matmul") {
+    if (first == Op::cross_entropy || first == Op::cross_entropy_backward) {
+      return cross_entropy(nodes, l);
+    } else if (nodes.size() == 1 && first == Op::sum) {
+      sum(nodes[0], l);
+    } else if (k.kernel == "matmul") {
       matmul(nodes, l);
     } else if (k.kernel == "rmsnorm" || k.kernel == "layernorm") {
       norm(nodes, l);
@@ -76,7 +80,71 @@ class Lowerer {
     } else {
       unsupported(nodes[0], nodes.size() > 1 ? fmt::format("the {} kernel", k.kernel) : "");
     }
-    return l;
+    return {l};
+  }
+
+  // Forward and / or backward: scale = dloss / valid, the fused kernel, the
+  // mean of the per-token losses.
+  std::vector<Launch> cross_entropy(const std::vector<int>& nodes, const Launch& base) {
+    int fwd = -1, bwd = -1;
+    for (int n : nodes) (node(n).op == Op::cross_entropy ? fwd : bwd) = n;
+    const Node& any = node(fwd >= 0 ? fwd : bwd);
+    const int logits = fwd >= 0 ? node(fwd).inputs[0] : node(bwd).inputs[1];
+    const int targets = fwd >= 0 ? node(fwd).inputs[1] : node(bwd).inputs[2];
+    if (attr_int(any.attrs, "ignore_index", -100) >= 0)
+      unsupported(fwd >= 0 ? fwd : bwd, "ignore_index >= 0 (the kernel ignores negative targets)");
+    const auto [rows, vocab] = rows_cols(logits);
+    std::vector<Launch> out(fwd >= 0 ? 3 : 2, base);
+    out[0].program = kernel::cross_entropy_scale_kernel(chip_, rows);
+    out[0].inputs = {{"targets", targets, {}}};
+    if (bwd >= 0)
+      out[0].inputs.push_back({"dloss", node(bwd).inputs[0], {}});
+    else
+      out[0].constants = {{"dloss", 1.0f}};
+    out[0].outputs = {{"grad_scale", -1, "gs"}, {"inv_valid", -1, "inv"}};
+    kernel::CrossEntropySpec s;
+    s.rows = rows, s.vocab = vocab, s.dtype = val(logits).dtype, s.cores = cores_;
+    s.grad_scale_input = true;
+    out[1].program = kernel::cross_entropy_kernel(chip_, s);
+    out[1].inputs = {{"logits", logits, {}}, {"targets", targets, {}}, {"grad_scale", -1, "gs"}};
+    out[1].outputs = {{"loss", -1, "loss"}};
+    if (bwd >= 0) out[1].outputs.push_back({"dlogits", out_of(bwd), {}});
+    if (fwd >= 0) {
+      out[2].program = kernel::cross_entropy_mean_kernel(chip_, rows);
+      out[2].inputs = {{"loss", -1, "loss"}, {"inv_valid", -1, "inv"}};
+      out[2].outputs = {{"mean", out_of(fwd), {}}};
+    }
+    return out;
+  }
+  int out_of(int n) const { return out(n); }
+
+  // Sums over the leading axes: ones[1, R] @ x[R, N] on the Tensor engine;
+  // over all axes (fp32): the reduce kernel.
+  void sum(int n, Launch& l) {
+    const Node& N = node(n);
+    const Shape& xs = val(N.inputs[0]).shape;
+    const Shape& os = val(out(n)).shape;
+    const DType dt = val(out(n)).dtype;
+    if (os.empty()) {
+      if (dt != DType::fp32) unsupported(n, "a total in a dtype other than fp32");
+      const auto [rows, cols] = rows_cols(N.inputs[0]);
+      kernel::ReduceSpec s;
+      s.rows = rows, s.cols = cols, s.dtype = dt, s.all = true, s.cores = 1;
+      l.program = kernel::reduce_kernel(chip_, s);
+      l.inputs = {{"x", N.inputs[0], {}}};
+      l.outputs = {{"out", out(n), {}}};
+      return;
+    }
+    if (os.size() != 1 || xs.back() != os[0])
+      unsupported(n, "a sum other than over the leading axes or all");
+    kernel::MatmulSpec s;
+    s.m = 1, s.n = os[0], s.k = elements(xs) / os[0], s.in = val(N.inputs[0]).dtype, s.out = dt;
+    s.trans_a = true, s.trans_b = false, s.cores = 1;
+    l.program = kernel::matmul_kernel(chip_, s);
+    l.constants = {{"at", 1.0f}};
+    l.inputs = {{"b", N.inputs[0], {}}};
+    l.outputs = {{"c", out(n), {}}};
+    l.detail = "column sums as ones @ x";
   }
 
   void matmul(const std::vector<int>& nodes, Launch& l) {
@@ -228,8 +296,8 @@ Executable compile(const Graph& g, const arch::ChipSpec& chip, const CompileOpti
     throw Error(fmt::format("compile: {} cores asked, {} has {}", cores, chip.name, chip.cores));
   Lowerer lw(e.graph, chip, cores);
   for (std::size_t i = 0; i < e.fusion.groups.size(); ++i)
-    if (auto l = lw.lower(e.fusion.groups[i], static_cast<int>(i)))
-      e.launches.push_back(std::move(*l));
+    for (Launch& l : lw.lower(e.fusion.groups[i], static_cast<int>(i)))
+      e.launches.push_back(std::move(l));
   return e;
 }
 

@@ -9,7 +9,10 @@
 // batched activations against a 2-D weight; scale, bias, activation,
 // residual, output cast); single elementwise ops of one shape (add, sub,
 // mul, scale, activations, act_backward); RMSNorm / LayerNorm forward (with
-// the fused residual add and output cast); softmax forward and backward.
+// the fused residual add and output cast); softmax forward and backward;
+// cross-entropy forward and backward (three launches: the gradient scale
+// dloss / valid tokens, the fused kernel, the mean loss); sums over the
+// leading axes (a matmul with a ones row) or over everything (fp32).
 #pragma once
 
 #include <string>
@@ -24,8 +27,11 @@
 namespace tern::graph {
 
 struct Binding {
+  Binding(std::string t, int v, std::string tmp = {})
+      : tensor(std::move(t)), value(v), temp(std::move(tmp)) {}
   std::string tensor;  // the kernel's HBM tensor
-  int value = -1;      // the graph value whose bytes it is
+  int value = -1;      // the graph value whose bytes it is, or
+  std::string temp;    // (value -1) a buffer that the launches of one group share
 };
 
 struct Launch {
@@ -33,6 +39,8 @@ struct Launch {
   std::string kernel, detail;
   isa::Program program;
   std::vector<Binding> inputs, outputs;
+  // Kernel tensors filled with one value (the executable's constants).
+  std::vector<std::pair<std::string, float>> constants;
 };
 
 struct Executable {

@@ -208,10 +208,22 @@ struct CrossEntropySpec {
   std::int64_t rows = 4096, vocab = 50304;
   isa::DType dtype = isa::DType::bf16;
   float grad_scale = std::numeric_limits<float>::quiet_NaN();
+  // Read grad_scale from HBM "grad_scale" [1, 1] fp32 instead (a value
+  // known only at run time, e.g. dloss / valid tokens: cross_entropy_scale).
+  bool grad_scale_input = false;
   std::int64_t chunk = 2048;
   int cores = 1;
 };
 isa::Program cross_entropy_kernel(const arch::ChipSpec& chip, const CrossEntropySpec& spec);
+
+// The mean over valid tokens around cross_entropy_kernel (one core):
+// cross_entropy_scale: "targets" [T, 1] int32, "dloss" [1, 1] fp32 ->
+// "grad_scale" [1, 1] = dloss / valid and "inv_valid" [1, 1] = 1 / valid
+// (valid: targets >= 0); cross_entropy_mean: "loss" [T, 1] fp32 and
+// "inv_valid" -> "mean" [1, 1] = (sum of loss, partition order) * inv_valid.
+// No valid token gives inv_valid = inf and a NaN mean, as PyTorch's NaN.
+isa::Program cross_entropy_scale_kernel(const arch::ChipSpec& chip, std::int64_t rows);
+isa::Program cross_entropy_mean_kernel(const arch::ChipSpec& chip, std::int64_t rows);
 
 // Elementwise arithmetic over [rows, cols] (any flattening): "out" =
 // a + b, a - b, a * b (HBM "a", "b") or alpha * a (HBM "a"), all of dtype

@@ -189,7 +189,7 @@ isa::Program cross_entropy_kernel(const arch::ChipSpec& chip, const CrossEntropy
         "only while {} x V < 2^24 (V <= {})",
         s.vocab, chip.sbuf_partitions, ((1LL << 24) - 1) / chip.sbuf_partitions));
   const float gs = std::isnan(s.grad_scale) ? 1.0f / static_cast<float>(s.rows) : s.grad_scale;
-  if (!(gs >= 0.0f) || std::isinf(gs))
+  if (!s.grad_scale_input && (!(gs >= 0.0f) || std::isinf(gs)))
     throw Error(fmt::format("cross_entropy: grad_scale must be finite and >= 0, got {}", gs));
   Builder b(chip, s.cores);
   const std::int64_t T = s.rows, V = s.vocab, P = chip.sbuf_partitions;
@@ -198,6 +198,8 @@ isa::Program cross_entropy_kernel(const arch::ChipSpec& chip, const CrossEntropy
   const Tensor targets = b.hbm("targets", {T, 1}, DType::int32, isa::TensorKind::input);
   const Tensor loss = b.hbm("loss", {T, 1}, DType::fp32, isa::TensorKind::output);
   const Tensor dlogits = b.hbm("dlogits", {T, V}, s.dtype, isa::TensorKind::output);
+  Tensor gs_hbm;
+  if (s.grad_scale_input) gs_hbm = b.hbm("grad_scale", {1, 1}, DType::fp32, isa::TensorKind::input);
   const int esz = isa::size_bytes(s.dtype);
   // Separate buffers for the two passes, so pass 1 of the next row tile
   // (Vector) runs while pass 2 of this one (Scalar) still reads its chunks.
@@ -238,6 +240,11 @@ isa::Program cross_entropy_kernel(const arch::ChipSpec& chip, const CrossEntropy
     for (auto& set : cols)
       for (auto& c : set) c = b.sbuf(pp, 1, DType::fp32);
     for (auto& t : idx) t = b.sbuf(pp, 1, DType::int32);
+    Tensor gs_col;  // grad_scale on every partition
+    if (s.grad_scale_input) {
+      gs_col = b.sbuf(pp, 1, DType::fp32);
+      b.dma_copy(gs_col, bias_rows(gs_hbm, pp, 0, 1));
+    }
     int buf = 0, buf2 = 0, parity = 0;
     for (std::int64_t t = core; t < tiles; t += s.cores, parity ^= 1) {
       const int r0 = static_cast<int>(t * P), n = static_cast<int>(std::min(P, T - t * P));
@@ -248,7 +255,10 @@ isa::Program cross_entropy_kernel(const arch::ChipSpec& chip, const CrossEntropy
       // a zero gradient: valid = (target >= 0), gsv = grad_scale * valid and
       // ln(gsv) (-inf for an ignored row) is folded into the exponential.
       b.tensor_scalar(col(valid), col(tg), AluOp::is_ge, 0.0f);
-      b.tensor_scalar(col(gsv), col(valid), AluOp::multiply, gs);
+      if (s.grad_scale_input)
+        b.tensor_tensor(col(gsv), col(valid), gs_col.tile(0, n, 0, 1), AluOp::multiply);
+      else
+        b.tensor_scalar(col(gsv), col(valid), AluOp::multiply, gs);
       const Tensor gsv_c = col(gsv);
       b.activation(col(lngsv), isa::ActFunc::log, gsv_c);
       // The target's element of this tile's rows in the flat [n * V] view:

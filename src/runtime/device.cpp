@@ -68,9 +68,26 @@ StepResult Device::run(const graph::Executable& exe,
     }
   }
   StepResult r;
+  // Buffers the launches of one group share (by group and name).
+  std::map<std::string, std::vector<std::uint8_t>> temps;
+  auto temp_key = [](const graph::Launch& l, const graph::Binding& b) {
+    return fmt::format("{}.{}", l.group, b.temp);
+  };
   for (const graph::Launch& l : exe.launches) {
     sim_.load(l.program);
+    for (const auto& [tensor, value] : l.constants) {
+      const isa::HbmTensor& t = l.program.tensor(tensor);
+      sim_.write(tensor, std::vector<float>(static_cast<std::size_t>(t.elements()), value));
+    }
     for (const graph::Binding& b : l.inputs) {
+      if (b.value < 0) {
+        const auto it = temps.find(temp_key(l, b));
+        if (it == temps.end())
+          throw Error(fmt::format("launch {} ({}): buffer {} read before it is written", l.group,
+                                  l.kernel, b.temp));
+        sim_.write_bytes(b.tensor, it->second);
+        continue;
+      }
       const auto [p, n] = bytes_of(b.value);
       if (!p)
         throw Error(fmt::format("launch {} ({}): input %{} has no memory", l.group, l.kernel,
@@ -81,6 +98,10 @@ StepResult Device::run(const graph::Executable& exe,
     r.kernel_ns.push_back(st.latency_ns);
     r.time_ns += st.latency_ns;
     for (const graph::Binding& b : l.outputs) {
+      if (b.value < 0) {
+        temps[temp_key(l, b)] = sim_.read_bytes(b.tensor);
+        continue;
+      }
       const auto [p, n] = bytes_of(b.value);
       if (!p) continue;  // an output nothing reads
       const std::vector<std::uint8_t> got = sim_.read_bytes(b.tensor);
