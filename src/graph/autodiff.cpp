@@ -106,7 +106,8 @@ class Backward {
         return;
       case Op::rmsnorm:
       case Op::layernorm: {
-        const Attrs at{{"eps", n.attrs.at("eps")}};
+        Attrs at;  // eps when given; absent, the backward op has the forward's default
+        if (auto it = n.attrs.find("eps"); it != n.attrs.end()) at[it->first] = it->second;
         const auto r = g_.add(n.op == Op::rmsnorm ? Op::rmsnorm_backward : Op::layernorm_backward,
                               {d, in(0), in(1)}, at);
         for (std::size_t i = 0; i < r.size(); ++i)
