@@ -17,7 +17,8 @@ namespace tern::graph {
 // depend on gets a zero tensor). Gradients are named "grad.<name>".
 // Throws tern::Error for a non-scalar loss, NotSupported for an op it
 // cannot differentiate (the backward ops themselves; the lse output of
-// attention; a transposed batched matmul operand against a shared matrix).
+// attention; rope's cos and sin; a transposed batched matmul operand
+// against a shared matrix).
 std::map<int, int> add_backward(Graph& g, int loss, const std::vector<int>& wrt);
 
 }  // namespace tern::graph

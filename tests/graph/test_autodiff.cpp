@@ -257,6 +257,13 @@ TEST(Autodiff, Errors) {
   const auto ol = g2.attention(q, q, q, true, 1.0);
   const int l2 = g2.sum(ol[1], {});
   EXPECT_THROW(add_backward(g2, l2, {q}), NotSupported);
+  // rope differentiates x only: cos / sin on the path refuse, not zeros.
+  Graph g3;
+  const int x3 = g3.param("x", {1, 1, 2, 4}, DType::fp32);
+  const int c3 = g3.param("cos", {2, 2}, DType::fp32), s3 = g3.param("sin", {2, 2}, DType::fp32);
+  const int l3 = g3.sum(g3.rope(x3, c3, s3), {});
+  EXPECT_THROW(add_backward(g3, l3, {x3, c3}), NotSupported);
+  EXPECT_NO_THROW(add_backward(g3, l3, {x3}));
 }
 
 TEST(Evaluate, HandComputedValues) {
