@@ -110,7 +110,8 @@ class Backward {
         return;
       case Op::rmsnorm:
       case Op::layernorm: {
-        const Attrs at{{"eps", n.attrs.at("eps")}};
+        Attrs at;  // eps when given; absent, the backward op has the forward's default
+        if (auto it = n.attrs.find("eps"); it != n.attrs.end()) at[it->first] = it->second;
         const auto r = g_.add(n.op == Op::rmsnorm ? Op::rmsnorm_backward : Op::layernorm_backward,
                               {d, in(0), in(1)}, at);
         for (std::size_t i = 0; i < r.size(); ++i)
@@ -131,6 +132,10 @@ class Backward {
           acc(in(0), g_.add1(Op::embedding_backward, {d, in(1)}, {{"vocab", shp(in(0))[0]}}));
         return;
       case Op::rope:
+        // Only x's gradient is built; a zero one for cos / sin would be wrong.
+        if (need(1) || need(2))
+          throw NotSupported(fmt::format("the gradient of rope %{} with respect to cos and sin",
+                                         g_.value(n.outputs[0]).name));
         acc(in(0), g_.add1(Op::rope, {d, in(1), in(2)},
                            {{"inverse", std::int64_t{attr_int(n.attrs, "inverse", 0) ? 0 : 1}}}));
         return;

@@ -18,7 +18,8 @@ namespace tern::graph {
 // one gradient value serves two of them, or is a graph input).
 // Throws tern::Error for a non-scalar loss, NotSupported for an op it
 // cannot differentiate (the backward ops themselves; the lse output of
-// attention; a transposed batched matmul operand against a shared matrix).
+// attention; rope's cos and sin; a transposed batched matmul operand
+// against a shared matrix).
 std::map<int, int> add_backward(Graph& g, int loss, const std::vector<int>& wrt);
 
 }  // namespace tern::graph

@@ -112,7 +112,8 @@ struct Lexer {
     if (peek() == '[') return int_list();
     const std::string w = word();
     const bool numeric = std::isdigit(static_cast<unsigned char>(w[0])) ||
-                         ((w[0] == '-' || w[0] == '+') && w.size() > 1);
+                         ((w[0] == '-' || w[0] == '+') && w.size() > 1) || w == "inf" ||
+                         w == "nan";  // as print writes infinite and NaN reals
     if (!numeric) return w;
     if (w.find_first_of(".eEn") == std::string::npos) {
       std::int64_t v = 0;

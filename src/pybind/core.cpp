@@ -1,6 +1,7 @@
 // tern._core: the C++ layers for Python (pybind11). A thin, explicit API:
-// hardware descriptions, the kernel builder and the simulator. The NKI
-// frontend (python/tern/nki) is written on top of it.
+// hardware descriptions, the kernel builder and the simulator; the graph IR
+// (graph.cpp). The NKI frontend (python/tern/nki) and tern.graph are
+// written on top of it.
 #include <map>
 
 #include <pybind11/numpy.h>
@@ -20,6 +21,10 @@
 namespace py = pybind11;
 using namespace tern;
 
+namespace tern {
+void bind_graph(py::module_& m);  // graph.cpp
+}  // namespace tern
+
 namespace {
 
 using kernel::Builder;
@@ -33,7 +38,8 @@ py::dict summary_dict(const sim::RunStats& st, const arch::ChipSpec& chip) {
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
-  m.doc() = "tern's C++ layers: hardware descriptions, the kernel builder, the simulator";
+  m.doc() =
+      "tern's C++ layers: hardware descriptions, the kernel builder, the simulator, the graph IR";
 
   // Every tern::Error becomes a Python exception with the same message;
   // "not supported" ones become NotImplementedError.
@@ -47,6 +53,7 @@ PYBIND11_MODULE(_core, m) {
       tern_error(e.what());
     }
   });
+  bind_graph(m);
 
   py::class_<arch::ChipSpec>(m, "Chip")
       .def_readonly("name", &arch::ChipSpec::name)

@@ -141,6 +141,22 @@ TEST(Autodiff, NormsAndSoftmax) {
   }
 }
 
+// Norm nodes without an eps attribute (as add_op or a parsed text may
+// give them) use the ops' default eps, forward and backward.
+TEST(Autodiff, NormsWithoutEpsAttribute) {
+  std::mt19937 rng(11);
+  for (Op op : {Op::rmsnorm, Op::layernorm}) {
+    SCOPED_TRACE(std::string(op_name(op)));
+    Graph g;
+    const int x = g.param("x", {3, 8}, DType::fp32), gm = g.param("gamma", {8}, DType::fp32);
+    const int bt = g.param("beta", {8}, DType::fp32);
+    std::vector<int> in{x, gm}, ps{x, gm};
+    if (op == Op::layernorm) in.push_back(bt), ps.push_back(bt);
+    check_grads(g, g.add1(op, in), ps,
+                {{"x", randn(24, rng, 1e-3)}, {"gamma", randn(8, rng)}, {"beta", randn(8, rng)}});
+  }
+}
+
 TEST(Autodiff, CrossEntropyWithIgnoredTokens) {
   std::mt19937 rng(5);
   Graph g;
@@ -241,6 +257,13 @@ TEST(Autodiff, Errors) {
   const auto ol = g2.attention(q, q, q, true, 1.0);
   const int l2 = g2.sum(ol[1], {});
   EXPECT_THROW(add_backward(g2, l2, {q}), NotSupported);
+  // rope differentiates x only: cos / sin on the path refuse, not zeros.
+  Graph g3;
+  const int x3 = g3.param("x", {1, 1, 2, 4}, DType::fp32);
+  const int c3 = g3.param("cos", {2, 2}, DType::fp32), s3 = g3.param("sin", {2, 2}, DType::fp32);
+  const int l3 = g3.sum(g3.rope(x3, c3, s3), {});
+  EXPECT_THROW(add_backward(g3, l3, {x3, c3}), NotSupported);
+  EXPECT_NO_THROW(add_backward(g3, l3, {x3}));
 }
 
 TEST(Evaluate, HandComputedValues) {

@@ -2,6 +2,7 @@
 // and values, and the text form parses back to the same text.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 
 #include "graph/autodiff.h"
@@ -79,6 +80,13 @@ TEST(GraphIr, TextRoundTrip) {
   EXPECT_NE(t2.find("value = 2.0"), std::string::npos) << t2;
   EXPECT_NE(t2.find("eps = 1e-06"), std::string::npos) << t2;
   EXPECT_EQ(print(parse(t2)), t2);
+  // Non-finite reals (a mask's -inf, inf, NaN) read back as reals.
+  Graph f("nonfinite");
+  for (double v : {-INFINITY, INFINITY, NAN}) f.mark_output(f.full({2}, v, DType::fp32));
+  const std::string t3 = print(f);
+  EXPECT_NE(t3.find("value = inf"), std::string::npos) << t3;
+  EXPECT_NE(t3.find("value = nan"), std::string::npos) << t3;
+  EXPECT_EQ(print(parse(t3)), t3);
 }
 
 TEST(GraphIr, SaveAndLoad) {
