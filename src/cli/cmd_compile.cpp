@@ -1,6 +1,7 @@
 // `tern compile`: a graph (a .tgraph file or a built-in model) through
 // autodiff (--train), fusion and HBM planning, with the fusion report and
 // the memory plan; the fit check against the chip's HBM.
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -12,9 +13,11 @@
 #include "cli/commands.h"
 #include "graph/autodiff.h"
 #include "graph/fusion.h"
+#include "graph/lower.h"
 #include "graph/memplan.h"
 #include "graph/models.h"
 #include "graph/text.h"
+#include "sim/simulator.h"
 #include "util/error.h"
 
 namespace tern::cli {
@@ -23,7 +26,7 @@ namespace {
 
 struct Args {
   std::string file, model, arch = "trn3", emit, autocast = "none", dtype = "bf16";
-  bool train = false, report = false, json = false;
+  bool train = false, report = false, json = false, estimate = false, progress = true;
   std::int64_t layers = 12, dim = 768, heads = 12, kv_heads = 0, ffn = 0, vocab = 50304, seq = 1024,
                batch = 4;
   std::int64_t optimizer_bytes = -1;
@@ -84,6 +87,38 @@ void run(const Args& a) {
   const graph::MemoryPlan plan = graph::plan_memory(g, f, po);
   const std::int64_t cap = chip.hbm_capacity.value();
   const bool fits = plan.total() <= cap;
+  // Per-kernel time: every group the lowering handles, built for its shapes
+  // and simulated in timing mode (no data).
+  struct Estimate {
+    int group;
+    std::string kernel, detail;
+    double ns;
+  };
+  std::vector<Estimate> est;
+  std::vector<std::pair<int, std::string>> unlowered;
+  double est_total = 0;
+  if (a.estimate) {
+    graph::CompileOptions co;
+    co.partial = true;
+    const graph::Executable exe = graph::compile(g, chip, co);
+    sim::Simulator s(chip);
+    sim::Options so;
+    so.mode = sim::Mode::timing;
+    for (std::size_t i = 0; i < exe.launches.size(); ++i) {
+      const graph::Launch& l = exe.launches[i];
+      if (a.progress && !a.json)
+        std::fprintf(stderr, "\rsimulating kernel %zu of %zu", i + 1, exe.launches.size());
+      s.load(l.program);
+      const double ns = s.run(so).latency_ns;
+      if (!est.empty() && est.back().group == l.group)
+        est.back().ns += ns;
+      else
+        est.push_back({l.group, l.kernel, l.detail, ns});
+      est_total += ns;
+    }
+    if (a.progress && !a.json) std::fprintf(stderr, "\r%40s\r", "");
+    unlowered = exe.unlowered;
+  }
   if (a.json) {
     nlohmann::json j;
     j["graph"] = g.name();
@@ -116,6 +151,13 @@ void run(const Args& a) {
     }
     j["kernel_list"] = kernels;
     j["unfused"] = unfused;
+    if (a.estimate) {
+      nlohmann::json e = nlohmann::json::array(), u = nlohmann::json::array();
+      for (const Estimate& x : est)
+        e.push_back({{"group", x.group}, {"kernel", x.kernel}, {"detail", x.detail}, {"ns", x.ns}});
+      for (const auto& [gi, why] : unlowered) u.push_back({{"group", gi}, {"reason", why}});
+      j["estimate"] = {{"total_ns", est_total}, {"kernels", e}, {"not_lowered", u}};
+    }
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::printf("graph %s: %d ops in %zu kernels, fusion rate %.3f; %lld parameters\n",
@@ -125,6 +167,20 @@ void run(const Args& a) {
     std::printf("%s", graph::plan_table(g, plan, a.report ? 10 : 3).c_str());
     std::printf("fits %s (%s HBM): %s\n", chip.name.c_str(), graph::bytes_string(cap).c_str(),
                 fits ? "yes" : "no");
+    if (a.estimate) {
+      std::vector<Estimate> top = est;
+      std::sort(top.begin(), top.end(),
+                [](const Estimate& x, const Estimate& y) { return x.ns > y.ns; });
+      std::printf(
+          "\nsimulated time of the %zu lowered kernels: %.1f us (%zu kernels not lowered "
+          "yet%s)\n",
+          est.size(), est_total / 1e3, unlowered.size(),
+          unlowered.empty() ? "" : "; --json lists them with the reason");
+      std::printf("  %-6s %-16s %-28s %12s\n", "group", "kernel", "detail", "us");
+      for (std::size_t i = 0; i < std::min<std::size_t>(a.report ? 20 : 5, top.size()); ++i)
+        std::printf("  %-6d %-16s %-28s %12.2f\n", top[i].group, top[i].kernel.c_str(),
+                    top[i].detail.substr(0, 28).c_str(), top[i].ns / 1e3);
+    }
     if (!a.emit.empty()) std::printf("graph written to %s\n", a.emit.c_str());
   }
   graph::check_fits(g, plan, cap, fmt::format("{} ({})", chip.name, graph::bytes_string(cap)));
@@ -159,6 +215,9 @@ void add_compile_command(CLI::App& app) {
   cmd->add_option("--arch", a->arch, "Chip whose HBM must hold the plan")->capture_default_str();
   cmd->add_option("--emit", a->emit, "Write the compiled graph's text form to this file");
   cmd->add_flag("--report", a->report, "Print the fusion report and the largest tensors");
+  cmd->add_flag("--estimate", a->estimate,
+                "Simulate every lowered kernel (timing only) and print the per-kernel times");
+  cmd->add_flag("!--no-progress", a->progress, "No progress line on stderr");
   cmd->add_flag("--json", a->json, "Print the results as JSON");
   cmd->callback([a] { run(*a); });
 }

@@ -195,7 +195,7 @@ class Lowerer {
     }
     s.out = val(last).dtype;
     l.outputs = {{"c", last}};
-    l.detail = kernel::to_string(s.epilogue);
+    l.detail = s.epilogue.any() ? kernel::to_string(s.epilogue) : "";
     l.program = kernel::matmul_kernel(chip_, s);
   }
 
@@ -289,15 +289,21 @@ class Lowerer {
 }  // namespace
 
 Executable compile(const Graph& g, const arch::ChipSpec& chip, const CompileOptions& opt) {
-  Executable e{g, fuse(g), {}, {}, chip.name};
+  Executable e{g, fuse(g), {}, {}, chip.name, {}};
   e.plan = plan_memory(e.graph, e.fusion);
   const int cores = opt.cores > 0 ? opt.cores : chip.cores;
   if (cores > chip.cores)
     throw Error(fmt::format("compile: {} cores asked, {} has {}", cores, chip.name, chip.cores));
   Lowerer lw(e.graph, chip, cores);
-  for (std::size_t i = 0; i < e.fusion.groups.size(); ++i)
-    for (Launch& l : lw.lower(e.fusion.groups[i], static_cast<int>(i)))
-      e.launches.push_back(std::move(l));
+  for (std::size_t i = 0; i < e.fusion.groups.size(); ++i) {
+    try {
+      for (Launch& l : lw.lower(e.fusion.groups[i], static_cast<int>(i)))
+        e.launches.push_back(std::move(l));
+    } catch (const NotSupported& err) {
+      if (!opt.partial) throw;
+      e.unlowered.emplace_back(static_cast<int>(i), err.what());
+    }
+  }
   return e;
 }
 

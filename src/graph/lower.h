@@ -49,10 +49,13 @@ struct Executable {
   MemoryPlan plan;
   std::vector<Launch> launches;
   std::string arch;
+  // With CompileOptions::partial: the groups not lowered, and why.
+  std::vector<std::pair<int, std::string>> unlowered;
 };
 
 struct CompileOptions {
-  int cores = 0;  // NeuronCores each kernel uses (0: all of the chip's)
+  int cores = 0;         // NeuronCores each kernel uses (0: all of the chip's)
+  bool partial = false;  // lower what can be (for estimates); the rest into `unlowered`
 };
 
 // Throws NotSupported for a group it cannot lower yet, naming the op and
