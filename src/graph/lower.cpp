@@ -1,7 +1,9 @@
 #include "graph/lower.h"
 
 #include <algorithm>
+#include <map>
 #include <optional>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -65,6 +67,10 @@ class Lowerer {
     const Op first = node(nodes[0]).op;
     if (first == Op::cross_entropy || first == Op::cross_entropy_backward) {
       return cross_entropy(nodes, l);
+    } else if (nodes.size() == 1 &&
+               (first == Op::transpose || first == Op::slice || first == Op::pad ||
+                first == Op::concat || first == Op::broadcast)) {
+      layout(nodes[0], l);
     } else if (nodes.size() == 1 && first == Op::sum) {
       sum(nodes[0], l);
     } else if (k.kernel == "matmul") {
@@ -117,6 +123,137 @@ class Lowerer {
     return out;
   }
   int out_of(int n) const { return out(n); }
+
+  // Shape ops as row copies (kernel::layout_copy_kernel): for every output
+  // row (a multi-index over the leading dims), the input segments it takes;
+  // rows whose segments continue at a constant input stride merge into one
+  // run.
+  void layout(int n, Launch& l) {
+    const Node& N = node(n);
+    const Shape& os = val(out(n)).shape;
+    const std::size_t r = os.size();
+    const std::int64_t C = os.back(), R = elements(os) / C;
+    std::vector<std::vector<std::int64_t>> st;  // row-major strides of each input
+    for (int v : N.inputs) {
+      const Shape& is = val(v).shape;
+      std::vector<std::int64_t> t(is.size(), 1);
+      for (std::size_t i = is.size(); i-- > 1;) t[i - 1] = t[i] * is[i];
+      st.push_back(t);
+    }
+    const auto axis = [&](std::int64_t a) {
+      return static_cast<std::size_t>((a + static_cast<std::int64_t>(r)) %
+                                      static_cast<std::int64_t>(r));
+    };
+    struct Seg {
+      int input;
+      std::int64_t in0, col0, len;
+    };
+    // The segments of output row `o` (its leading multi-index).
+    auto segments = [&](const std::vector<std::int64_t>& o, std::vector<Seg>& out_segs) {
+      out_segs.clear();
+      const Shape& is0 = val(N.inputs[0]).shape;
+      switch (N.op) {
+        case Op::transpose: {
+          const auto perm = attr_ints(N.attrs, "perm");
+          if (perm.back() != static_cast<std::int64_t>(r - 1))
+            unsupported(n, "a transpose that moves the last dim");
+          std::int64_t at = 0;
+          for (std::size_t k = 0; k + 1 < r; ++k)
+            at += o[k] * st[0][static_cast<std::size_t>(perm[k])];
+          out_segs.push_back({0, at, 0, C});
+          return;
+        }
+        case Op::slice:
+        case Op::pad: {
+          const std::size_t a = axis(attr_int(N.attrs, "axis", 0));
+          const std::int64_t shift =
+              N.op == Op::slice ? attr_int(N.attrs, "start", 0) : -attr_int(N.attrs, "before", 0);
+          std::int64_t at = 0;
+          for (std::size_t k = 0; k + 1 < r; ++k) {
+            const std::int64_t i = o[k] + (k == a ? shift : 0);
+            if (i < 0 || i >= is0[k]) return;  // a pad row: zeros
+            at += i * st[0][k];
+          }
+          if (a == r - 1) {
+            if (N.op == Op::slice)
+              out_segs.push_back({0, at + shift, 0, C});
+            else
+              out_segs.push_back({0, at, -shift, is0.back()});
+          } else {
+            out_segs.push_back({0, at, 0, C});
+          }
+          return;
+        }
+        case Op::concat: {
+          const std::size_t a = axis(attr_int(N.attrs, "axis", 0));
+          std::int64_t base = 0;
+          for (std::size_t k = 0; k < N.inputs.size(); ++k) {
+            const Shape& is = val(N.inputs[k]).shape;
+            if (a == r - 1) {
+              std::int64_t at = 0;
+              for (std::size_t d = 0; d + 1 < r; ++d) at += o[d] * st[k][d];
+              out_segs.push_back({static_cast<int>(k), at, base, is.back()});
+            } else if (o[a] >= base && o[a] < base + is[a]) {
+              std::int64_t at = 0;
+              for (std::size_t d = 0; d + 1 < r; ++d)
+                at += (d == a ? o[d] - base : o[d]) * st[k][d];
+              out_segs.push_back({static_cast<int>(k), at, 0, C});
+            }
+            base += is[a];
+          }
+          return;
+        }
+        default: {  // broadcast: the input aligned to the right, dims of 1 repeat
+          const std::size_t off = r - is0.size();
+          if (is0.back() != C) unsupported(n, "a broadcast of the last dim");
+          std::int64_t at = 0;
+          for (std::size_t k = off; k + 1 < r; ++k)
+            if (is0[k - off] != 1) at += o[k] * st[0][k - off];
+          out_segs.push_back({0, at, 0, C});
+          return;
+        }
+      }
+    };
+    kernel::LayoutCopySpec s;
+    s.rows = R, s.cols = C, s.dtype = val(out(n)).dtype, s.cores = cores_;
+    for (int v : N.inputs) {
+      s.input_elements.push_back(elements(val(v).shape));
+      l.inputs.emplace_back(fmt::format("in{}", l.inputs.size()), v);
+    }
+    std::vector<std::int64_t> o(r - 1, 0);
+    std::vector<Seg> segs;
+    // Open runs by (input, col0, len): extended while the stride holds.
+    std::map<std::tuple<int, std::int64_t, std::int64_t>, std::size_t> open;
+    for (std::int64_t row = 0; row < R; ++row) {
+      segments(o, segs);
+      std::map<std::tuple<int, std::int64_t, std::int64_t>, std::size_t> next;
+      for (const Seg& g : segs) {
+        const auto key = std::make_tuple(g.input, g.col0, g.len);
+        const auto it = open.find(key);
+        if (it != open.end()) {
+          kernel::CopyRun& run = s.runs[it->second];
+          const std::int64_t stride = g.in0 - (run.in0 + (run.rows - 1) * run.in_stride);
+          if (run.out_row0 + run.rows == row && (run.rows == 1 || stride == run.in_stride) &&
+              stride >= 0) {
+            if (run.rows == 1) run.in_stride = stride;
+            ++run.rows;
+            next[key] = it->second;
+            continue;
+          }
+        }
+        s.runs.push_back({g.input, row, 1, g.in0, 0, g.col0, g.len});
+        next[key] = s.runs.size() - 1;
+      }
+      open = std::move(next);
+      for (std::size_t k = o.size(); k-- > 0;) {  // next leading multi-index
+        if (++o[k] < os[k]) break;
+        o[k] = 0;
+      }
+    }
+    l.outputs = {{"out", out(n)}};
+    l.detail = fmt::format("{} runs", s.runs.size());
+    l.program = kernel::layout_copy_kernel(chip_, s);
+  }
 
   // Sums over the leading axes: ones[1, R] @ x[R, N] on the Tensor engine;
   // over all axes (fp32): the reduce kernel.

@@ -361,6 +361,26 @@ isa::Program mx_dequantize_kernel(const arch::ChipSpec& chip, const MxDequantize
 isa::Program add_kernel(const arch::ChipSpec& chip, std::int64_t rows, std::int64_t cols,
                         isa::DType dt);
 
+// Data movement for shape ops (transposes that keep the last dim, slices,
+// pads, concatenation, broadcasts): "out" [rows, cols] (dtype) assembled by
+// DMA through SBUF from inputs "in0", "in1", ... (flat, dtype), row by row:
+// each run gives `rows` consecutive output rows from out_row0, taking
+// `len` elements of input `input` at element in0 + i * in_stride (row i of
+// the run) into output columns [col0, col0 + len); what no run covers is
+// zero. Runs move in chunks of up to 128 rows (one DMA in, one out).
+struct CopyRun {
+  int input = 0;
+  std::int64_t out_row0 = 0, rows = 1, in0 = 0, in_stride = 0, col0 = 0, len = 0;
+};
+struct LayoutCopySpec {
+  std::vector<std::int64_t> input_elements;  // size of each input
+  std::int64_t rows = 1, cols = 1;
+  isa::DType dtype = isa::DType::bf16;
+  std::vector<CopyRun> runs;
+  int cores = 1;
+};
+isa::Program layout_copy_kernel(const arch::ChipSpec& chip, const LayoutCopySpec& spec);
+
 // out[C, R] = in[R, C]^T through the Tensor engine, 128 x 128 blocks.
 isa::Program transpose_kernel(const arch::ChipSpec& chip, std::int64_t rows, std::int64_t cols,
                               isa::DType dt);

@@ -117,6 +117,46 @@ TEST(Runtime, MlpTrainingStepMatchesTheInterpreter) {
   }
 }
 
+// Shape ops as DMA row copies: exact, since no value changes.
+TEST(Runtime, ShapeOpsMoveDataExactly) {
+  const arch::ChipSpec chip = arch::load_chip("trn3");
+  Graph g("shapes");
+  const std::int64_t B = 2, S = 150, H = 3, D = 8;
+  const int qkv = g.input("qkv", {B, S, 3 * H * D}, DType::bf16);
+  const int pos = g.input("pos", {S, H * D}, DType::bf16);
+  const int q = g.slice(qkv, 2, H * D, 2 * H * D);                          // [B, S, H*D]
+  const int heads = g.transpose(g.reshape(q, {B, S, H, D}), {0, 2, 1, 3});  // [B, H, S, D]
+  const int rows = g.slice(heads, 2, 7, 140);                               // leading-axis slice
+  const int padded =
+      g.add1(Op::pad, {q},
+             {{"axis", std::int64_t{2}}, {"before", std::int64_t{3}}, {"after", std::int64_t{5}}});
+  const int padrows =
+      g.add1(Op::pad, {pos},
+             {{"axis", std::int64_t{0}}, {"before", std::int64_t{2}}, {"after", std::int64_t{1}}});
+  const int cat = g.concat({q, g.broadcast(pos, {B, S, H * D})}, 2);
+  const int cat0 = g.concat({pos, pos}, 0);
+  for (int o : {heads, rows, padded, padrows, cat, cat0}) g.mark_output(o);
+  const Executable exe = compile(g, chip, {2});
+  std::mt19937 rng(9);
+  std::map<std::string, std::vector<float>> feeds{
+      {"qkv", bf16_normal(B * S * 3 * H * D, rng, 1.0f)},
+      {"pos", bf16_normal(S * H * D, rng, 1.0f)}};
+  runtime::Device dev(chip);
+  const runtime::StepResult r = dev.run(exe, feeds);
+  std::map<std::string, HostData> hf;
+  for (const auto& [k, v] : feeds) hf[k] = HostData(v.begin(), v.end());
+  const auto want = evaluate(g, hf);
+  for (int o : {heads, rows, padded, padrows, cat, cat0}) {
+    SCOPED_TRACE(g.value(o).name);
+    const auto& got = r.outputs.at(g.value(o).name);
+    const auto& w = want[static_cast<std::size_t>(o)];
+    ASSERT_EQ(got.size(), w.size());
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < w.size(); ++i) bad += got[i] != w[i];
+    EXPECT_EQ(bad, 0u);
+  }
+}
+
 TEST(Runtime, SaysWhatItCannotLowerYet) {
   const arch::ChipSpec chip = arch::load_chip("trn3");
   Graph g("att");
