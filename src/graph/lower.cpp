@@ -1,6 +1,7 @@
 #include "graph/lower.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <optional>
 #include <tuple>
@@ -67,6 +68,27 @@ class Lowerer {
     const Op first = node(nodes[0]).op;
     if (first == Op::cross_entropy || first == Op::cross_entropy_backward) {
       return cross_entropy(nodes, l);
+    } else if (nodes.size() == 1 && (first == Op::attention || first == Op::attention_backward)) {
+      return attention(nodes[0], l);
+    } else if (nodes.size() == 1 && (first == Op::embedding || first == Op::embedding_backward)) {
+      return embedding(nodes[0], l);
+    } else if (nodes.size() == 1 &&
+               (first == Op::rmsnorm_backward || first == Op::layernorm_backward)) {
+      return norm_backward(nodes[0], l);
+    } else if (nodes.size() == 1 && first == Op::rope) {
+      rope(nodes[0], l);
+    } else if (nodes.size() == 1 && first == Op::transpose && swaps_last(nodes[0])) {
+      const Shape& is = val(node(nodes[0]).inputs[0]).shape;
+      const std::size_t r = is.size();
+      return {transpose_launch(l, node(nodes[0]).inputs[0], {}, {}, out(nodes[0]),
+                               elements(is) / (is[r - 1] * is[r - 2]), is[r - 2], is[r - 1],
+                               val(out(nodes[0])).dtype)};
+    } else if (k.kernel == "elementwise" && nodes.size() > 1) {
+      chain(nodes, l);
+    } else if (nodes.size() == 1 && (first == Op::add || first == Op::sub || first == Op::mul) &&
+               (val(node(nodes[0]).inputs[0]).shape != val(out(nodes[0])).shape ||
+                val(node(nodes[0]).inputs[1]).shape != val(out(nodes[0])).shape)) {
+      return broadcast_elementwise(nodes[0], l);
     } else if (nodes.size() == 1 &&
                (first == Op::transpose || first == Op::slice || first == Op::pad ||
                 first == Op::concat || first == Op::broadcast)) {
@@ -107,22 +129,335 @@ class Lowerer {
       out[0].inputs.push_back({"dloss", node(bwd).inputs[0], {}});
     else
       out[0].constants = {{"dloss", 1.0f}};
-    out[0].outputs = {{"grad_scale", -1, "gs"}, {"inv_valid", -1, "inv"}};
+    const std::string gs = tmp(base, "gs"), inv = tmp(base, "inv"), lt = tmp(base, "loss");
+    out[0].outputs = {{"grad_scale", -1, gs}, {"inv_valid", -1, inv}};
     kernel::CrossEntropySpec s;
     s.rows = rows, s.vocab = vocab, s.dtype = val(logits).dtype, s.cores = cores_;
     s.grad_scale_input = true;
     out[1].program = kernel::cross_entropy_kernel(chip_, s);
-    out[1].inputs = {{"logits", logits, {}}, {"targets", targets, {}}, {"grad_scale", -1, "gs"}};
-    out[1].outputs = {{"loss", -1, "loss"}};
+    out[1].inputs = {{"logits", logits, {}}, {"targets", targets, {}}, {"grad_scale", -1, gs}};
+    out[1].outputs = {{"loss", -1, lt}};
     if (bwd >= 0) out[1].outputs.push_back({"dlogits", out_of(bwd), {}});
     if (fwd >= 0) {
       out[2].program = kernel::cross_entropy_mean_kernel(chip_, rows);
-      out[2].inputs = {{"loss", -1, "loss"}, {"inv_valid", -1, "inv"}};
+      out[2].inputs = {{"loss", -1, lt}, {"inv_valid", -1, inv}};
       out[2].outputs = {{"mean", out_of(fwd), {}}};
     }
     return out;
   }
   int out_of(int n) const { return out(n); }
+  static std::string tmp(const Launch& l, const std::string& name) {
+    return fmt::format("g{}.{}", l.group, name);
+  }
+  static std::string stat(int norm_node, const char* what) {
+    return fmt::format("norm{}.{}", norm_node, what);
+  }
+
+  // Attention: the kernels read q and k as [B, H, D, S] (NKI's layout), so
+  // both go through batched Tensor-engine transposes first; the backward
+  // transposes dq and dk back.
+  Launch transpose_launch(const Launch& base, int value, const std::string& in_temp,
+                          const std::string& out_temp, int out_value, std::int64_t batch,
+                          std::int64_t rows, std::int64_t cols, DType dt) {
+    Launch l = base;
+    l.kernel = "transpose", l.detail = fmt::format("{} x [{}, {}]", batch, rows, cols);
+    l.program = kernel::transpose_kernel(chip_, rows, cols, dt, batch, cores_);
+    l.inputs = {{"in", value, in_temp}};
+    l.outputs = {{"out", out_value, out_temp}};
+    return l;
+  }
+  kernel::AttentionSpec attention_spec(const Node& n, int q, int k) const {
+    const Shape &qs = val(q).shape, &ks = val(k).shape;
+    kernel::AttentionSpec s;
+    s.batch = qs[0], s.q_heads = qs[1], s.kv_heads = ks[1], s.seq_q = qs[2], s.seq_k = ks[2];
+    s.head_dim = qs[3], s.causal = attr_int(n.attrs, "causal", 1) != 0;
+    s.scale = static_cast<float>(
+        attr_real(n.attrs, "scale", 1.0 / std::sqrt(static_cast<double>(qs[3]))));
+    s.dtype = val(q).dtype, s.cores = cores_;
+    return s;
+  }
+  std::vector<Launch> attention(int n, const Launch& base) {
+    const Node& N = node(n);
+    const bool bwd = N.op == Op::attention_backward;
+    const int q = N.inputs[bwd ? 1 : 0], k = N.inputs[bwd ? 2 : 1], v = N.inputs[bwd ? 3 : 2];
+    const Shape &qs = val(q).shape, &ks = val(k).shape;
+    const kernel::AttentionSpec s = attention_spec(N, q, k);
+    const DType dt = val(q).dtype;
+    std::vector<Launch> ls;
+    const std::string qt = tmp(base, "qT"), kt = tmp(base, "kT");
+    ls.push_back(transpose_launch(base, q, {}, qt, -1, qs[0] * qs[1], qs[2], qs[3], dt));
+    ls.push_back(transpose_launch(base, k, {}, kt, -1, ks[0] * ks[1], ks[2], ks[3], dt));
+    Launch l = base;
+    if (!bwd) {
+      l.program = kernel::flash_attention_kernel(chip_, s);
+      l.inputs = {{"q", -1, qt}, {"k", -1, kt}, {"v", v}};
+      l.outputs = {{"o", N.outputs[0]}, {"lse", N.outputs[1]}};
+      ls.push_back(std::move(l));
+      return ls;
+    }
+    const std::string dqt = tmp(base, "dqT"), dkt = tmp(base, "dkT");
+    l.program = kernel::flash_attention_backward_kernel(chip_, s);
+    l.inputs = {{"q", -1, qt},      {"k", -1, kt},       {"v", v},
+                {"o", N.inputs[4]}, {"do", N.inputs[0]}, {"lse", N.inputs[5]}};
+    l.outputs = {{"dq", -1, dqt}, {"dk", -1, dkt}, {"dv", N.outputs[2]}};
+    ls.push_back(std::move(l));
+    ls.push_back(
+        transpose_launch(base, -1, dqt, {}, N.outputs[0], qs[0] * qs[1], qs[3], qs[2], dt));
+    ls.push_back(
+        transpose_launch(base, -1, dkt, {}, N.outputs[1], ks[0] * ks[1], ks[3], ks[2], dt));
+    return ls;
+  }
+
+  void rope(int n, Launch& l) {
+    const Node& N = node(n);
+    const Shape& xs = val(N.inputs[0]).shape;
+    kernel::RopeSpec s;
+    s.batch = xs[0], s.heads = xs[1], s.seq = xs[2], s.head_dim = xs[3];
+    s.dtype = val(N.inputs[0]).dtype, s.backward = attr_int(N.attrs, "inverse", 0) != 0;
+    s.cores = cores_;
+    if (val(N.inputs[1]).dtype != DType::fp32 || val(N.inputs[2]).dtype != DType::fp32)
+      unsupported(n, "cos / sin tables other than float32");
+    l.program = kernel::rope_kernel(chip_, s);
+    l.inputs = {{"x", N.inputs[0]}, {"cos", N.inputs[1]}, {"sin", N.inputs[2]}};
+    l.outputs = {{"y", out(n)}};
+  }
+
+  // A cast of a temporary into a value (kernel::cast_kernel, unscaled).
+  Launch cast_launch(const Launch& base, const std::string& in_temp, int value, std::int64_t rows,
+                     std::int64_t cols, DType from) {
+    Launch l = base;
+    kernel::CastSpec c;
+    c.rows = rows, c.cols = cols, c.in = from, c.out = val(value).dtype, c.scaled = false;
+    c.amax = false, c.cores = cores_;
+    l.kernel = "cast", l.detail = fmt::format("{} -> {}", isa::name(from), isa::name(c.out));
+    l.program = kernel::cast_kernel(chip_, c);
+    l.inputs = {{"x", -1, in_temp}};
+    l.outputs = {{"y", value}};
+    return l;
+  }
+
+  std::vector<Launch> embedding(int n, const Launch& base) {
+    const Node& N = node(n);
+    Launch l = base;
+    kernel::EmbeddingSpec s;
+    s.cores = cores_;
+    if (N.op == Op::embedding) {
+      const Shape& ts = val(N.inputs[0]).shape;
+      s.vocab = ts[0], s.dim = ts[1], s.tokens = elements(val(N.inputs[1]).shape);
+      s.dtype = val(N.inputs[0]).dtype;
+      l.program = kernel::embedding_kernel(chip_, s);
+      l.inputs = {{"ids", N.inputs[1]}, {"table", N.inputs[0]}};
+      l.outputs = {{"out", out(n)}};
+      return {l};
+    }
+    const Shape& os = val(out(n)).shape;
+    s.vocab = os[0], s.dim = os[1], s.tokens = elements(val(N.inputs[1]).shape);
+    s.dtype = val(N.inputs[0]).dtype;
+    l.program = kernel::embedding_backward_kernel(chip_, s);
+    l.inputs = {{"ids", N.inputs[1]}, {"dout", N.inputs[0]}};
+    if (val(out(n)).dtype == DType::fp32) {
+      l.outputs = {{"dtable", out(n)}};
+      return {l};
+    }
+    const std::string t = tmp(base, "dtable");
+    l.outputs = {{"dtable", -1, t}};
+    return {l, cast_launch(base, t, out(n), os[0], os[1], DType::fp32)};
+  }
+
+  // Norm backward: the kernel reads the forward's statistics (kept by the
+  // forward launch) and gives per-core partial parameter gradients, summed
+  // by ones @ parts on the Tensor engine.
+  std::vector<Launch> norm_backward(int n, const Launch& base) {
+    const Node& N = node(n);
+    const bool ln = N.op == Op::layernorm_backward;
+    int fwd = -1;
+    for (std::size_t i = 0; i < g_.nodes().size(); ++i) {
+      const Node& f = g_.nodes()[i];
+      if (f.op == (ln ? Op::layernorm : Op::rmsnorm) && f.inputs[0] == N.inputs[1] &&
+          f.inputs[1] == N.inputs[2])
+        fwd = static_cast<int>(i);
+    }
+    if (fwd < 0) unsupported(n, "without its forward norm in the graph (its statistics)");
+    const auto [rows, dim] = rows_cols(N.inputs[1]);
+    kernel::RmsNormSpec s;
+    s.rows = rows, s.dim = dim, s.cores = cores_, s.dtype = val(N.inputs[1]).dtype;
+    s.eps = static_cast<float>(attr_real(N.attrs, "eps", ln ? 1e-5 : 1e-6));
+    Launch l = base;
+    l.program = ln ? kernel::layernorm_backward_kernel(chip_, s)
+                   : kernel::rmsnorm_backward_kernel(chip_, s);
+    l.inputs = {{"dy", N.inputs[0]},
+                {"h", N.inputs[1]},
+                {"gamma", N.inputs[2]},
+                {"rstd", -1, stat(fwd, "rstd")}};
+    if (ln) l.inputs.emplace_back("mean", -1, stat(fwd, "mean"));
+    const std::string dg = tmp(base, "dgamma"), db = tmp(base, "dbeta");
+    l.outputs = {{"dh", N.outputs[0]}, {"dgamma_parts", -1, dg}};
+    if (ln) l.outputs.emplace_back("dbeta_parts", -1, db);
+    std::vector<Launch> ls{l};
+    auto colsum = [&](const std::string& parts, int value) {
+      Launch c = base;
+      kernel::MatmulSpec m;
+      m.m = 1, m.n = dim, m.k = cores_, m.in = DType::fp32, m.out = val(value).dtype;
+      m.trans_a = true, m.trans_b = false, m.cores = 1;
+      c.kernel = "matmul", c.detail = "sum of per-core partials";
+      c.program = kernel::matmul_kernel(chip_, m);
+      c.constants = {{"at", 1.0f}};
+      c.inputs = {{"b", -1, parts}};
+      c.outputs = {{"c", value}};
+      ls.push_back(std::move(c));
+    };
+    colsum(dg, N.outputs[1]);
+    if (ln) colsum(db, N.outputs[2]);
+    return ls;
+  }
+
+  bool swaps_last(int n) const {
+    const auto p = attr_ints(node(n).attrs, "perm");
+    const std::size_t r = p.size();
+    if (r < 2) return false;
+    for (std::size_t i = 0; i + 2 < r; ++i)
+      if (p[i] != static_cast<std::int64_t>(i)) return false;
+    return p[r - 2] == static_cast<std::int64_t>(r - 1) &&
+           p[r - 1] == static_cast<std::int64_t>(r - 2);
+  }
+
+  // add / sub / mul with a broadcast operand: the operand is first copied to
+  // the full shape (a layout copy into a temporary), then one pass.
+  std::vector<Launch> broadcast_elementwise(int n, const Launch& base) {
+    const Node& N = node(n);
+    const Shape& os = val(out(n)).shape;
+    Launch e = base;
+    elementwise_with(n, e, true);
+    std::vector<Launch> ls;
+    for (std::size_t i = 0; i < 2; ++i) {
+      if (val(N.inputs[i]).shape == os) continue;
+      const std::string t = tmp(base, fmt::format("bcast{}", i));
+      Launch c = base;
+      c.kernel = "copy", c.detail = "broadcast";
+      c.program = kernel::layout_copy_kernel(chip_, broadcast_spec(N.inputs[i], os));
+      c.inputs = {{"in0", N.inputs[i]}};
+      c.outputs = {{"out", -1, t}};
+      ls.push_back(std::move(c));
+      e.inputs[i] = Binding(e.inputs[i].tensor, -1, t);
+    }
+    ls.push_back(std::move(e));
+    return ls;
+  }
+  kernel::LayoutCopySpec broadcast_spec(int v, const Shape& os) const {
+    const Shape& is = val(v).shape;
+    const std::size_t r = os.size(), off = r - is.size();
+    const std::int64_t C = os.back();
+    if (is.empty() || is.back() != C)
+      throw NotSupported(fmt::format("lowering a broadcast of %{} {} to {} along the last dim",
+                                     val(v).name, shape_string(is), shape_string(os)));
+    std::vector<std::int64_t> st(is.size(), 1);
+    for (std::size_t i = is.size(); i-- > 1;) st[i - 1] = st[i] * is[i];
+    kernel::LayoutCopySpec s;
+    s.rows = elements(os) / C, s.cols = C, s.dtype = val(v).dtype, s.cores = cores_;
+    s.input_elements = {elements(is)};
+    std::vector<std::int64_t> o(r - 1, 0);
+    for (std::int64_t row = 0; row < s.rows; ++row) {
+      std::int64_t at = 0;
+      for (std::size_t k = off; k + 1 < r; ++k)
+        if (is[k - off] != 1) at += o[k] * st[k - off];
+      kernel::CopyRun* last = s.runs.empty() ? nullptr : &s.runs.back();
+      if (last && last->out_row0 + last->rows == row &&
+          (last->rows == 1 ||
+           at - (last->in0 + (last->rows - 1) * last->in_stride) == last->in_stride) &&
+          at >= last->in0 + (last->rows - 1) * last->in_stride) {
+        if (last->rows == 1) last->in_stride = at - last->in0;
+        ++last->rows;
+      } else {
+        s.runs.push_back({0, row, 1, at, 0, 0, C});
+      }
+      for (std::size_t k = o.size(); k-- > 0;) {
+        if (++o[k] < os[k]) break;
+        o[k] = 0;
+      }
+    }
+    return s;
+  }
+
+  // A fused elementwise chain: one pass of elementwise_chain_kernel. The
+  // running value enters each op as its first operand (sub with the running
+  // value second becomes scale -1, add).
+  void chain(const std::vector<int>& nodes, Launch& l) {
+    kernel::ElementwiseChainSpec s;
+    const int first = nodes[0];
+    const Shape& os = val(out(first)).shape;
+    const auto [rows, cols] = rows_cols(out(first));
+    s.rows = rows, s.cols = cols, s.cores = cores_;
+    std::vector<int> inputs;
+    auto input = [&](int v) {
+      if (val(v).shape != os) unsupported(first, "a chain with a broadcast operand");
+      if (std::find(nodes.begin(), nodes.end(), val(v).node) != nodes.end())
+        unsupported(first, "a chain that reads one of its own results twice");
+      for (std::size_t i = 0; i < inputs.size(); ++i)
+        if (inputs[i] == v) return static_cast<int>(i);
+      inputs.push_back(v);
+      return static_cast<int>(inputs.size() - 1);
+    };
+    int running = -1;
+    for (int n : nodes) {
+      const Node& N = node(n);
+      if (running < 0) {  // the first op: its first operand is the start value
+        input(N.inputs[0]);
+        s.dtype = val(N.inputs[0]).dtype;
+        running = N.inputs[0];
+        if (N.op == Op::act_backward) unsupported(n, "a chain starting with act_backward");
+      }
+      const bool first_op = n == first;
+      const int other = N.inputs.size() > 1 ? (N.inputs[0] == running && !first_op ? N.inputs[1]
+                                               : first_op                          ? N.inputs[1]
+                                                                                   : N.inputs[0])
+                                            : -1;
+      switch (N.op) {
+        case Op::add:
+        case Op::mul:
+          s.steps.push_back(
+              {N.op == Op::add ? kernel::ElementwiseOp::add : kernel::ElementwiseOp::mul,
+               input(other), 1.0f});
+          break;
+        case Op::sub:
+          if (first_op || N.inputs[0] == running) {
+            s.steps.push_back({kernel::ElementwiseOp::sub, input(N.inputs[1]), 1.0f});
+          } else {
+            s.steps.push_back({kernel::ElementwiseOp::scale, 0, -1.0f});
+            s.steps.push_back({kernel::ElementwiseOp::add, input(N.inputs[0]), 1.0f});
+          }
+          break;
+        case Op::scale:
+          s.steps.push_back({kernel::ElementwiseOp::scale, 0,
+                             static_cast<float>(attr_real(N.attrs, "value", 1.0))});
+          break;
+        case Op::act_backward:
+          if (N.inputs[0] != running) unsupported(n, "act_backward with the running value as x");
+          s.steps.push_back(
+              {kernel::parse_elementwise_op(attr_string(N.attrs, "func", "") + "_backward"),
+               input(N.inputs[1]), 1.0f});
+          break;
+        case Op::cast:
+          break;  // the output dtype
+        default:
+          if (act_func(N.op) == isa::ActFunc::identity) unsupported(n, "in an elementwise chain");
+          s.steps.push_back({kernel::parse_elementwise_op(std::string(op_name(N.op))), 0, 1.0f});
+          break;
+      }
+      running = out(n);
+    }
+    if (s.steps.empty()) unsupported(first, "a chain of casts");
+    s.out = val(running).dtype;
+    s.inputs = static_cast<int>(inputs.size());
+    if (s.inputs == 1 &&
+        std::any_of(s.steps.begin(), s.steps.end(),
+                    [](const kernel::ChainStep& st) { return !kernel::is_unary(st.op); }))
+      unsupported(first, "a chain whose binary ops read the running value twice");
+    for (std::size_t i = 0; i < inputs.size(); ++i)
+      l.inputs.emplace_back(fmt::format("in{}", i), inputs[i]);
+    l.outputs = {{"out", running}};
+    l.detail = fmt::format("{} ops in one pass", nodes.size());
+    l.program = kernel::elementwise_chain_kernel(chip_, s);
+  }
 
   // Shape ops as row copies (kernel::layout_copy_kernel): for every output
   // row (a multi-index over the leading dims), the input segments it takes;
@@ -272,10 +607,17 @@ class Lowerer {
       l.outputs = {{"out", out(n), {}}};
       return;
     }
-    if (os.size() != 1 || xs.back() != os[0])
-      unsupported(n, "a sum other than over the leading axes or all");
+    // The reduced axes must be a leading prefix: then x is [R, rest] row-major.
+    std::vector<std::int64_t> axes = attr_ints(N.attrs, "axes");
+    for (std::int64_t& a : axes)
+      if (a < 0) a += static_cast<std::int64_t>(xs.size());
+    std::sort(axes.begin(), axes.end());
+    for (std::size_t i = 0; i < axes.size(); ++i)
+      if (axes[i] != static_cast<std::int64_t>(i))
+        unsupported(n, "a sum other than over the leading axes or all");
+    const std::int64_t rest = elements(os);
     kernel::MatmulSpec s;
-    s.m = 1, s.n = os[0], s.k = elements(xs) / os[0], s.in = val(N.inputs[0]).dtype, s.out = dt;
+    s.m = 1, s.n = rest, s.k = elements(xs) / rest, s.in = val(N.inputs[0]).dtype, s.out = dt;
     s.trans_a = true, s.trans_b = false, s.cores = 1;
     l.program = kernel::matmul_kernel(chip_, s);
     l.constants = {{"at", 1.0f}};
@@ -362,6 +704,8 @@ class Lowerer {
     const int y = cast >= 0 ? out(cast) : out(nn);
     if (cast >= 0) s.out = val(y).dtype;
     l.outputs.push_back({"y", y});
+    l.outputs.emplace_back("rstd", -1, stat(nn, "rstd"));  // for the backward
+    if (N.op == Op::layernorm) l.outputs.emplace_back("mean", -1, stat(nn, "mean"));
     l.program =
         N.op == Op::rmsnorm ? kernel::rmsnorm_kernel(chip_, s) : kernel::layernorm_kernel(chip_, s);
   }
@@ -382,13 +726,15 @@ class Lowerer {
     }
   }
 
-  void elementwise(int n, Launch& l) {
+  void elementwise(int n, Launch& l) { elementwise_with(n, l, false); }
+  void elementwise_with(int n, Launch& l, bool broadcast_ok) {
     const Node& N = node(n);
     const auto [rows, cols] = rows_cols(out(n));
     kernel::ElementwiseSpec s;
     s.rows = rows, s.cols = cols, s.dtype = val(out(n)).dtype, s.cores = cores_;
     for (int v : N.inputs)
-      if (val(v).shape != val(out(n)).shape) unsupported(n, "broadcasting operands");
+      if (!broadcast_ok && val(v).shape != val(out(n)).shape)
+        unsupported(n, "broadcasting operands");
     switch (N.op) {
       case Op::add:
       case Op::sub:

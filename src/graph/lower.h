@@ -31,7 +31,8 @@ struct Binding {
       : tensor(std::move(t)), value(v), temp(std::move(tmp)) {}
   std::string tensor;  // the kernel's HBM tensor
   int value = -1;      // the graph value whose bytes it is, or
-  std::string temp;    // (value -1) a buffer that the launches of one group share
+  std::string temp;    // (value -1) a named buffer one launch writes and later ones read
+                       // within a step (a group's partial results, a norm's statistics)
 };
 
 struct Launch {

@@ -46,30 +46,38 @@ isa::Program add_kernel(const arch::ChipSpec& chip, std::int64_t rows, std::int6
 }
 
 isa::Program transpose_kernel(const arch::ChipSpec& chip, std::int64_t rows, std::int64_t cols,
-                              DType dt) {
-  if (rows < 1 || cols < 1)
-    throw Error(fmt::format("transpose: shape [{}, {}] must be >= 1", rows, cols));
+                              DType dt, std::int64_t batch, int cores) {
+  if (rows < 1 || cols < 1 || batch < 1)
+    throw Error(fmt::format("transpose: shape {} x [{}, {}] must be >= 1", batch, rows, cols));
+  if (cores < 1 || cores > chip.cores)
+    throw Error(fmt::format("transpose: cores must be 1..{}, got {}", chip.cores, cores));
   if (dt != DType::fp32 && dt != DType::bf16 && dt != DType::fp16) {
     throw NotSupported(fmt::format("transpose of {} (fp32, bf16, fp16 are)", isa::name(dt)));
   }
-  Builder b(chip);
-  const Tensor in = b.hbm("in", {rows, cols}, dt, isa::TensorKind::input);
-  const Tensor out = b.hbm("out", {cols, rows}, dt, isa::TensorKind::output);
+  Builder b(chip, cores);
+  const Tensor in = b.hbm("in", {batch * rows, cols}, dt, isa::TensorKind::input);
+  const Tensor out = b.hbm("out", {batch * cols, rows}, dt, isa::TensorKind::output);
   const std::int64_t T = std::min<std::int64_t>(chip.tensor.rows, chip.tensor.cols);
-  Tensor src[2] = {b.sbuf(static_cast<int>(T), T, dt), b.sbuf(static_cast<int>(T), T, dt)};
-  Tensor dst[2] = {b.sbuf(static_cast<int>(T), T, dt), b.sbuf(static_cast<int>(T), T, dt)};
-  Tensor ps[2] = {b.psum(static_cast<int>(T), T, DType::fp32),
-                  b.psum(static_cast<int>(T), T, DType::fp32)};
-  int i = 0;
-  for (std::int64_t r0 = 0; r0 < rows; r0 += T) {
-    const int tr = static_cast<int>(std::min(T, rows - r0));
-    for (std::int64_t c0 = 0; c0 < cols; c0 += T, i ^= 1) {
-      const int tc = static_cast<int>(std::min(T, cols - c0));
-      b.dma_copy(src[i].tile(0, tr, 0, tc), in.tile(static_cast<int>(r0), tr, c0, tc));
-      b.transpose(ps[i].tile(0, tc, 0, tr), src[i].tile(0, tr, 0, tc));
-      b.tensor_copy(dst[i].tile(0, tc, 0, tr), ps[i].tile(0, tc, 0, tr));
-      b.dma_copy(out.tile(static_cast<int>(c0), tc, r0, tr), dst[i].tile(0, tc, 0, tr));
-    }
+  for (int core = 0; core < cores; ++core) {
+    b.set_core(core);
+    Tensor src[2] = {b.sbuf(static_cast<int>(T), T, dt), b.sbuf(static_cast<int>(T), T, dt)};
+    Tensor dst[2] = {b.sbuf(static_cast<int>(T), T, dt), b.sbuf(static_cast<int>(T), T, dt)};
+    Tensor ps[2] = {b.psum(static_cast<int>(T), T, DType::fp32),
+                    b.psum(static_cast<int>(T), T, DType::fp32)};
+    int i = 0;
+    for (std::int64_t m = core; m < batch; m += cores)
+      for (std::int64_t r0 = 0; r0 < rows; r0 += T) {
+        const int tr = static_cast<int>(std::min(T, rows - r0));
+        for (std::int64_t c0 = 0; c0 < cols; c0 += T, i ^= 1) {
+          const int tc = static_cast<int>(std::min(T, cols - c0));
+          b.dma_copy(src[i].tile(0, tr, 0, tc),
+                     in.tile(static_cast<int>(m * rows + r0), tr, c0, tc));
+          b.transpose(ps[i].tile(0, tc, 0, tr), src[i].tile(0, tr, 0, tc));
+          b.tensor_copy(dst[i].tile(0, tc, 0, tr), ps[i].tile(0, tc, 0, tr));
+          b.dma_copy(out.tile(static_cast<int>(m * cols + c0), tc, r0, tr),
+                     dst[i].tile(0, tc, 0, tr));
+        }
+      }
   }
   return b.finish();
 }

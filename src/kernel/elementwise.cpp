@@ -158,6 +158,82 @@ isa::Program elementwise_kernel(const arch::ChipSpec& chip, const ElementwiseSpe
   return b.finish();
 }
 
+isa::Program elementwise_chain_kernel(const arch::ChipSpec& chip, const ElementwiseChainSpec& s) {
+  check_rows("elementwise_chain", s.rows, s.cols, s.dtype, s.cores);
+  if (s.inputs < 1 || s.steps.empty())
+    throw Error("elementwise_chain: needs at least one input and one step");
+  Builder b(chip, s.cores);
+  std::vector<Tensor> in;
+  for (int i = 0; i < s.inputs; ++i)
+    in.push_back(b.hbm(fmt::format("in{}", i), {s.rows, s.cols}, s.dtype, isa::TensorKind::input));
+  const Tensor out = b.hbm("out", {s.rows, s.cols}, s.out, isa::TensorKind::output);
+  for (const ChainStep& st : s.steps)
+    if (!is_unary(st.op) && (st.operand < 1 || st.operand >= s.inputs))
+      throw Error(fmt::format("elementwise_chain: step {} reads input {} of {}", to_string(st.op),
+                              st.operand, s.inputs));
+  const std::int64_t P = chip.sbuf_partitions, W = kWidth / 2;  // FP32 tiles
+  const auto work = units(s.rows, s.cols, P, W);
+  for (int core = 0; core < s.cores; ++core) {
+    b.set_core(core);
+    constexpr int kB = 2;
+    Tensor acc[kB], opnd[kB], tmp[kB], res[kB];
+    for (int i = 0; i < kB; ++i) {
+      acc[i] = b.sbuf(static_cast<int>(P), W, DType::fp32);
+      opnd[i] = b.sbuf(static_cast<int>(P), W, s.dtype);
+      tmp[i] = b.sbuf(static_cast<int>(P), W, DType::fp32);
+      res[i] = b.sbuf(static_cast<int>(P), W, s.out);
+    }
+    int i = 0;
+    for (std::size_t u = static_cast<std::size_t>(core); u < work.size();
+         u += static_cast<std::size_t>(s.cores), i = (i + 1) % kB) {
+      const Unit& w = work[u];
+      const Tensor a = acc[i].tile(0, w.n, 0, w.w), o = opnd[i].tile(0, w.n, 0, w.w);
+      const Tensor t = tmp[i].tile(0, w.n, 0, w.w);
+      b.dma_copy(a, in[0].tile(w.r0, w.n, w.c0, w.w));  // DMA casts to FP32
+      for (const ChainStep& st : s.steps) {
+        const isa::ActFunc f = activation_of(st.op);
+        if (!is_unary(st.op))
+          b.dma_copy(o, in[static_cast<std::size_t>(st.operand)].tile(w.r0, w.n, w.c0, w.w));
+        switch (st.op) {
+          case ElementwiseOp::add:
+          case ElementwiseOp::sub:
+          case ElementwiseOp::mul:
+            b.tensor_tensor(a, a, o,
+                            st.op == ElementwiseOp::add   ? AluOp::add
+                            : st.op == ElementwiseOp::sub ? AluOp::subtract
+                                                          : AluOp::multiply);
+            break;
+          case ElementwiseOp::scale:
+            b.tensor_scalar(a, a, AluOp::multiply, st.alpha, AluOp::bypass, 0.0f, Engine::gpsimd);
+            break;
+          case ElementwiseOp::gelu:
+          case ElementwiseOp::gelu_tanh:
+          case ElementwiseOp::silu:
+          case ElementwiseOp::relu:
+            b.activation(a, f, a);
+            break;
+          default: {  // backward: running value is dy, the operand x
+            if (f == isa::ActFunc::relu)
+              b.tensor_scalar(t, o, AluOp::is_gt, 0.0f, AluOp::bypass, 0.0f, Engine::scalar);
+            else
+              b.activation(t,
+                           f == isa::ActFunc::gelu        ? isa::ActFunc::gelu_dx
+                           : f == isa::ActFunc::gelu_tanh ? isa::ActFunc::gelu_tanh_dx
+                                                          : isa::ActFunc::silu_dx,
+                           o);
+            b.tensor_tensor(a, a, t, AluOp::multiply);
+            break;
+          }
+        }
+      }
+      const Tensor r = res[i].tile(0, w.n, 0, w.w);
+      b.tensor_copy(r, a, Engine::scalar);
+      b.dma_copy(out.tile(w.r0, w.n, w.c0, w.w), r, -1, false, Engine::scalar);
+    }
+  }
+  return b.finish();
+}
+
 isa::Program reduce_kernel(const arch::ChipSpec& chip, const ReduceSpec& s) {
   check_rows("reduce", s.rows, s.cols, s.dtype, s.cores);
   Builder b(chip, s.cores);

@@ -372,6 +372,24 @@ struct CopyRun {
   int input = 0;
   std::int64_t out_row0 = 0, rows = 1, in0 = 0, in_stride = 0, col0 = 0, len = 0;
 };
+// Elementwise chains in one pass: "out" = ops applied in order to "in0"
+// (FP32, rounded once to dtype at the end); each step is an op of
+// ElementwiseOp (binary ones take input `operand`, "in<operand>"; backward
+// ones take the running value as dy and input `operand` as x).
+struct ChainStep {
+  ElementwiseOp op = ElementwiseOp::add;
+  int operand = 1;
+  float alpha = 1.0f;
+};
+struct ElementwiseChainSpec {
+  std::int64_t rows = 1, cols = 1;
+  isa::DType dtype = isa::DType::bf16, out = isa::DType::bf16;
+  int inputs = 1;
+  std::vector<ChainStep> steps;
+  int cores = 1;
+};
+isa::Program elementwise_chain_kernel(const arch::ChipSpec& chip, const ElementwiseChainSpec& spec);
+
 struct LayoutCopySpec {
   std::vector<std::int64_t> input_elements;  // size of each input
   std::int64_t rows = 1, cols = 1;
@@ -382,8 +400,10 @@ struct LayoutCopySpec {
 isa::Program layout_copy_kernel(const arch::ChipSpec& chip, const LayoutCopySpec& spec);
 
 // out[C, R] = in[R, C]^T through the Tensor engine, 128 x 128 blocks.
+// With `batch`: `batch` matrices stacked, "in" [batch * rows, cols] ->
+// "out" [batch * cols, rows], the matrices dealt over `cores`.
 isa::Program transpose_kernel(const arch::ChipSpec& chip, std::int64_t rows, std::int64_t cols,
-                              isa::DType dt);
+                              isa::DType dt, std::int64_t batch = 1, int cores = 1);
 
 // Embedding lookup and its backward, on indirect DMA (dma_gather /
 // dma_scatter). Token ids are int32; dtype fp32, bf16 or fp16; any

@@ -68,11 +68,9 @@ StepResult Device::run(const graph::Executable& exe,
     }
   }
   StepResult r;
-  // Buffers the launches of one group share (by group and name).
+  // Buffers outside the graph's values that launches pass on (by name).
   std::map<std::string, std::vector<std::uint8_t>> temps;
-  auto temp_key = [](const graph::Launch& l, const graph::Binding& b) {
-    return fmt::format("{}.{}", l.group, b.temp);
-  };
+  auto temp_key = [](const graph::Launch&, const graph::Binding& b) { return b.temp; };
   for (const graph::Launch& l : exe.launches) {
     sim_.load(l.program);
     for (const auto& [tensor, value] : l.constants) {
