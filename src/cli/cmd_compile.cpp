@@ -110,10 +110,12 @@ void run(const Args& a) {
         std::fprintf(stderr, "\rsimulating kernel %zu of %zu", i + 1, exe.launches.size());
       s.load(l.program);
       const double ns = s.run(so).latency_ns;
+      // Launches of one group add up under the group's kernel.
+      const graph::KernelGroup& kg = exe.fusion.groups[static_cast<std::size_t>(l.group)];
       if (!est.empty() && est.back().group == l.group)
         est.back().ns += ns;
       else
-        est.push_back({l.group, l.kernel, l.detail, ns});
+        est.push_back({l.group, kg.kernel, l.detail.empty() ? kg.detail : l.detail, ns});
       est_total += ns;
     }
     if (a.progress && !a.json) std::fprintf(stderr, "\r%40s\r", "");

@@ -114,7 +114,10 @@ class Fuser {
             const Node& a = node(producer(y));
             if (y != d && is_act(a.op) && std::string(op_name(a.op)) == func &&
                 a.inputs[0] == n.inputs[1] && escapes_ok({m1, m2, ab})) {
-              make("glu_backward", func, {m1, m2, ab});
+              // The kernel recomputes act(gate): an act read only here joins.
+              std::vector<int> nodes{m1, m2, ab};
+              if (sole_user(y) == m2 && free(producer(y))) nodes.push_back(producer(y));
+              make("glu_backward", func, nodes);
               break;
             }
           }

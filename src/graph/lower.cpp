@@ -83,6 +83,8 @@ class Lowerer {
       return {transpose_launch(l, node(nodes[0]).inputs[0], {}, {}, out(nodes[0]),
                                elements(is) / (is[r - 1] * is[r - 2]), is[r - 2], is[r - 1],
                                val(out(nodes[0])).dtype)};
+    } else if (k.kernel == "glu" || k.kernel == "glu_backward") {
+      glu(nodes, l);
     } else if (k.kernel == "elementwise" && nodes.size() > 1) {
       chain(nodes, l);
     } else if (nodes.size() == 1 && (first == Op::add || first == Op::sub || first == Op::mul) &&
@@ -309,6 +311,48 @@ class Lowerer {
     colsum(dg, N.outputs[1]);
     if (ln) colsum(db, N.outputs[2]);
     return ls;
+  }
+
+  // GLU: act(gate) * up in one pass; its backward (the two muls and the
+  // act_backward) recomputes act(gate) from gate.
+  void glu(const std::vector<int>& nodes, Launch& l) {
+    int act = -1, mul = -1, ab = -1, m1 = -1, m2 = -1;
+    for (int n : nodes) {
+      const Op op = node(n).op;
+      if (act_func(op) != isa::ActFunc::identity) act = n;
+      if (op == Op::act_backward) ab = n;
+      if (op == Op::mul) (mul < 0 ? mul : m2) = n;
+    }
+    kernel::GluSpec s;
+    s.cores = cores_;
+    if (ab < 0) {  // forward
+      const int gate = node(act).inputs[0];
+      const int up = node(mul).inputs[0] == out(act) ? node(mul).inputs[1] : node(mul).inputs[0];
+      const auto [rows, cols] = rows_cols(gate);
+      s.rows = rows, s.cols = cols, s.act = act_func(node(act).op), s.dtype = val(gate).dtype;
+      l.program = kernel::glu_kernel(chip_, s);
+      l.inputs = {{"gate", gate}, {"up", up}};
+      l.outputs = {{"out", out(mul)}};
+      return;
+    }
+    // m1 = dy * up feeds act_backward; m2 = dy * act(gate).
+    m1 = node(ab).inputs[0] == out(mul) ? mul : m2;
+    m2 = m1 == mul ? m2 : mul;
+    const int gate = node(ab).inputs[1];
+    const Node& M1 = node(m1);
+    const Node& M2 = node(m2);
+    int dy = -1;
+    for (int a : M1.inputs)
+      for (int b2 : M2.inputs)
+        if (a == b2) dy = a;
+    if (dy < 0) unsupported(ab, "a GLU backward whose muls share no gradient");
+    const int up = M1.inputs[0] == dy ? M1.inputs[1] : M1.inputs[0];
+    const auto [rows, cols] = rows_cols(gate);
+    s.rows = rows, s.cols = cols, s.dtype = val(gate).dtype;
+    s.act = act_func(parse_op(attr_string(node(ab).attrs, "func", "")));
+    l.program = kernel::glu_backward_kernel(chip_, s);
+    l.inputs = {{"dout", dy}, {"gate", gate}, {"up", up}};
+    l.outputs = {{"dgate", out(ab)}, {"dup", out(m2)}};
   }
 
   bool swaps_last(int n) const {
