@@ -295,6 +295,29 @@ class Graph:
         """Writes the text form to `path` (atomically)."""
         _core.save_graph(self.core, path)
 
+    # -- compilation and the device -----------------------------------------
+
+    def compile(self, chip="trn3", cores=0):
+        """Fuses, plans HBM and lowers to kernel launches for `chip` (a name
+        or a ``_core.load_chip`` result); returns a Compiled program."""
+        spec = _core.load_chip(chip) if isinstance(chip, str) else chip
+        return Compiled(self, _core.compile_graph(self.core, spec, cores), spec)
+
+
+class Compiled:
+    """A compiled graph and a simulated device to run it on, step after
+    step: ``outputs, ns = c.run(feeds)``."""
+
+    def __init__(self, graph, executable, chip):
+        self.graph, self.executable = graph, executable
+        self.device = _core.Device(chip)
+
+    def run(self, feeds):
+        """feeds: {input or param (name or Tensor): array-like}. Returns
+        ({output name: float32 ndarray}, simulated nanoseconds)."""
+        fd = {(k.name if isinstance(k, Tensor) else k): v for k, v in feeds.items()}
+        return self.device.run(self.executable, fd)
+
 
 def parse(text, source="<text>"):
     """A Graph from its text form; errors read '<source>:<line>: ...'."""

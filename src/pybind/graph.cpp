@@ -16,7 +16,9 @@
 #include "graph/autodiff.h"
 #include "graph/eval.h"
 #include "graph/ir.h"
+#include "graph/lower.h"
 #include "graph/text.h"
+#include "runtime/device.h"
 #include "util/error.h"
 
 namespace py = pybind11;
@@ -222,6 +224,58 @@ void bind_graph(py::module_& m) {
       py::arg("graph"), py::arg("feeds"), py::arg("ids") = py::none(),
       "evaluates the graph in float64 with feeds {input/param name: array}; returns one array "
       "per value id (or per id of `ids`), shaped like the value");
+
+  // Compiled graphs and the device that runs them (graph/lower.h,
+  // runtime/device.h).
+  py::class_<graph::Executable>(m, "Executable")
+      .def_property_readonly("launches",
+                             [](const graph::Executable& e) { return e.launches.size(); })
+      .def_property_readonly("kernels",
+                             [](const graph::Executable& e) {
+                               std::vector<std::string> k;
+                               for (const auto& l : e.launches) k.push_back(l.kernel);
+                               return k;
+                             })
+      .def_property_readonly("unlowered", [](const graph::Executable& e) { return e.unlowered; })
+      .def_property_readonly("fusion_rate",
+                             [](const graph::Executable& e) { return e.fusion.rate(); })
+      .def_property_readonly("hbm_bytes",
+                             [](const graph::Executable& e) { return e.plan.total(); });
+  m.def(
+      "compile_graph",
+      [](const Graph& g, const arch::ChipSpec& chip, int cores, bool partial) {
+        graph::CompileOptions o;
+        o.cores = cores, o.partial = partial;
+        return graph::compile(g, chip, o);
+      },
+      py::arg("graph"), py::arg("chip"), py::arg("cores") = 0, py::arg("partial") = false,
+      "fuses, plans HBM and lowers every group to kernel launches for `chip`");
+  py::class_<runtime::Device>(m, "Device")
+      .def(py::init<arch::ChipSpec>())
+      .def(
+          "run",
+          [](runtime::Device& d, const graph::Executable& e, const py::dict& feeds) {
+            std::map<std::string, std::vector<float>> in;
+            for (const auto& [k, v] : feeds) {
+              const auto a =
+                  py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(v);
+              if (!a)
+                throw Error(fmt::format("feed %{}: not a float array", std::string(py::str(k))));
+              in[py::str(k)] = std::vector<float>(a.data(), a.data() + a.size());
+            }
+            const runtime::StepResult r = d.run(e, in);
+            py::dict out;
+            for (const auto& [name, vals] : r.outputs) {
+              const Shape& s = e.graph.value(e.graph.find(name)).shape;
+              py::array_t<float> arr(std::vector<py::ssize_t>(s.begin(), s.end()));
+              std::copy(vals.begin(), vals.end(), arr.mutable_data());
+              out[py::str(name)] = arr;
+            }
+            return py::make_tuple(out, r.time_ns);
+          },
+          py::arg("executable"), py::arg("feeds"),
+          "one step: feeds {input/param name: array}; returns ({output name: float32 array}, "
+          "simulated ns)");
 }
 
 }  // namespace tern
