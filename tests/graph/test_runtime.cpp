@@ -122,7 +122,7 @@ TEST(Runtime, MlpTrainingStepMatchesTheInterpreter) {
 TEST(Runtime, ShapeOpsMoveDataExactly) {
   const arch::ChipSpec chip = arch::load_chip("trn3");
   Graph g("shapes");
-  const std::int64_t B = 2, S = 150, H = 3, D = 8;
+  const std::int64_t B = 2, S = 300, H = 3, D = 8;  // runs of 300 rows: packed bands
   const int qkv = g.input("qkv", {B, S, 3 * H * D}, DType::bf16);
   const int pos = g.input("pos", {S, H * D}, DType::bf16);
   const int q = g.slice(qkv, 2, H * D, 2 * H * D);                          // [B, S, H*D]
