@@ -5,6 +5,8 @@
 // the group, and must not be graph outputs.
 #include "graph/fusion.h"
 
+#include "graph/ops.h"
+
 #include <algorithm>
 #include <map>
 #include <set>
@@ -28,17 +30,6 @@ bool is_elementwise(Op op) {
   return op == Op::add || op == Op::sub || op == Op::mul || op == Op::scale || is_act(op) ||
          op == Op::cast;
 }
-// A transpose that swaps the last two dims only (a matmul layout flag).
-bool swaps_last_two(const Node& n) {
-  const auto p = attr_ints(n.attrs, "perm");
-  const std::size_t r = p.size();
-  if (r < 2) return false;
-  for (std::size_t i = 0; i + 2 < r; ++i)
-    if (p[i] != static_cast<std::int64_t>(i)) return false;
-  return p[r - 2] == static_cast<std::int64_t>(r - 1) &&
-         p[r - 1] == static_cast<std::int64_t>(r - 2);
-}
-
 class Fuser {
  public:
   explicit Fuser(const Graph& g) : g_(g), group_(g.nodes().size(), -1) {

@@ -1,5 +1,7 @@
 #include "graph/lower.h"
 
+#include "graph/ops.h"
+
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -77,7 +79,7 @@ class Lowerer {
       return norm_backward(nodes[0], l);
     } else if (nodes.size() == 1 && first == Op::rope) {
       rope(nodes[0], l);
-    } else if (nodes.size() == 1 && first == Op::transpose && swaps_last(nodes[0])) {
+    } else if (nodes.size() == 1 && first == Op::transpose && swaps_last_two(node(nodes[0]))) {
       const Shape& is = val(node(nodes[0]).inputs[0]).shape;
       const std::size_t r = is.size();
       return {transpose_launch(l, node(nodes[0]).inputs[0], {}, {}, out(nodes[0]),
@@ -353,16 +355,6 @@ class Lowerer {
     l.program = kernel::glu_backward_kernel(chip_, s);
     l.inputs = {{"dout", dy}, {"gate", gate}, {"up", up}};
     l.outputs = {{"dgate", out(ab)}, {"dup", out(m2)}};
-  }
-
-  bool swaps_last(int n) const {
-    const auto p = attr_ints(node(n).attrs, "perm");
-    const std::size_t r = p.size();
-    if (r < 2) return false;
-    for (std::size_t i = 0; i + 2 < r; ++i)
-      if (p[i] != static_cast<std::int64_t>(i)) return false;
-    return p[r - 2] == static_cast<std::int64_t>(r - 1) &&
-           p[r - 1] == static_cast<std::int64_t>(r - 2);
   }
 
   // add / sub / mul with a broadcast operand: the operand is first copied to

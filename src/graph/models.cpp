@@ -19,6 +19,13 @@ int merge_heads(Graph& g, int x, std::int64_t b, std::int64_t s, std::int64_t n,
   return g.reshape(g.transpose(x, {0, 2, 1, 3}), {b, s, n * hd});
 }
 
+// A trained parameter of the model, listed in m.params.
+int add_param(Model& m, const std::string& name, Shape shape, DType dt) {
+  const int p = m.graph.param(name, std::move(shape), dt);
+  m.params.push_back(p);
+  return p;
+}
+
 }  // namespace
 
 Model gpt2(const Gpt2Config& c) {
@@ -27,10 +34,8 @@ Model gpt2(const Gpt2Config& c) {
   Model m{Graph("gpt2"), -1, {}};
   Graph& g = m.graph;
   const std::int64_t B = c.batch, S = c.seq, D = c.dim, H = c.heads, hd = D / H;
-  auto param = [&](const std::string& name, Shape shape, DType dt) {
-    const int p = g.param(name, std::move(shape), dt);
-    m.params.push_back(p);
-    return p;
+  auto param = [&m](const std::string& name, Shape shape, DType dt) {
+    return add_param(m, name, std::move(shape), dt);
   };
   const DType w = c.dtype;
   const int ids = g.input("ids", {B, S}, DType::int32);
@@ -82,10 +87,8 @@ Model llama(const LlamaConfig& c) {
   Model m{Graph("llama"), -1, {}};
   Graph& g = m.graph;
   const std::int64_t B = c.batch, S = c.seq, D = c.dim, H = c.heads, K = c.kv_heads, hd = D / H;
-  auto param = [&](const std::string& name, Shape shape, DType dt) {
-    const int p = g.param(name, std::move(shape), dt);
-    m.params.push_back(p);
-    return p;
+  auto param = [&m](const std::string& name, Shape shape, DType dt) {
+    return add_param(m, name, std::move(shape), dt);
   };
   const DType w = c.dtype;
   const int ids = g.input("ids", {B, S}, DType::int32);

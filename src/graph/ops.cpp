@@ -54,6 +54,16 @@ std::int64_t axis_of(std::int64_t axis, std::size_t r) {
 
 }  // namespace
 
+bool swaps_last_two(const Node& n) {
+  const auto p = attr_ints(n.attrs, "perm");
+  const std::size_t r = p.size();
+  if (r < 2) return false;
+  for (std::size_t i = 0; i + 2 < r; ++i)
+    if (p[i] != static_cast<std::int64_t>(i)) return false;
+  return p[r - 2] == static_cast<std::int64_t>(r - 1) &&
+         p[r - 1] == static_cast<std::int64_t>(r - 2);
+}
+
 Shape broadcast_shapes(const Shape& a, const Shape& b) {
   Shape out(std::max(a.size(), b.size()));
   for (std::size_t i = 0; i < out.size(); ++i) {

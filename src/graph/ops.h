@@ -24,6 +24,10 @@ int op_outputs(Op op);
 // with the reason (the caller adds which node it is).
 std::vector<OutType> infer(Op op, const std::vector<const Value*>& in, const Attrs& attrs);
 
+// Whether a transpose node swaps its last two dims and nothing else (a
+// matmul layout flag, a per-matrix transpose).
+bool swaps_last_two(const Node& transpose);
+
 // The shape a and b broadcast to (NumPy rules); throws tern::Error.
 Shape broadcast_shapes(const Shape& a, const Shape& b);
 
