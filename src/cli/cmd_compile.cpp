@@ -115,7 +115,7 @@ void run(const Args& a) {
       if (!est.empty() && est.back().group == l.group)
         est.back().ns += ns;
       else
-        est.push_back({l.group, kg.kernel, l.detail.empty() ? kg.detail : l.detail, ns});
+        est.push_back({l.group, kg.kernel, kg.detail.empty() ? l.detail : kg.detail, ns});
       est_total += ns;
     }
     if (a.progress && !a.json) std::fprintf(stderr, "\r%40s\r", "");

@@ -55,6 +55,29 @@ class Backward {
     auto in = [&](std::size_t i) { return n.inputs[i]; };
     auto shp = [&](int v) { return g_.value(v).shape; };
     const int d = dy[0];
+    // Ops whose only differentiable input is the first: nothing to build
+    // when that input needs no gradient.
+    switch (n.op) {
+      case Op::scale:
+      case Op::gelu:
+      case Op::gelu_tanh:
+      case Op::silu:
+      case Op::relu:
+      case Op::softmax:
+      case Op::cross_entropy:
+      case Op::rope:
+      case Op::reshape:
+      case Op::transpose:
+      case Op::slice:
+      case Op::pad:
+      case Op::cast:
+      case Op::sum:
+      case Op::broadcast:
+        if (!need(0)) return;
+        break;
+      default:
+        break;
+    }
     switch (n.op) {
       case Op::input:
       case Op::param:

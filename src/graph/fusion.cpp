@@ -97,6 +97,7 @@ class Fuser {
       const int m1 = producer(n.inputs[0]);
       if (node(m1).op != Op::mul || !free(m1) || sole_user(out(m1)) != ab) continue;
       const std::string func = attr_string(n.attrs, "func", "");
+      if (func == "relu") continue;  // glu_backward_kernel has no ReGLU
       // The forward act(g) and the mul(d, act(g)) beside m1 (same d).
       for (int d : node(m1).inputs)
         for (int m2 : users(d)) {
@@ -123,7 +124,8 @@ class Fuser {
         const int a = producer(v);
         if (a >= 0 &&
             (node(a).op == Op::silu || node(a).op == Op::gelu || node(a).op == Op::gelu_tanh) &&
-            free(a) && sole_user(v) == m && free(m)) {
+            free(a) && sole_user(v) == m && free(m) &&
+            g_.value(node(m).inputs[0]).shape == g_.value(node(m).inputs[1]).shape) {
           make("glu", std::string(op_name(node(a).op)), {a, m});
         }
       }
@@ -158,8 +160,13 @@ class Fuser {
           nodes.pop_back();
       }
       if (const int c = sole_user(out(n)); c >= 0 && node(c).op == Op::cast && free(c)) {
+        // The group then runs at the cast: the residual sum's readers must
+        // still come after it.
         nodes.push_back(c);
-        what.push_back("cast");
+        if (escapes_ok(nodes))
+          what.push_back("cast");
+        else
+          nodes.pop_back();
       }
       make(std::string(op_name(op)), fmt::format("{}", fmt::join(what, ", ")), nodes);
     }
@@ -211,14 +218,19 @@ class Fuser {
 
   void elementwise() {
     for (int e = 0; e < static_cast<int>(g_.nodes().size()); ++e) {
-      if (!is_elementwise(node(e).op) || !free(e)) continue;
+      // Every operand shaped like the result: the chain kernel does not
+      // broadcast.
+      auto same_shapes = [&](int n) {
+        for (int in : node(n).inputs)
+          if (g_.value(in).shape != g_.value(out(n)).shape) return false;
+        return true;
+      };
+      if (!is_elementwise(node(e).op) || !free(e) || !same_shapes(e)) continue;
       std::vector<int> nodes{e};
       int v = out(e);
       for (;;) {
         const int c = sole_user(v);
-        if (c < 0 || !free(c) || !is_elementwise(node(c).op) ||
-            g_.value(out(c)).shape != g_.value(v).shape)
-          break;
+        if (c < 0 || !free(c) || !is_elementwise(node(c).op) || !same_shapes(c)) break;
         nodes.push_back(c);
         v = out(c);
       }

@@ -72,6 +72,18 @@ class Lowerer {
       return cross_entropy(nodes, l);
     } else if (nodes.size() == 1 && (first == Op::attention || first == Op::attention_backward)) {
       return attention(nodes[0], l);
+    } else if (k.kernel == "flash_attention") {
+      return attention_pattern(nodes, l);
+    } else if (nodes.size() == 1 && first == Op::cast) {
+      const int n = nodes[0];
+      const auto [rows, cols] = rows_cols(out(n));
+      kernel::CastSpec c;
+      c.rows = rows, c.cols = cols, c.in = val(node(n).inputs[0]).dtype;
+      c.out = val(out(n)).dtype, c.scaled = false, c.amax = false, c.cores = cores_;
+      l.detail = fmt::format("{} -> {}", isa::name(c.in), isa::name(c.out));
+      l.program = kernel::cast_kernel(chip_, c);
+      l.inputs = {{"x", node(n).inputs[0]}};
+      l.outputs = {{"y", out(n)}};
     } else if (nodes.size() == 1 && (first == Op::embedding || first == Op::embedding_backward)) {
       return embedding(nodes[0], l);
     } else if (nodes.size() == 1 &&
@@ -125,31 +137,45 @@ class Lowerer {
     const int targets = fwd >= 0 ? node(fwd).inputs[1] : node(bwd).inputs[2];
     if (attr_int(any.attrs, "ignore_index", -100) >= 0)
       unsupported(fwd >= 0 ? fwd : bwd, "ignore_index >= 0 (the kernel ignores negative targets)");
+    // The kernel folds ln(dloss / valid) into its exponential: dloss must be
+    // positive, which holds for the autodiff seed (full 1) scaled by
+    // positive factors (e.g. 1 / accumulation steps).
+    if (bwd >= 0) {
+      int v = node(bwd).inputs[0];
+      for (;;) {
+        const Node& p = node(val(v).node);
+        if (p.op == Op::full && attr_real(p.attrs, "value", 0.0) > 0) break;
+        if (p.op == Op::scale && attr_real(p.attrs, "value", 0.0) > 0) {
+          v = p.inputs[0];
+          continue;
+        }
+        unsupported(bwd, "a loss gradient not known to be positive");
+      }
+    }
     const auto [rows, vocab] = rows_cols(logits);
-    std::vector<Launch> out(fwd >= 0 ? 3 : 2, base);
-    out[0].program = kernel::cross_entropy_scale_kernel(chip_, rows);
-    out[0].inputs = {{"targets", targets, {}}};
+    std::vector<Launch> ls(fwd >= 0 ? 3 : 2, base);
+    ls[0].program = kernel::cross_entropy_scale_kernel(chip_, rows);
+    ls[0].inputs = {{"targets", targets, {}}};
     if (bwd >= 0)
-      out[0].inputs.push_back({"dloss", node(bwd).inputs[0], {}});
+      ls[0].inputs.push_back({"dloss", node(bwd).inputs[0], {}});
     else
-      out[0].constants = {{"dloss", 1.0f}};
+      ls[0].constants = {{"dloss", 1.0f}};
     const std::string gs = tmp(base, "gs"), inv = tmp(base, "inv"), lt = tmp(base, "loss");
-    out[0].outputs = {{"grad_scale", -1, gs}, {"inv_valid", -1, inv}};
+    ls[0].outputs = {{"grad_scale", -1, gs}, {"inv_valid", -1, inv}};
     kernel::CrossEntropySpec s;
     s.rows = rows, s.vocab = vocab, s.dtype = val(logits).dtype, s.cores = cores_;
     s.grad_scale_input = true;
-    out[1].program = kernel::cross_entropy_kernel(chip_, s);
-    out[1].inputs = {{"logits", logits, {}}, {"targets", targets, {}}, {"grad_scale", -1, gs}};
-    out[1].outputs = {{"loss", -1, lt}};
-    if (bwd >= 0) out[1].outputs.push_back({"dlogits", out_of(bwd), {}});
+    ls[1].program = kernel::cross_entropy_kernel(chip_, s);
+    ls[1].inputs = {{"logits", logits, {}}, {"targets", targets, {}}, {"grad_scale", -1, gs}};
+    ls[1].outputs = {{"loss", -1, lt}};
+    if (bwd >= 0) ls[1].outputs.push_back({"dlogits", out(bwd), {}});
     if (fwd >= 0) {
-      out[2].program = kernel::cross_entropy_mean_kernel(chip_, rows);
-      out[2].inputs = {{"loss", -1, lt}, {"inv_valid", -1, inv}};
-      out[2].outputs = {{"mean", out_of(fwd), {}}};
+      ls[2].program = kernel::cross_entropy_mean_kernel(chip_, rows);
+      ls[2].inputs = {{"loss", -1, lt}, {"inv_valid", -1, inv}};
+      ls[2].outputs = {{"mean", out(fwd), {}}};
     }
-    return out;
+    return ls;
   }
-  int out_of(int n) const { return out(n); }
   static std::string tmp(const Launch& l, const std::string& name) {
     return fmt::format("g{}.{}", l.group, name);
   }
@@ -209,6 +235,38 @@ class Lowerer {
         transpose_launch(base, -1, dqt, {}, N.outputs[0], qs[0] * qs[1], qs[3], qs[2], dt));
     ls.push_back(
         transpose_launch(base, -1, dkt, {}, N.outputs[1], ks[0] * ks[1], ks[3], ks[2], dt));
+    return ls;
+  }
+
+  // The matmul(q, k^T) [-> scale] -> softmax -> matmul(., v) pattern as
+  // non-causal flash attention: q, k, v [..., S, D] with rank 4 [B, H, ..]
+  // or 3 [B * H, ..]; lse is kept in a temporary nobody reads.
+  std::vector<Launch> attention_pattern(const std::vector<int>& nodes, const Launch& base) {
+    int m1 = -1, m2 = -1, sc = -1;
+    for (int n : nodes) {
+      if (node(n).op == Op::matmul) (m1 < 0 ? m1 : m2) = n;
+      if (node(n).op == Op::scale) sc = n;
+    }
+    const int q = node(m1).inputs[0], k = node(m1).inputs[1], v = node(m2).inputs[1];
+    const Shape &qs = val(q).shape, &ks = val(k).shape;
+    if (qs.size() < 3 || qs.size() > 4 || val(v).shape != ks)
+      unsupported(m1, "an attention pattern other than [B, H, S, D] or [B * H, S, D]");
+    const bool r4 = qs.size() == 4;
+    kernel::AttentionSpec s;
+    s.batch = r4 ? qs[0] : 1, s.q_heads = r4 ? qs[1] : qs[0], s.kv_heads = s.q_heads;
+    s.seq_q = qs[qs.size() - 2], s.seq_k = ks[ks.size() - 2], s.head_dim = qs.back();
+    s.causal = false, s.dtype = val(q).dtype, s.cores = cores_;
+    s.scale = sc >= 0 ? static_cast<float>(attr_real(node(sc).attrs, "value", 1.0)) : 1.0f;
+    const std::string qt = tmp(base, "qT"), kt = tmp(base, "kT");
+    const std::int64_t bh = s.batch * s.q_heads;
+    std::vector<Launch> ls{
+        transpose_launch(base, q, {}, qt, -1, bh, s.seq_q, s.head_dim, s.dtype),
+        transpose_launch(base, k, {}, kt, -1, bh, s.kv_len(), s.head_dim, s.dtype)};
+    Launch l = base;
+    l.program = kernel::flash_attention_kernel(chip_, s);
+    l.inputs = {{"q", -1, qt}, {"k", -1, kt}, {"v", v}};
+    l.outputs = {{"o", out(m2)}, {"lse", -1, tmp(base, "lse")}};
+    ls.push_back(std::move(l));
     return ls;
   }
 
@@ -277,8 +335,8 @@ class Lowerer {
     int fwd = -1;
     for (std::size_t i = 0; i < g_.nodes().size(); ++i) {
       const Node& f = g_.nodes()[i];
-      if (f.op == (ln ? Op::layernorm : Op::rmsnorm) && f.inputs[0] == N.inputs[1] &&
-          f.inputs[1] == N.inputs[2])
+      if (static_cast<int>(i) < n && f.op == (ln ? Op::layernorm : Op::rmsnorm) &&
+          f.inputs[0] == N.inputs[1] && f.inputs[1] == N.inputs[2])
         fwd = static_cast<int>(i);
     }
     if (fwd < 0) unsupported(n, "without its forward norm in the graph (its statistics)");
@@ -440,7 +498,6 @@ class Lowerer {
         input(N.inputs[0]);
         s.dtype = val(N.inputs[0]).dtype;
         running = N.inputs[0];
-        if (N.op == Op::act_backward) unsupported(n, "a chain starting with act_backward");
       }
       const bool first_op = n == first;
       const int other = N.inputs.size() > 1 ? (N.inputs[0] == running && !first_op ? N.inputs[1]
@@ -466,12 +523,6 @@ class Lowerer {
           s.steps.push_back({kernel::ElementwiseOp::scale, 0,
                              static_cast<float>(attr_real(N.attrs, "value", 1.0))});
           break;
-        case Op::act_backward:
-          if (N.inputs[0] != running) unsupported(n, "act_backward with the running value as x");
-          s.steps.push_back(
-              {kernel::parse_elementwise_op(attr_string(N.attrs, "func", "") + "_backward"),
-               input(N.inputs[1]), 1.0f});
-          break;
         case Op::cast:
           break;  // the output dtype
         default:
@@ -484,10 +535,6 @@ class Lowerer {
     if (s.steps.empty()) unsupported(first, "a chain of casts");
     s.out = val(running).dtype;
     s.inputs = static_cast<int>(inputs.size());
-    if (s.inputs == 1 &&
-        std::any_of(s.steps.begin(), s.steps.end(),
-                    [](const kernel::ChainStep& st) { return !kernel::is_unary(st.op); }))
-      unsupported(first, "a chain whose binary ops read the running value twice");
     for (std::size_t i = 0; i < inputs.size(); ++i)
       l.inputs.emplace_back(fmt::format("in{}", i), inputs[i]);
     l.outputs = {{"out", running}};
@@ -503,6 +550,8 @@ class Lowerer {
     const Node& N = node(n);
     const Shape& os = val(out(n)).shape;
     const std::size_t r = os.size();
+    for (int v : N.inputs)
+      if (val(v).shape.empty() || r == 0) unsupported(n, "a shape op on a scalar []");
     const std::int64_t C = os.back(), R = elements(os) / C;
     std::vector<std::vector<std::int64_t>> st;  // row-major strides of each input
     for (int v : N.inputs) {
@@ -807,6 +856,30 @@ class Lowerer {
 
 }  // namespace
 
+namespace {
+
+// Every bound value has the kernel tensor's dtype and size: a mismatch
+// (e.g. gamma in fp32 beside bf16 activations) is refused here rather than
+// failing at run time or reinterpreting bytes.
+void check_bindings(const Graph& g, const Launch& l) {
+  auto check = [&](const Binding& b) {
+    if (b.value < 0) return;
+    const Value& v = g.value(b.value);
+    const isa::HbmTensor& t = l.program.tensor(b.tensor);
+    if (t.dtype != v.dtype)
+      throw NotSupported(fmt::format("lowering the {} kernel: %{} is {}, its tensor {} is {}",
+                                     l.kernel, v.name, isa::name(v.dtype), b.tensor,
+                                     isa::name(t.dtype)));
+    if (t.elements() != elements(v.shape))
+      throw Error(fmt::format("lowering the {} kernel: %{} has {} elements, its tensor {} {}",
+                              l.kernel, v.name, elements(v.shape), b.tensor, t.elements()));
+  };
+  for (const Binding& b : l.inputs) check(b);
+  for (const Binding& b : l.outputs) check(b);
+}
+
+}  // namespace
+
 Executable compile(const Graph& g, const arch::ChipSpec& chip, const CompileOptions& opt) {
   Executable e{g, fuse(g), {}, {}, chip.name, {}};
   e.plan = plan_memory(e.graph, e.fusion);
@@ -816,8 +889,9 @@ Executable compile(const Graph& g, const arch::ChipSpec& chip, const CompileOpti
   Lowerer lw(e.graph, chip, cores);
   for (std::size_t i = 0; i < e.fusion.groups.size(); ++i) {
     try {
-      for (Launch& l : lw.lower(e.fusion.groups[i], static_cast<int>(i)))
-        e.launches.push_back(std::move(l));
+      std::vector<Launch> ls = lw.lower(e.fusion.groups[i], static_cast<int>(i));
+      for (const Launch& l : ls) check_bindings(e.graph, l);
+      for (Launch& l : ls) e.launches.push_back(std::move(l));
     } catch (const NotSupported& err) {
       if (!opt.partial) throw;
       e.unlowered.emplace_back(static_cast<int>(i), err.what());

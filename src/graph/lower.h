@@ -1,18 +1,14 @@
-// Lowering: each fused group of a graph becomes one launch of a kernel of
-// the kernel library (a Program built for the group's shapes), with the
-// kernel's HBM tensors bound to graph values. An Executable is the
+// Lowering: each fused group of a graph becomes one or more launches of
+// kernels of the kernel library (Programs built for the group's shapes),
+// with the kernels' HBM tensors bound to graph values. An Executable is the
 // compiled graph: launches in order plus the HBM plan the runtime places
 // values by. Built once, it runs step after step (runtime/device.h).
 //
-// Lowered so far (the rest throws NotSupported naming the op): reshapes
-// (views, no launch); matmul groups with their epilogue (2-D operands, or
-// batched activations against a 2-D weight; scale, bias, activation,
-// residual, output cast); single elementwise ops of one shape (add, sub,
-// mul, scale, activations, act_backward); RMSNorm / LayerNorm forward (with
-// the fused residual add and output cast); softmax forward and backward;
-// cross-entropy forward and backward (three launches: the gradient scale
-// dloss / valid tokens, the fused kernel, the mean loss); sums over the
-// leading axes (a matmul with a ones row) or over everything (fp32).
+// Every op of the GPT-2 and Llama training steps lowers (docs/graph.md has
+// the table of groups and their launches); what does not (transposes that
+// move the last dim other than swapping the last two, mixed dtypes a kernel
+// does not take, matmuls whose K does not fit SBUF) throws NotSupported
+// naming the op and the value.
 #pragma once
 
 #include <string>

@@ -72,6 +72,12 @@ MemoryPlan plan_memory(const Graph& g, const FusionReport& f, const PlanOptions&
                .first;
     it->second.last = kernels - 1;
   }
+  for (const auto& [v, b] : bufs)
+    if (b.first > b.last)
+      throw Error(
+          fmt::format("plan_memory: %{} is read by kernel {} before kernel {} writes it "
+                      "(a fusion scheduling error)",
+                      g.value(v).name, b.last, b.first));
   // Persistent buffers first, in definition order; then greedy by size.
   std::vector<Buffer> pers, trans;
   for (auto& [v, b] : bufs) (b.persistent ? pers : trans).push_back(b);

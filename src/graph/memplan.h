@@ -5,7 +5,10 @@
 // to the last kernel that reads it (graph outputs: to the end). Offsets come
 // from greedy-by-size placement (largest first, lowest offset that no
 // overlapping lifetime uses), 64-byte aligned, so buffers whose lifetimes do
-// not overlap share memory.
+// not overlap share memory. Not counted: the buffers a lowering passes
+// between the launches of one group or from a norm to its backward
+// (graph/lower.h Binding::temp: transposed q / k for attention, a norm's
+// statistics, the FP32 embedding gradient before its cast).
 #pragma once
 
 #include <cstdint>

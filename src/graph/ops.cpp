@@ -224,6 +224,7 @@ std::vector<OutType> infer(Op op, const std::vector<const Value*>& in, const Att
     case Op::rmsnorm_backward:
     case Op::layernorm_backward: {
       const Value &dy = at(0), &x = at(1), &g = at(2);
+      need_rank(x, 1, 6, "a tensor");
       need_float(dy), need_shape(dy, x.shape, "shaped like x");
       need_shape(g, Shape{x.shape.back()}, "gamma");
       std::vector<OutType> out{{x.shape, dy.dtype}, {g.shape, g.dtype}};
@@ -246,6 +247,7 @@ std::vector<OutType> infer(Op op, const std::vector<const Value*>& in, const Att
     case Op::cross_entropy_backward: {
       need_shape(at(0), Shape{}, "a scalar");
       const Value &l = at(1), &t = at(2);
+      need_float(l), need_rank(l, 1, 6, "logits");
       need_ids(t), need_shape(t, Shape(l.shape.begin(), l.shape.end() - 1), "targets");
       return {{l.shape, l.dtype}};
     }
@@ -294,6 +296,8 @@ std::vector<OutType> infer(Op op, const std::vector<const Value*>& in, const Att
     // attention_backward(do, q, k, v, o, lse; causal, scale) -> dq, dk, dv.
     case Op::attention_backward: {
       const Value &dout = at(0), &q = at(1), &k = at(2), &v = at(3), &o = at(4), &lse = at(5);
+      need_rank(q, 4, 4, "[B, Hq, S, D]"), need_rank(k, 4, 4, "[B, Hkv, Sk, D]");
+      need_shape(v, k.shape, "shaped like k");
       need_shape(dout, q.shape, "shaped like q"), need_shape(o, q.shape, "shaped like q");
       need_shape(lse, Shape{q.shape[0], q.shape[1], q.shape[2]}, "[B, Hq, S]");
       return {{q.shape, q.dtype}, {k.shape, k.dtype}, {v.shape, v.dtype}};
@@ -329,8 +333,9 @@ std::vector<OutType> infer(Op op, const std::vector<const Value*>& in, const Att
       const std::vector<std::int64_t> perm = attr_ints(attrs, "perm");
       const Shape& s = at(0).shape;
       std::set<std::int64_t> seen(perm.begin(), perm.end());
-      if (perm.size() != s.size() || seen.size() != s.size() || *seen.begin() != 0 ||
-          *seen.rbegin() != static_cast<std::int64_t>(s.size()) - 1)
+      if (perm.size() != s.size() || seen.size() != s.size() ||
+          (!seen.empty() &&
+           (*seen.begin() != 0 || *seen.rbegin() != static_cast<std::int64_t>(s.size()) - 1)))
         throw Error(
             fmt::format("perm {} is not a permutation of {} dims", shape_string(perm), s.size()));
       Shape out;

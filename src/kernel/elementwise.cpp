@@ -168,7 +168,7 @@ isa::Program elementwise_chain_kernel(const arch::ChipSpec& chip, const Elementw
     in.push_back(b.hbm(fmt::format("in{}", i), {s.rows, s.cols}, s.dtype, isa::TensorKind::input));
   const Tensor out = b.hbm("out", {s.rows, s.cols}, s.out, isa::TensorKind::output);
   for (const ChainStep& st : s.steps)
-    if (!is_unary(st.op) && (st.operand < 1 || st.operand >= s.inputs))
+    if (!is_unary(st.op) && (st.operand < 0 || st.operand >= s.inputs))
       throw Error(fmt::format("elementwise_chain: step {} reads input {} of {}", to_string(st.op),
                               st.operand, s.inputs));
   const std::int64_t P = chip.sbuf_partitions, W = kWidth / 2;  // FP32 tiles

@@ -20,9 +20,9 @@ namespace tern::kernel {
 // Vector (bias, residual) engines.
 struct Epilogue {
   float scale = 1.0f;
-  bool bias = false;  // HBM "bias" [1, N] float32, added to every row
+  bool bias = false;  // HBM "bias" [1, N] (bias_dtype), added to every row
   isa::ActFunc act = isa::ActFunc::identity;
-  bool residual = false;  // HBM "residual" [M, N] float32
+  bool residual = false;  // HBM "residual" [M, N] (residual_dtype)
   // The HBM dtypes of "bias" and "residual" (any float type: the DMA
   // converts them to the FP32 tiles the chain adds).
   isa::DType bias_dtype = isa::DType::fp32, residual_dtype = isa::DType::fp32;
@@ -210,6 +210,8 @@ struct CrossEntropySpec {
   float grad_scale = std::numeric_limits<float>::quiet_NaN();
   // Read grad_scale from HBM "grad_scale" [1, 1] fp32 instead (a value
   // known only at run time, e.g. dloss / valid tokens: cross_entropy_scale).
+  // It must be >= 0: ln(grad_scale) is folded into the exponential (not
+  // checked on chip; the graph lowering refuses losses of unknown sign).
   bool grad_scale_input = false;
   std::int64_t chunk = 2048;
   int cores = 1;
@@ -218,7 +220,7 @@ isa::Program cross_entropy_kernel(const arch::ChipSpec& chip, const CrossEntropy
 
 // The mean over valid tokens around cross_entropy_kernel (one core):
 // cross_entropy_scale: "targets" [T, 1] int32, "dloss" [1, 1] fp32 ->
-// "grad_scale" [1, 1] = dloss / valid and "inv_valid" [1, 1] = 1 / valid
+// "grad_scale" [1, 1] = dloss / max(valid, 1) and "inv_valid" [1, 1] = 1 / valid
 // (valid: targets >= 0); cross_entropy_mean: "loss" [T, 1] fp32 and
 // "inv_valid" -> "mean" [1, 1] = (sum of loss, partition order) * inv_valid.
 // No valid token gives inv_valid = inf and a NaN mean, as PyTorch's NaN.

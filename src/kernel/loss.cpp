@@ -59,8 +59,14 @@ isa::Program cross_entropy_scale_kernel(const arch::ChipSpec& chip, std::int64_t
   const Tensor iv = b.sbuf(1, 1, DType::fp32), d = b.sbuf(1, 1, DType::fp32),
                g = b.sbuf(1, 1, DType::fp32);
   b.reciprocal(iv, valid);
+  // The gradient scale uses 1 / max(valid, 1): with every token ignored it
+  // stays finite (their rows get 0, as PyTorch's), while the mean loss
+  // reads 1 / valid = inf and comes out NaN, as PyTorch's.
+  const Tensor v1 = b.sbuf(1, 1, DType::fp32), iv1 = b.sbuf(1, 1, DType::fp32);
+  b.tensor_scalar(v1, valid, AluOp::max, 1.0f);
+  b.reciprocal(iv1, v1);
   b.dma_copy(d, dloss);
-  b.tensor_tensor(g, d, iv, AluOp::multiply);
+  b.tensor_tensor(g, d, iv1, AluOp::multiply);
   b.dma_copy(gs, g);
   b.dma_copy(inv, iv);
   return b.finish();

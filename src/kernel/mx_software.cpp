@@ -6,8 +6,9 @@
 // Per tile of `parts` partitions (x4 rows) x nc columns, partition p holding
 // rows 4p .. 4p + 3 of each column (QuantizeMX's source layout), a block is
 // 8 partitions x 4 values:
-//   1. GpSimd: |x| as the BF16 bits & 0x7FFF (integers keep NaN / Inf above
-//      every finite value, as the host's amax does), then the max of each 4.
+//   1. |x| as the BF16 bits & 0x7FFF on the Scalar engine (integers keep
+//      NaN / Inf above every finite value, as the host's amax does), then the
+//      max of each 4 on GpSimd.
 //   2. Tensor: transpose 128-column chunks, so the 8 partitions of a block
 //      become 8 neighbouring columns; Vector: a max tree over them.
 //   3. Scales in that transposed layout [columns, blocks] with integer ops

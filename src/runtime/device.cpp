@@ -26,6 +26,11 @@ StepResult Device::run(const graph::Executable& exe,
   if (exe.arch != chip_.name)
     throw Error(
         fmt::format("the executable was compiled for {}, the device is {}", exe.arch, chip_.name));
+  if (!exe.unlowered.empty())
+    throw Error(
+        fmt::format("the executable has {} groups not lowered (compiled with partial, "
+                    "for estimates): it cannot run; first: {}",
+                    exe.unlowered.size(), exe.unlowered.front().second));
   const graph::Graph& g = exe.graph;
   // Where each value's bytes live: its root (reshapes alias) at its offset.
   std::vector<int> root(g.values().size());
@@ -70,7 +75,7 @@ StepResult Device::run(const graph::Executable& exe,
   StepResult r;
   // Buffers outside the graph's values that launches pass on (by name).
   std::map<std::string, std::vector<std::uint8_t>> temps;
-  auto temp_key = [](const graph::Launch&, const graph::Binding& b) { return b.temp; };
+
   for (const graph::Launch& l : exe.launches) {
     sim_.load(l.program);
     for (const auto& [tensor, value] : l.constants) {
@@ -79,7 +84,7 @@ StepResult Device::run(const graph::Executable& exe,
     }
     for (const graph::Binding& b : l.inputs) {
       if (b.value < 0) {
-        const auto it = temps.find(temp_key(l, b));
+        const auto it = temps.find(b.temp);
         if (it == temps.end())
           throw Error(fmt::format("launch {} ({}): buffer {} read before it is written", l.group,
                                   l.kernel, b.temp));
@@ -97,7 +102,7 @@ StepResult Device::run(const graph::Executable& exe,
     r.time_ns += st.latency_ns;
     for (const graph::Binding& b : l.outputs) {
       if (b.value < 0) {
-        temps[temp_key(l, b)] = sim_.read_bytes(b.tensor);
+        temps[b.temp] = sim_.read_bytes(b.tensor);
         continue;
       }
       const auto [p, n] = bytes_of(b.value);

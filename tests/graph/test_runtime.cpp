@@ -279,6 +279,85 @@ TEST(Runtime, GluForwardAndBackward) {
   }
 }
 
+// Runs g on the chip and checks `outs` against the interpreter (relative
+// to each tensor's largest magnitude).
+void check_graph(const Graph& g, const std::map<std::string, std::vector<float>>& feeds,
+                 const std::vector<int>& outs, double tol) {
+  const arch::ChipSpec chip = arch::load_chip("trn3");
+  const Executable exe = compile(g, chip, {2});
+  runtime::Device dev(chip);
+  const runtime::StepResult r = dev.run(exe, feeds);
+  std::map<std::string, HostData> hf;
+  for (const auto& [k, v] : feeds) hf[k] = HostData(v.begin(), v.end());
+  const auto want = evaluate(g, hf);
+  for (int o : outs) {
+    SCOPED_TRACE(g.value(o).name);
+    EXPECT_LE(max_rel_error(r.outputs.at(g.value(o).name), want[static_cast<std::size_t>(o)]), tol);
+  }
+}
+
+// Regressions found in review.
+TEST(Runtime, NormWithCastRunsBeforeReadersOfItsResidualSum) {
+  Graph g("n");
+  const int x = g.input("x", {130, 64}, DType::bf16), r = g.input("r", {130, 64}, DType::bf16);
+  const int h = g.add(x, r);
+  const int y = g.rmsnorm(h, g.param("g", {64}, DType::bf16));
+  const int z = g.scale(h, 2.0);  // reads the sum before the cast below
+  const int yc = g.cast(y, DType::bf16);
+  g.mark_output(z), g.mark_output(yc);
+  std::mt19937 rng(1);
+  check_graph(g,
+              {{"x", bf16_normal(130 * 64, rng, 1.0f)},
+               {"r", bf16_normal(130 * 64, rng, 1.0f)},
+               {"g", bf16_normal(64, rng, 1.0f)}},
+              {z, yc}, 2.0 / 128);
+}
+
+TEST(Runtime, ChainsReadingTheirFirstInputTwiceAndTheAttentionPattern) {
+  Graph g("c");
+  const int x = g.input("x", {130, 64}, DType::bf16), y = g.input("y", {130, 64}, DType::bf16);
+  const int u = g.mul(g.add(x, y), x);  // a chain whose second op reads in0 again
+  const int q = g.input("q", {1, 2, 128, 64}, DType::bf16);
+  const int k = g.input("k", {1, 2, 128, 64}, DType::bf16),
+            v = g.input("v", {1, 2, 128, 64}, DType::bf16);
+  const int o = g.matmul(g.softmax(g.scale(g.matmul(q, k, false, true), 0.125)), v);
+  g.mark_output(u), g.mark_output(o);
+  std::mt19937 rng(2);
+  const std::size_t n = 2 * 128 * 64;
+  check_graph(g,
+              {{"x", bf16_normal(130 * 64, rng, 1.0f)},
+               {"y", bf16_normal(130 * 64, rng, 1.0f)},
+               {"q", bf16_normal(n, rng, 1.0f)},
+               {"k", bf16_normal(n, rng, 1.0f)},
+               {"v", bf16_normal(n, rng, 1.0f)}},
+              {u, o}, 2.0 / 128);
+}
+
+TEST(Runtime, CrossEntropyEdges) {
+  const arch::ChipSpec chip = arch::load_chip("trn3");
+  // Every token ignored: NaN loss, zero gradients (as PyTorch).
+  Graph g("ce");
+  const int l = g.param("logits", {16, 10}, DType::bf16);
+  const int t = g.input("targets", {16}, DType::int32);
+  const int loss = g.cross_entropy(l, t);
+  g.mark_output(loss);
+  const auto grads = add_backward(g, loss, {l});
+  g.mark_output(grads.at(l));
+  std::mt19937 rng(3);
+  runtime::Device dev(chip);
+  const auto r = dev.run(compile(g, chip), {{"logits", bf16_normal(160, rng, 1.0f)},
+                                            {"targets", std::vector<float>(16, -100.0f)}});
+  EXPECT_TRUE(std::isnan(r.outputs.at(g.value(loss).name)[0]));
+  for (float d : r.outputs.at(g.value(grads.at(l)).name)) EXPECT_EQ(d, 0.0f);
+  // A loss gradient of unknown sign is refused.
+  Graph h("neg");
+  const int l2 = h.param("logits", {16, 10}, DType::bf16);
+  const int t2 = h.input("targets", {16}, DType::int32);
+  const int neg = h.scale(h.cross_entropy(l2, t2), -1.0);
+  h.mark_output(add_backward(h, neg, {l2}).at(l2));
+  EXPECT_THROW(compile(h, chip), NotSupported);
+}
+
 TEST(Runtime, SaysWhatItCannotLowerYet) {
   const arch::ChipSpec chip = arch::load_chip("trn3");
   Graph g("perm");
@@ -299,6 +378,20 @@ TEST(Runtime, SaysWhatItCannotLowerYet) {
   const Executable ex = compile(g, chip, po);
   ASSERT_EQ(ex.unlowered.size(), 1u);
   EXPECT_TRUE(ex.launches.empty());
+  runtime::Device d(chip);  // ... and it does not run
+  EXPECT_THROW(d.run(ex, {{"q", std::vector<float>(24, 1.0f)}}), Error);
+  // A kernel that takes another dtype than the value is refused at compile.
+  Graph mix("mix");
+  const int xm = mix.input("x", {4, 8}, DType::bf16);
+  mix.mark_output(mix.rmsnorm(xm, mix.param("g", {8}, DType::fp32)));
+  try {
+    compile(mix, chip);
+    ADD_FAILURE() << "compiled";
+  } catch (const NotSupported& e) {
+    EXPECT_NE(std::string(e.what()).find("%g is float32, its tensor gamma is bfloat16"),
+              std::string::npos)
+        << e.what();
+  }
   // A missing feed is an error naming the value.
   Graph h("m");
   const int x = h.input("x", {4, 8}, DType::bf16);
