@@ -11,6 +11,7 @@
 
 #include "arch/chip.h"
 #include "cli/commands.h"
+#include "graph/autocast.h"
 #include "graph/autodiff.h"
 #include "graph/fusion.h"
 #include "graph/lower.h"
@@ -25,7 +26,8 @@ namespace tern::cli {
 namespace {
 
 struct Args {
-  std::string file, model, arch = "trn3", emit, autocast = "none", dtype = "bf16";
+  std::string file, model, arch = "trn3", emit, autocast = "none", autocast_type = "bf16",
+                           dtype = "bf16";
   bool train = false, report = false, json = false, estimate = false, progress = true;
   std::int64_t layers = 12, dim = 768, heads = 12, kv_heads = 0, ffn = 0, vocab = 50304, seq = 1024,
                batch = 4;
@@ -66,13 +68,15 @@ graph::Model build(const Args& a) {
 }
 
 void run(const Args& a) {
-  if (a.autocast != "none")
-    throw NotSupported(
-        fmt::format("--autocast {}: the autocast passes come with the graph lowering (issue 6); "
-                    "graphs compile in the dtypes they are written in",
-                    a.autocast));
+  const graph::AutocastOptions ac = graph::parse_autocast(a.autocast, a.autocast_type);
   const arch::ChipSpec chip = arch::load_chip(a.arch);
   graph::Model m = build(a);
+  if (ac.mode != "none") {  // the forward rewritten; values keep their names
+    graph::Model c{graph::autocast(m.graph, ac), -1, {}};
+    if (m.loss >= 0) c.loss = c.graph.find(m.graph.value(m.loss).name);
+    for (int p : m.params) c.params.push_back(c.graph.find(m.graph.value(p).name));
+    m = std::move(c);
+  }
   graph::Graph& g = m.graph;
   if (a.train) {
     if (m.loss < 0)
@@ -212,7 +216,11 @@ void add_compile_command(CLI::App& app) {
   cmd->add_option("--optimizer-bytes", a->optimizer_bytes,
                   "Optimizer state per parameter in the fit check (default 12 with --train: "
                   "AdamW FP32 master, m, v; else 0)");
-  cmd->add_option("--autocast", a->autocast, "Precision policy (only 'none' so far)")
+  cmd->add_option("--autocast", a->autocast,
+                  "Precision policy: none, matmult (matmuls and attention in --autocast-type) "
+                  "or all (all but norms, softmax, cross-entropy, embedding)")
+      ->capture_default_str();
+  cmd->add_option("--autocast-type", a->autocast_type, "bf16 or fp16 (FP8: not supported yet)")
       ->capture_default_str();
   cmd->add_option("--arch", a->arch, "Chip whose HBM must hold the plan")->capture_default_str();
   cmd->add_option("--emit", a->emit, "Write the compiled graph's text form to this file");

@@ -535,6 +535,7 @@ class Lowerer {
     if (s.steps.empty()) unsupported(first, "a chain of casts");
     s.out = val(running).dtype;
     s.inputs = static_cast<int>(inputs.size());
+    for (int v : inputs) s.input_dtypes.push_back(val(v).dtype);
     for (std::size_t i = 0; i < inputs.size(); ++i)
       l.inputs.emplace_back(fmt::format("in{}", i), inputs[i]);
     l.outputs = {{"out", running}};

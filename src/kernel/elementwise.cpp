@@ -164,8 +164,14 @@ isa::Program elementwise_chain_kernel(const arch::ChipSpec& chip, const Elementw
     throw Error("elementwise_chain: needs at least one input and one step");
   Builder b(chip, s.cores);
   std::vector<Tensor> in;
+  if (!s.input_dtypes.empty() && static_cast<int>(s.input_dtypes.size()) != s.inputs)
+    throw Error(fmt::format("elementwise_chain: {} input dtypes for {} inputs",
+                            s.input_dtypes.size(), s.inputs));
   for (int i = 0; i < s.inputs; ++i)
-    in.push_back(b.hbm(fmt::format("in{}", i), {s.rows, s.cols}, s.dtype, isa::TensorKind::input));
+    in.push_back(
+        b.hbm(fmt::format("in{}", i), {s.rows, s.cols},
+              s.input_dtypes.empty() ? s.dtype : s.input_dtypes[static_cast<std::size_t>(i)],
+              isa::TensorKind::input));
   const Tensor out = b.hbm("out", {s.rows, s.cols}, s.out, isa::TensorKind::output);
   for (const ChainStep& st : s.steps)
     if (!is_unary(st.op) && (st.operand < 0 || st.operand >= s.inputs))
@@ -179,7 +185,7 @@ isa::Program elementwise_chain_kernel(const arch::ChipSpec& chip, const Elementw
     Tensor acc[kB], opnd[kB], tmp[kB], res[kB];
     for (int i = 0; i < kB; ++i) {
       acc[i] = b.sbuf(static_cast<int>(P), W, DType::fp32);
-      opnd[i] = b.sbuf(static_cast<int>(P), W, s.dtype);
+      opnd[i] = b.sbuf(static_cast<int>(P), W, DType::fp32);  // any input dtype, by DMA
       tmp[i] = b.sbuf(static_cast<int>(P), W, DType::fp32);
       res[i] = b.sbuf(static_cast<int>(P), W, s.out);
     }

@@ -387,6 +387,7 @@ struct ElementwiseChainSpec {
   std::int64_t rows = 1, cols = 1;
   isa::DType dtype = isa::DType::bf16, out = isa::DType::bf16;
   int inputs = 1;
+  std::vector<isa::DType> input_dtypes;  // per input (empty: all `dtype`)
   std::vector<ChainStep> steps;
   int cores = 1;
 };

@@ -225,7 +225,10 @@ expect_json 'j["ops"] == 5 and j["params"] == 9600' compile "$EX/graphs/mlp.tgra
 expect_err "does not fit trn3 (144.00 GiB): it needs" compile --model gpt2 --train --layers 96 --dim 12288 --heads 96 --seq 2048 --batch 8 --json
 expect_json 'j["estimate"]["total_ns"] > 0 and len(j["estimate"]["kernels"]) == 6 and all("transposing load is the DMA transpose" in u["reason"] for u in j["estimate"]["not_lowered"])' compile "$EX/graphs/mlp.tgraph" --train --estimate --json
 expect_ok "simulated time of the [0-9]+ lowered kernels" compile --model gpt2 --layers 2 --train --estimate --no-progress
-expect_err "not supported: --autocast mxfp8" compile --model gpt2 --autocast mxfp8
+expect_err "autocast 'mxfp8': expected none, matmult or all" compile --model gpt2 --autocast mxfp8
+expect_err "not supported: autocast to float8_e4m3fn" compile --model gpt2 --autocast matmult --autocast-type fp8_e4m3
+expect_ok "^graph gpt2: " compile --model gpt2 --layers 2 --dtype fp32 --autocast matmult --train
+expect_json 'j["params"] == 124475904' compile --model gpt2 --dtype fp32 --autocast all --train --json
 expect_err "give a .tgraph file or --model" compile
 printf 'graph bad {\n  %%x = input : [2, 3] float32\n  %%y = matmul %%x, %%x : [2, 2] float32\n}\n' >"$tmp/bad.tgraph"
 expect_err "bad.tgraph:3: graph bad: matmul %x, %x: contraction dims differ" compile "$tmp/bad.tgraph"

@@ -9,6 +9,7 @@
 #include <random>
 
 #include "arch/chip.h"
+#include "graph/autocast.h"
 #include "graph/autodiff.h"
 #include "graph/eval.h"
 #include "graph/lower.h"
@@ -243,6 +244,44 @@ TEST(Runtime, LlamaTrainingStepMatchesTheInterpreter) {
   feeds["ids"] = tokens(rng, c.batch * c.seq, c.vocab);
   feeds["targets"] = tokens(rng, c.batch * c.seq, c.vocab);
   check_training_step(m, feeds);
+}
+
+// An FP32 GPT-2 under autocast: matmult (bf16 matmuls and attention, the
+// rest FP32) and all (everything bf16 but norms, softmax, cross-entropy,
+// embedding): the training step on the chip against the interpreter.
+TEST(Runtime, AutocastGpt2TrainingStep) {
+  for (const char* mode : {"matmult", "all"}) {
+    SCOPED_TRACE(mode);
+    Gpt2Config c;
+    c.layers = 1, c.dim = 128, c.heads = 2, c.vocab = 97, c.seq = 64, c.batch = 2;
+    c.dtype = DType::fp32;
+    Model m = gpt2(c);
+    Model a{autocast(m.graph, parse_autocast(mode, "bf16")), -1, {}};
+    a.loss = a.graph.find("loss");
+    for (int p : m.params) a.params.push_back(a.graph.find(m.graph.value(p).name));
+    EXPECT_EQ(a.graph.value(a.loss).dtype, DType::fp32);
+    int bf16_matmuls = 0, fp32_norm_inputs = 0;
+    for (const Node& n : a.graph.nodes()) {
+      bf16_matmuls += n.op == Op::matmul && a.graph.value(n.outputs[0]).dtype == DType::bf16;
+      fp32_norm_inputs += n.op == Op::layernorm && a.graph.value(n.inputs[0]).dtype == DType::fp32;
+    }
+    EXPECT_EQ(bf16_matmuls, 5);  // c_attn, attn c_proj, c_fc, mlp c_proj, the head
+    EXPECT_EQ(fp32_norm_inputs, 3);
+    std::mt19937 rng(8);
+    std::map<std::string, std::vector<float>> feeds;
+    for (int p : a.params) {
+      const Value& v = a.graph.value(p);
+      const auto n = static_cast<std::size_t>(elements(v.shape));
+      const bool ln = v.name.find("ln_") != std::string::npos;
+      feeds[v.name] = ln && v.name.back() == 'w' ? std::vector<float>(n, 1.0f)
+                                                 : bf16_normal(n, rng, ln ? 0.02f : 0.05f);
+    }
+    feeds["ids"] = tokens(rng, c.batch * c.seq, c.vocab);
+    feeds["targets"] = tokens(rng, c.batch * c.seq, c.vocab);
+    check_training_step(a, feeds);
+  }
+  EXPECT_THROW(parse_autocast("matmult", "fp8_e4m3"), NotSupported);
+  EXPECT_THROW(parse_autocast("most", "bf16"), Error);
 }
 
 // GLU forward and backward kernels through the fusion patterns.
