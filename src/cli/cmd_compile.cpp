@@ -17,6 +17,7 @@
 #include "graph/lower.h"
 #include "graph/memplan.h"
 #include "graph/models.h"
+#include "graph/recompute.h"
 #include "graph/text.h"
 #include "sim/simulator.h"
 #include "util/error.h"
@@ -27,7 +28,7 @@ namespace {
 
 struct Args {
   std::string file, model, arch = "trn3", emit, autocast = "none", autocast_type = "bf16",
-                           dtype = "bf16";
+                           recompute = "none", dtype = "bf16";
   bool train = false, report = false, json = false, estimate = false, progress = true;
   std::int64_t layers = 12, dim = 768, heads = 12, kv_heads = 0, ffn = 0, vocab = 50304, seq = 1024,
                batch = 4;
@@ -83,6 +84,9 @@ void run(const Args& a) {
       throw Error(
           fmt::format("--train: graph {} has no scalar output to use as the loss", g.name()));
     for (const auto& [p, d] : graph::add_backward(g, m.loss, m.params)) g.mark_output(d);
+    g = graph::recompute(g, m.loss, a.recompute);
+  } else if (a.recompute != "none") {
+    throw Error("--recompute needs --train (there is no backward pass to recompute for)");
   }
   if (!a.emit.empty()) graph::save(g, a.emit);
   const graph::FusionReport f = graph::fuse(g);
@@ -221,6 +225,10 @@ void add_compile_command(CLI::App& app) {
                   "or all (all but norms, softmax, cross-entropy, embedding)")
       ->capture_default_str();
   cmd->add_option("--autocast-type", a->autocast_type, "bf16 or fp16 (FP8: not supported yet)")
+      ->capture_default_str();
+  cmd->add_option("--recompute", a->recompute,
+                  "Activation recomputation with --train: none or selective (cheap ops "
+                  "recomputed before the backward reads them)")
       ->capture_default_str();
   cmd->add_option("--arch", a->arch, "Chip whose HBM must hold the plan")->capture_default_str();
   cmd->add_option("--emit", a->emit, "Write the compiled graph's text form to this file");

@@ -229,6 +229,9 @@ expect_err "autocast 'mxfp8': expected none, matmult or all" compile --model gpt
 expect_err "not supported: autocast to float8_e4m3fn" compile --model gpt2 --autocast matmult --autocast-type fp8_e4m3
 expect_ok "^graph gpt2: " compile --model gpt2 --layers 2 --dtype fp32 --autocast matmult --train
 expect_json 'j["params"] == 124475904' compile --model gpt2 --dtype fp32 --autocast all --train --json
+expect_json 'j["hbm"]["activations_bytes"] < 1.6 * 2**30' compile --model gpt2 --train --recompute selective --json
+expect_err "--recompute needs --train" compile --model gpt2 --recompute selective
+expect_err "recompute 'all': expected none or selective" compile --model gpt2 --train --recompute all
 expect_err "give a .tgraph file or --model" compile
 printf 'graph bad {\n  %%x = input : [2, 3] float32\n  %%y = matmul %%x, %%x : [2, 2] float32\n}\n' >"$tmp/bad.tgraph"
 expect_err "bad.tgraph:3: graph bad: matmul %x, %x: contraction dims differ" compile "$tmp/bad.tgraph"
