@@ -676,7 +676,7 @@ class Lowerer {
     l.program = kernel::layout_copy_kernel(chip_, s);
   }
 
-  // Sums over the leading axes: ones[1, R] @ x[R, N] on the Tensor engine;
+  // Sums over the leading axes: x^T @ ones on the Tensor engine;
   // over all axes (fp32): the reduce kernel.
   void sum(int n, Launch& l) {
     const Node& N = node(n);
@@ -702,14 +702,18 @@ class Lowerer {
       if (axes[i] != static_cast<std::int64_t>(i))
         unsupported(n, "a sum other than over the leading axes or all");
     const std::int64_t rest = elements(os);
+    // x^T @ ones: x [R, rest] is the stationary operand in its natural
+    // layout (NKI's lhsT), so each matmul fills 128 PE columns with output
+    // rows and streams a single column; ones @ x would stream x past one
+    // PE column (8x the Tensor-engine time at 512 columns).
     kernel::MatmulSpec s;
-    s.m = 1, s.n = rest, s.k = elements(xs) / rest, s.in = val(N.inputs[0]).dtype, s.out = dt;
-    s.trans_a = true, s.trans_b = false, s.cores = 1;
+    s.m = rest, s.n = 1, s.k = elements(xs) / rest, s.in = val(N.inputs[0]).dtype, s.out = dt;
+    s.trans_a = true, s.trans_b = false, s.cores = cores_;
     l.program = kernel::matmul_kernel(chip_, s);
-    l.constants = {{"at", 1.0f}};
-    l.inputs = {{"b", N.inputs[0], {}}};
+    l.constants = {{"b", 1.0f}};
+    l.inputs = {{"at", N.inputs[0], {}}};
     l.outputs = {{"c", out(n), {}}};
-    l.detail = "column sums as ones @ x";
+    l.detail = "column sums as x^T @ ones";
   }
 
   void matmul(const std::vector<int>& nodes, Launch& l) {
