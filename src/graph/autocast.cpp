@@ -82,11 +82,8 @@ Graph autocast(const Graph& g, const AutocastOptions& opt) {
   };
   std::set<int> outputs(g.outputs().begin(), g.outputs().end());
   for (const Node& n : g.nodes()) {
-    const Value& o0 = g.value(n.outputs[0]);
     if (n.op == Op::input || n.op == Op::param) {
-      map[static_cast<std::size_t>(n.outputs[0])] = n.op == Op::input
-                                                        ? out.input(o0.name, o0.shape, o0.dtype)
-                                                        : out.param(o0.name, o0.shape, o0.dtype);
+      map[static_cast<std::size_t>(n.outputs[0])] = out.copy_leaf(g, n.outputs[0]);
       continue;
     }
     std::vector<int> ins;

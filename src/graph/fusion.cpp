@@ -20,9 +20,6 @@ namespace tern::graph {
 
 namespace {
 
-bool is_leaf(Op op) {
-  return op == Op::input || op == Op::param || op == Op::full;
-}
 bool is_act(Op op) {
   return op == Op::gelu || op == Op::gelu_tanh || op == Op::silu || op == Op::relu;
 }

@@ -132,6 +132,18 @@ int Graph::param(const std::string& name, Shape shape, DType dtype) {
   return v;
 }
 
+int Graph::copy_leaf(const Graph& from, int v) {
+  const Value& val = from.value(v);
+  switch (from.node(val.node).op) {
+    case Op::input:
+      return input(val.name, val.shape, val.dtype);
+    case Op::param:
+      return param(val.name, val.shape, val.dtype);
+    default:
+      throw Error(fmt::format("graph {}: %{} is not an input or param", from.name(), val.name));
+  }
+}
+
 std::vector<int> Graph::add(Op op, std::vector<int> inputs, Attrs attrs,
                             std::vector<std::string> names) {
   if (op == Op::input || op == Op::param)

@@ -66,6 +66,10 @@ enum class Op : std::uint8_t {
   count_,
 };
 std::string_view op_name(Op op);
+// input, param and full: nodes without operands.
+inline bool is_leaf(Op op) {
+  return op == Op::input || op == Op::param || op == Op::full;
+}
 // Throws tern::Error "unknown op 'x'" (with the known names) for bad names.
 Op parse_op(std::string_view name);
 
@@ -105,6 +109,9 @@ class Graph {
   // Leaves.
   int input(const std::string& name, Shape shape, DType dtype);
   int param(const std::string& name, Shape shape, DType dtype);
+  // The same input or param as value v of graph `from` (for passes that
+  // rebuild a graph node by node).
+  int copy_leaf(const Graph& from, int v);
   // Adds a node; infers its outputs (names: `names`, or fresh "t<N>").
   // Throws tern::Error naming the op and its operands when they do not fit.
   std::vector<int> add(Op op, std::vector<int> inputs, Attrs attrs = {},

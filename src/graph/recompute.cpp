@@ -32,10 +32,6 @@ bool cheap(Op op) {
   }
 }
 
-bool is_leaf(Op op) {
-  return op == Op::input || op == Op::param || op == Op::full;
-}
-
 }  // namespace
 
 Graph recompute(const Graph& g, int loss, const std::string& policy) {
@@ -86,11 +82,8 @@ Graph recompute(const Graph& g, int loss, const std::string& policy) {
   };
   for (int i = 0; i < nodes; ++i) {
     const Node& n = g.node(i);
-    const Value& o0 = g.value(n.outputs[0]);
     if (n.op == Op::input || n.op == Op::param) {
-      map[static_cast<std::size_t>(n.outputs[0])] = n.op == Op::input
-                                                        ? out.input(o0.name, o0.shape, o0.dtype)
-                                                        : out.param(o0.name, o0.shape, o0.dtype);
+      map[static_cast<std::size_t>(n.outputs[0])] = out.copy_leaf(g, n.outputs[0]);
       continue;
     }
     std::vector<int> ins;
