@@ -260,6 +260,66 @@ class Fuser {
     }
   }
 
+  // Head split chains read only by attention: views (fusion.h HeadView),
+  // moved into the group of their first attention reader.
+  void attention_views() {
+    for (int a = 0; a < static_cast<int>(g_.nodes().size()); ++a) {
+      const Op op = node(a).op;
+      if (op != Op::attention && op != Op::attention_backward) continue;
+      const int base = op == Op::attention_backward ? 1 : 0;
+      for (int r = 0; r < 3; ++r) try_view(node(a).inputs[static_cast<std::size_t>(base + r)]);
+    }
+  }
+  void try_view(int t) {
+    if (views_.contains(t) || outputs_.contains(t)) return;
+    const int tn = producer(t);
+    if (node(tn).op != Op::transpose ||
+        attr_ints(node(tn).attrs, "perm") != std::vector<std::int64_t>{0, 2, 1, 3})
+      return;
+    int first = -1;
+    for (int u : users(t)) {
+      const Node& un = node(u);
+      const int base = un.op == Op::attention_backward ? 1 : 0;
+      if (un.op != Op::attention && un.op != Op::attention_backward) return;
+      for (std::size_t i = 0; i < un.inputs.size(); ++i)
+        if (un.inputs[i] == t && (static_cast<int>(i) < base || static_cast<int>(i) > base + 2))
+          return;
+      if (first < 0 || u < first) first = u;
+    }
+    const int rv = node(tn).inputs[0], rn = producer(rv);
+    if (node(rn).op != Op::reshape || sole_user(rv) != tn) return;
+    const Shape& hs = g_.value(rv).shape;  // [B, S, H, D]
+    int x = node(rn).inputs[0];
+    const Shape& xs = g_.value(x).shape;
+    if (hs.size() != 4 || xs.size() != 3 || xs[0] != hs[0] || xs[1] != hs[1] ||
+        xs[2] != hs[2] * hs[3])
+      return;
+    std::vector<int> chain{tn, rn};
+    std::int64_t col0 = 0;
+    const int sn = producer(x);
+    if (node(sn).op == Op::slice && sole_user(x) == rn) {
+      const Shape& ss = g_.value(node(sn).inputs[0]).shape;
+      const std::int64_t ax = attr_int(node(sn).attrs, "axis", 0);
+      if (ss.size() == 3 && (ax == 2 || ax == -1)) {
+        col0 = attr_int(node(sn).attrs, "start", 0);
+        x = node(sn).inputs[0];
+        chain.push_back(sn);
+      }
+    }
+    const Shape& src = g_.value(x).shape;
+    views_[t] = {x, col0, hs[0], hs[1], hs[2], hs[3], src[2]};
+    for (int n : chain) alias_[out(n)] = x;
+    // Into the first reader's group.
+    const int target = group_[static_cast<std::size_t>(first)];
+    for (int n : chain) {
+      auto& from = groups_[static_cast<std::size_t>(group_[static_cast<std::size_t>(n)])].nodes;
+      from.erase(std::remove(from.begin(), from.end(), n), from.end());
+      auto& to = groups_[static_cast<std::size_t>(target)].nodes;
+      to.insert(std::upper_bound(to.begin(), to.end(), n), n);
+      group_[static_cast<std::size_t>(n)] = target;
+    }
+  }
+
   static std::string kernel_of(Op op) {
     switch (op) {
       case Op::attention:
@@ -341,16 +401,21 @@ class Fuser {
       r.groups.push_back(groups_[static_cast<std::size_t>(gi)]);
       for (int n : r.groups.back().nodes) r.group_of[static_cast<std::size_t>(n)] = id;
     }
-    // A view counts as fused when a kernel absorbs it; any other op when its
-    // kernel runs at least one more op that is not a view.
+    // A view (a reshape, a head view's slice / reshape / transpose) counts
+    // as fused when a kernel absorbs it; any other op when its kernel runs at
+    // least one more op that is not a view (attention beside its head views
+    // still runs alone in the flash kernel).
+    auto is_view = [&](int m) {
+      return node(m).op == Op::reshape || alias_.contains(node(m).outputs[0]);
+    };
     for (std::size_t n = 0; n < g_.nodes().size(); ++n) {
       const Op op = node(static_cast<int>(n)).op;
       if (is_leaf(op)) continue;
       ++r.ops;
       const KernelGroup& gr = r.groups[static_cast<std::size_t>(r.group_of[n])];
-      const auto real = std::count_if(gr.nodes.begin(), gr.nodes.end(),
-                                      [&](int m) { return node(m).op != Op::reshape; });
-      if (op == Op::reshape ? real >= 1 : real >= 2)
+      const auto real =
+          std::count_if(gr.nodes.begin(), gr.nodes.end(), [&](int m) { return !is_view(m); });
+      if (is_view(static_cast<int>(n)) ? gr.nodes.size() >= 2 : real >= 2)
         ++r.fused;
       else
         r.alone[n] = reason(g_, node(static_cast<int>(n)));
@@ -364,6 +429,12 @@ class Fuser {
   std::vector<std::vector<int>> users_;
   std::set<int> outputs_;
   std::vector<KernelGroup> groups_;
+  std::map<int, HeadView> views_;
+  std::map<int, int> alias_;
+
+ public:
+  const std::map<int, HeadView>& views() const { return views_; }
+  const std::map<int, int>& aliases() const { return alias_; }
 };
 
 }  // namespace
@@ -378,7 +449,11 @@ FusionReport fuse(const Graph& g) {
   f.matmuls();
   f.elementwise();
   f.rest();
-  return f.finish();
+  f.attention_views();
+  FusionReport r = f.finish();
+  r.views = f.views();
+  r.alias = f.aliases();
+  return r;
 }
 
 std::string fusion_table(const Graph& g, const FusionReport& r) {

@@ -12,10 +12,14 @@
 //   - GLU: mul(act(gate), up) and its backward (two muls + act_backward);
 //   - cross_entropy with its backward (one pass gives loss and dlogits);
 //   - chains of elementwise ops into one pass;
-//   - reshapes are views: absorbed by the kernel that reads them.
+//   - reshapes are views: absorbed by the kernel that reads them; so are the
+//     head split chains (slice, reshape, transpose) of attention's q, k, v,
+//     which the attention kernels read through strided views (HeadView).
 // Every other op runs as its own kernel; the report says why.
 #pragma once
 
+#include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -30,10 +34,20 @@ struct KernelGroup {
   int last() const { return nodes.back(); }
 };
 
+// q, k or v of attention given as transpose([0, 2, 1, 3]) of reshape([B, S,
+// H, D]) of X [B, S, W] (or of a slice of X's last dim from col0): no
+// kernel computes it; the attention kernels read X through a strided view.
+struct HeadView {
+  int source = -1;  // X
+  std::int64_t col0 = 0, batch = 0, seq = 0, heads = 0, head_dim = 0, width = 0;
+};
+
 struct FusionReport {
   std::vector<KernelGroup> groups;  // in execution order
   std::vector<int> group_of;        // node -> group index (-1: leaves and constants)
   std::vector<std::string> alone;   // node -> why it runs alone ("" when fused)
+  std::map<int, HeadView> views;    // by the transpose's output value
+  std::map<int, int> alias;         // a view chain's values -> the value they read
   int ops = 0;                      // ops counted (all but input / param / full)
   int fused = 0;                    // of them, in a group with another op
   double rate() const { return ops ? static_cast<double>(fused) / ops : 0.0; }

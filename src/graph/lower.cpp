@@ -34,8 +34,8 @@ isa::ActFunc act_func(Op op) {
 
 class Lowerer {
  public:
-  Lowerer(const Graph& g, const arch::ChipSpec& chip, int cores)
-      : g_(g), chip_(chip), cores_(cores) {}
+  Lowerer(const Graph& g, const FusionReport& f, const arch::ChipSpec& chip, int cores)
+      : g_(g), f_(f), chip_(chip), cores_(cores) {}
 
   const Node& node(int n) const { return g_.node(n); }
   const Value& val(int v) const { return g_.value(v); }
@@ -70,8 +70,8 @@ class Lowerer {
     const Op first = node(nodes[0]).op;
     if (first == Op::cross_entropy || first == Op::cross_entropy_backward) {
       return cross_entropy(nodes, l);
-    } else if (nodes.size() == 1 && (first == Op::attention || first == Op::attention_backward)) {
-      return attention(nodes[0], l);
+    } else if (const int a = attention_node(nodes); a >= 0) {
+      return attention(a, l);  // with the head views the fusion put beside it
     } else if (k.kernel == "flash_attention") {
       return attention_pattern(nodes, l);
     } else if (nodes.size() == 1 && first == Op::cast) {
@@ -183,6 +183,20 @@ class Lowerer {
     return fmt::format("norm{}.{}", norm_node, what);
   }
 
+  // The attention or attention_backward node of a group whose other nodes
+  // are head views (fusion.h HeadView), or -1.
+  int attention_node(const std::vector<int>& nodes) const {
+    int a = -1;
+    for (int n : nodes) {
+      const Op op = node(n).op;
+      if (op == Op::attention || op == Op::attention_backward)
+        a = n;
+      else if (!f_.alias.contains(out(n)))
+        return -1;
+    }
+    return a;
+  }
+
   // Attention: the kernels read q and k as [B, H, D, S] (NKI's layout), so
   // both go through batched Tensor-engine transposes first; the backward
   // transposes dq and dk back.
@@ -195,6 +209,47 @@ class Lowerer {
     l.inputs = {{"in", value, in_temp}};
     l.outputs = {{"out", out_value, out_temp}};
     return l;
+  }
+  // q or k of attention as [B * H, D, S] in a temporary: transposed from the
+  // value, or straight from the projection output when it is a head view.
+  Launch head_transpose(const Launch& base, int t, const std::string& out_temp) {
+    const auto it = f_.views.find(t);
+    if (it == f_.views.end()) {
+      const Shape& ts = val(t).shape;
+      return transpose_launch(base, t, {}, out_temp, -1, ts[0] * ts[1], ts[2], ts[3], val(t).dtype);
+    }
+    const HeadView& v = it->second;
+    kernel::StridedSource src;
+    src.elements = elements(val(v.source).shape), src.offset = v.col0, src.row_stride = v.width;
+    src.inner = v.heads, src.inner_stride = v.head_dim, src.outer_stride = v.seq * v.width;
+    Launch l = base;
+    l.kernel = "transpose", l.detail = "head view";
+    l.program = kernel::transpose_kernel(chip_, v.seq, v.head_dim, val(t).dtype, v.batch * v.heads,
+                                         cores_, &src);
+    l.inputs = {{"in", v.source}};
+    l.outputs = {{"out", -1, out_temp}};
+    return l;
+  }
+  // v of attention as [B, H, S, D]: the value itself, or a head view copied
+  // out of the projection output into `temp` (launch appended to ls).
+  Binding head_rows(const Launch& base, int t, const std::string& temp, std::vector<Launch>& ls) {
+    const auto it = f_.views.find(t);
+    if (it == f_.views.end()) return Binding("v", t);
+    const HeadView& v = it->second;
+    kernel::LayoutCopySpec c;
+    c.rows = v.batch * v.heads * v.seq, c.cols = v.head_dim, c.dtype = val(t).dtype;
+    c.cores = cores_, c.input_elements = {elements(val(v.source).shape)};
+    for (std::int64_t b = 0; b < v.batch; ++b)
+      for (std::int64_t h = 0; h < v.heads; ++h)
+        c.runs.push_back({0, (b * v.heads + h) * v.seq, v.seq,
+                          b * v.seq * v.width + v.col0 + h * v.head_dim, v.width, 0, v.head_dim});
+    Launch l = base;
+    l.kernel = "copy", l.detail = "head view";
+    l.program = kernel::layout_copy_kernel(chip_, c);
+    l.inputs = {{"in0", v.source}};
+    l.outputs = {{"out", -1, temp}};
+    ls.push_back(std::move(l));
+    return Binding("v", -1, temp);
   }
   kernel::AttentionSpec attention_spec(const Node& n, int q, int k) const {
     const Shape &qs = val(q).shape, &ks = val(k).shape;
@@ -215,19 +270,20 @@ class Lowerer {
     const DType dt = val(q).dtype;
     std::vector<Launch> ls;
     const std::string qt = tmp(base, "qT"), kt = tmp(base, "kT");
-    ls.push_back(transpose_launch(base, q, {}, qt, -1, qs[0] * qs[1], qs[2], qs[3], dt));
-    ls.push_back(transpose_launch(base, k, {}, kt, -1, ks[0] * ks[1], ks[2], ks[3], dt));
+    ls.push_back(head_transpose(base, q, qt));
+    ls.push_back(head_transpose(base, k, kt));
+    const Binding vb = head_rows(base, v, tmp(base, "v"), ls);
     Launch l = base;
     if (!bwd) {
       l.program = kernel::flash_attention_kernel(chip_, s);
-      l.inputs = {{"q", -1, qt}, {"k", -1, kt}, {"v", v}};
+      l.inputs = {{"q", -1, qt}, {"k", -1, kt}, vb};
       l.outputs = {{"o", N.outputs[0]}, {"lse", N.outputs[1]}};
       ls.push_back(std::move(l));
       return ls;
     }
     const std::string dqt = tmp(base, "dqT"), dkt = tmp(base, "dkT");
     l.program = kernel::flash_attention_backward_kernel(chip_, s);
-    l.inputs = {{"q", -1, qt},      {"k", -1, kt},       {"v", v},
+    l.inputs = {{"q", -1, qt},      {"k", -1, kt},       vb,
                 {"o", N.inputs[4]}, {"do", N.inputs[0]}, {"lse", N.inputs[5]}};
     l.outputs = {{"dq", -1, dqt}, {"dk", -1, dkt}, {"dv", N.outputs[2]}};
     ls.push_back(std::move(l));
@@ -855,6 +911,7 @@ class Lowerer {
 
  private:
   const Graph& g_;
+  const FusionReport& f_;
   const arch::ChipSpec& chip_;
   int cores_;
 };
@@ -891,7 +948,7 @@ Executable compile(const Graph& g, const arch::ChipSpec& chip, const CompileOpti
   const int cores = opt.cores > 0 ? opt.cores : chip.cores;
   if (cores > chip.cores)
     throw Error(fmt::format("compile: {} cores asked, {} has {}", cores, chip.name, chip.cores));
-  Lowerer lw(e.graph, chip, cores);
+  Lowerer lw(e.graph, e.fusion, chip, cores);
   for (std::size_t i = 0; i < e.fusion.groups.size(); ++i) {
     try {
       std::vector<Launch> ls = lw.lower(e.fusion.groups[i], static_cast<int>(i));

@@ -27,16 +27,24 @@ std::string bytes_string(std::int64_t b) {
   return fmt::format("{} B", b);
 }
 
-MemoryPlan plan_memory(const Graph& g, const FusionReport& f, const PlanOptions& opt) {
-  MemoryPlan p;
-  const int kernels = static_cast<int>(f.groups.size());
-  // The value whose bytes each value's bytes are (reshape chains alias).
+std::vector<int> storage_roots(const Graph& g, const FusionReport& f) {
   std::vector<int> root(g.values().size());
   for (std::size_t v = 0; v < root.size(); ++v) {
     const Node& n = g.node(g.values()[v].node);
-    root[v] =
-        n.op == Op::reshape ? root[static_cast<std::size_t>(n.inputs[0])] : static_cast<int>(v);
+    if (const auto it = f.alias.find(static_cast<int>(v)); it != f.alias.end())
+      root[v] = root[static_cast<std::size_t>(it->second)];
+    else if (n.op == Op::reshape)
+      root[v] = root[static_cast<std::size_t>(n.inputs[0])];
+    else
+      root[v] = static_cast<int>(v);
   }
+  return root;
+}
+
+MemoryPlan plan_memory(const Graph& g, const FusionReport& f, const PlanOptions& opt) {
+  MemoryPlan p;
+  const int kernels = static_cast<int>(f.groups.size());
+  const std::vector<int> root = storage_roots(g, f);
   // Lifetimes in kernel indices; -1 first: not materialized (yet).
   std::map<int, Buffer> bufs;
   auto group_of = [&](int node) { return f.group_of[static_cast<std::size_t>(node)]; };

@@ -45,6 +45,10 @@ struct MemoryPlan {
 
 MemoryPlan plan_memory(const Graph& g, const FusionReport& f, const PlanOptions& opt = {});
 
+// For each value, the value whose bytes hold it: itself, or for reshapes
+// and the views of f (FusionReport::alias) the value they read.
+std::vector<int> storage_roots(const Graph& g, const FusionReport& f);
+
 // Throws tern::Error when plan.total() exceeds `capacity` bytes, naming the
 // largest buffers; `where` names the device ("trn3 (144 GiB)").
 void check_fits(const Graph& g, const MemoryPlan& plan, std::int64_t capacity,

@@ -404,9 +404,18 @@ isa::Program layout_copy_kernel(const arch::ChipSpec& chip, const LayoutCopySpec
 
 // out[C, R] = in[R, C]^T through the Tensor engine, 128 x 128 blocks.
 // With `batch`: `batch` matrices stacked, "in" [batch * rows, cols] ->
-// "out" [batch * cols, rows], the matrices dealt over `cores`.
+// "out" [batch * cols, rows], the matrices dealt over `cores`. With a
+// StridedSource, "in" is [1, elements] and matrix m is read through a view
+// of it: row r, column c at offset + (m / inner) * outer_stride +
+// (m % inner) * inner_stride + r * row_stride + c (e.g. one head's q of a
+// fused qkv projection output [B, S, 3D]).
+struct StridedSource {
+  std::int64_t elements = 0, offset = 0, row_stride = 0;
+  std::int64_t inner = 1, inner_stride = 0, outer_stride = 0;
+};
 isa::Program transpose_kernel(const arch::ChipSpec& chip, std::int64_t rows, std::int64_t cols,
-                              isa::DType dt, std::int64_t batch = 1, int cores = 1);
+                              isa::DType dt, std::int64_t batch = 1, int cores = 1,
+                              const StridedSource* source = nullptr);
 
 // Embedding lookup and its backward, on indirect DMA (dma_gather /
 // dma_scatter). Token ids are int32; dtype fp32, bf16 or fp16; any

@@ -32,13 +32,9 @@ StepResult Device::run(const graph::Executable& exe,
                     "for estimates): it cannot run; first: {}",
                     exe.unlowered.size(), exe.unlowered.front().second));
   const graph::Graph& g = exe.graph;
-  // Where each value's bytes live: its root (reshapes alias) at its offset.
-  std::vector<int> root(g.values().size());
-  for (std::size_t v = 0; v < root.size(); ++v) {
-    const graph::Node& n = g.node(g.values()[v].node);
-    root[v] = n.op == graph::Op::reshape ? root[static_cast<std::size_t>(n.inputs[0])]
-                                         : static_cast<int>(v);
-  }
+  // Where each value's bytes live: its root (reshapes and views alias) at
+  // its offset.
+  const std::vector<int> root = graph::storage_roots(g, exe.fusion);
   std::map<int, std::int64_t> offset;
   for (const graph::Buffer& b : exe.plan.buffers) offset[b.value] = b.offset;
   std::vector<std::uint8_t> arena(static_cast<std::size_t>(exe.plan.arena_bytes));
