@@ -218,7 +218,7 @@ expect_err "a kernel for 9 cores, but trn3 has 8" bench matmul --cores 9 --m 8 -
 # tern compile: fusion report, HBM plan, fit check, graph errors (issue 6)
 EX=$(cd "$(dirname "$0")/../../examples" && pwd)
 expect_ok "Usage|Options" compile --help
-expect_ok "^graph gpt2: 782 ops in 502 kernels, fusion rate 0.468; 124475904 parameters" compile --model gpt2 --train
+expect_ok "^graph gpt2: 782 ops in 430 kernels, fusion rate 0.560; 124475904 parameters" compile --model gpt2 --train
 expect_json 'j["params"] == 124475904 and j["hbm"]["fits"] and all(u["reason"] for u in j["unfused"])' compile --model gpt2 --train --json
 expect_ok "cross_entropy_backward %grad.logits" compile "$EX/graphs/mlp.tgraph" --train --report
 expect_json 'j["ops"] == 5 and j["params"] == 9600' compile "$EX/graphs/mlp.tgraph" --json
