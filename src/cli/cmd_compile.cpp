@@ -92,9 +92,8 @@ void run(const Args& a) {
   const graph::FusionReport f = graph::fuse(g);
   graph::PlanOptions po;
   po.optimizer_bytes_per_param = a.optimizer_bytes >= 0 ? a.optimizer_bytes : (a.train ? 12 : 0);
-  const graph::MemoryPlan plan = graph::plan_memory(g, f, po);
+  graph::MemoryPlan plan = graph::plan_memory(g, f, po);
   const std::int64_t cap = chip.hbm_capacity.value();
-  const bool fits = plan.total() <= cap;
   // Per-kernel time: every group the lowering handles, built for its shapes
   // and simulated in timing mode (no data).
   struct Estimate {
@@ -128,7 +127,9 @@ void run(const Args& a) {
     }
     if (a.progress && !a.json) std::fprintf(stderr, "\r%40s\r", "");
     unlowered = exe.unlowered;
+    plan.temp_peak = exe.plan.temp_peak, plan.temps_counted = true;
   }
+  const bool fits = plan.total() <= cap;
   if (a.json) {
     nlohmann::json j;
     j["graph"] = g.name();
@@ -143,6 +144,8 @@ void run(const Args& a) {
                 {"activations_bytes", plan.arena_bytes - plan.persistent_bytes},
                 {"peak_live_activations_bytes", plan.transient_peak},
                 {"optimizer_bytes", plan.optimizer_bytes},
+                {"between_launches_bytes",
+                 plan.temps_counted ? nlohmann::json(plan.temp_peak) : nlohmann::json(nullptr)},
                 {"capacity_bytes", cap},
                 {"fits", fits}};
     nlohmann::json kernels = nlohmann::json::array(), unfused = nlohmann::json::array();

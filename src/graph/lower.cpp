@@ -949,6 +949,7 @@ Executable compile(const Graph& g, const arch::ChipSpec& chip, const CompileOpti
   if (cores > chip.cores)
     throw Error(fmt::format("compile: {} cores asked, {} has {}", cores, chip.name, chip.cores));
   Lowerer lw(e.graph, e.fusion, chip, cores);
+  e.plan.temps_counted = true;
   for (std::size_t i = 0; i < e.fusion.groups.size(); ++i) {
     try {
       std::vector<Launch> ls = lw.lower(e.fusion.groups[i], static_cast<int>(i));
@@ -959,6 +960,24 @@ Executable compile(const Graph& g, const arch::ChipSpec& chip, const CompileOpti
       e.unlowered.emplace_back(static_cast<int>(i), err.what());
     }
   }
+  // The buffers launches pass on outside the plan: live from their writer's
+  // group to their last reader's; their peak joins the plan's total.
+  struct Temp {
+    std::int64_t bytes = 0;
+    int first = 0, last = 0;
+  };
+  std::map<std::string, Temp> temps;
+  for (const Launch& l : e.launches) {
+    for (const Binding& b : l.outputs)
+      if (b.value < 0) temps[b.temp] = {l.program.tensor(b.tensor).bytes(), l.group, l.group};
+    for (const Binding& b : l.inputs)
+      if (b.value < 0)
+        if (auto it = temps.find(b.temp); it != temps.end()) it->second.last = l.group;
+  }
+  std::vector<std::int64_t> live(e.fusion.groups.size() + 1, 0);
+  for (const auto& [name, t] : temps)
+    for (int gi = t.first; gi <= t.last; ++gi) live[static_cast<std::size_t>(gi)] += t.bytes;
+  e.plan.temp_peak = *std::max_element(live.begin(), live.end());
   return e;
 }
 

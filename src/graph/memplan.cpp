@@ -157,6 +157,10 @@ std::string plan_table(const Graph& g, const MemoryPlan& plan, int top) {
                      bytes_string(plan.transient_peak));
   if (plan.optimizer_bytes)
     out += fmt::format("  optimizer state          {:>12}\n", bytes_string(plan.optimizer_bytes));
+  if (plan.temps_counted)
+    out += fmt::format("  between launches (peak)  {:>12}\n", bytes_string(plan.temp_peak));
+  else
+    out += "  (buffers between launches are counted after lowering: --estimate)\n";
   std::vector<Buffer> b = plan.buffers;
   std::sort(b.begin(), b.end(), [](const Buffer& x, const Buffer& y) { return x.bytes > y.bytes; });
   out += fmt::format("  largest tensors:\n");

@@ -5,10 +5,10 @@
 // to the last kernel that reads it (graph outputs: to the end). Offsets come
 // from greedy-by-size placement (largest first, lowest offset that no
 // overlapping lifetime uses), 64-byte aligned, so buffers whose lifetimes do
-// not overlap share memory. Not counted: the buffers a lowering passes
-// between the launches of one group or from a norm to its backward
+// not overlap share memory. The buffers a lowering passes between launches
 // (graph/lower.h Binding::temp: transposed q / k for attention, a norm's
-// statistics, the FP32 embedding gradient before its cast).
+// statistics, the FP32 embedding gradient before its cast) are known only
+// after lowering, which adds their peak (temp_peak).
 #pragma once
 
 #include <cstdint>
@@ -40,7 +40,11 @@ struct MemoryPlan {
   std::int64_t arena_bytes = 0;       // persistent + placed transient span
   std::int64_t optimizer_bytes = 0;
   std::int64_t param_elements = 0;
-  std::int64_t total() const { return arena_bytes + optimizer_bytes; }
+  // Known after lowering (graph/lower.h fills it): the most bytes of the
+  // buffers launches pass on outside the plan live at once.
+  std::int64_t temp_peak = 0;
+  bool temps_counted = false;
+  std::int64_t total() const { return arena_bytes + optimizer_bytes + temp_peak; }
 };
 
 MemoryPlan plan_memory(const Graph& g, const FusionReport& f, const PlanOptions& opt = {});

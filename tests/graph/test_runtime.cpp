@@ -56,6 +56,11 @@ void check_training_step(Model& m, const std::map<std::string, std::vector<float
   for (const auto& [p, d] : grads) m.graph.mark_output(d);
   const Executable exe = compile(m.graph, chip, {2});
   EXPECT_TRUE(exe.unlowered.empty());
+  // Norm statistics and attention's transposed q / k live between
+  // launches; lowering adds their peak to the plan.
+  EXPECT_TRUE(exe.plan.temps_counted);
+  EXPECT_GT(exe.plan.temp_peak, 0);
+  EXPECT_EQ(exe.plan.total(), exe.plan.arena_bytes + exe.plan.temp_peak);
   runtime::Device dev(chip);
   const runtime::StepResult r = dev.run(exe, feeds);
   std::map<std::string, HostData> hf;
