@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <iostream>
+#include <set>
 
 #include "graph/autodiff.h"
 #include "graph/fusion.h"
@@ -27,6 +28,37 @@ TEST(Fusion, Gpt2SmallTrainingStep) {
     if (r.group_of[n] < 0) continue;
     if (r.groups[static_cast<std::size_t>(r.group_of[n])].nodes.size() == 1) {
       EXPECT_FALSE(r.alone[n].empty()) << "node " << n;
+    }
+  }
+}
+
+// Attention reads q, k, v of the fused qkv projection through head views:
+// the slices, reshapes and transposes join the attention group, count as
+// fused, and name their source and column; attention itself stays alone.
+TEST(Fusion, AttentionHeadViews) {
+  Gpt2Config c;
+  c.layers = 2, c.dim = 128, c.heads = 2, c.vocab = 97, c.seq = 64, c.batch = 2;
+  Model m = gpt2(c);
+  for (const auto& [p, d] : add_backward(m.graph, m.loss, m.params)) m.graph.mark_output(d);
+  const FusionReport r = fuse(m.graph);
+  ASSERT_EQ(r.views.size(), 6u);  // q, k, v of two layers
+  std::set<std::int64_t> cols;
+  for (const auto& [v, hv] : r.views) {
+    EXPECT_EQ(m.graph.value(hv.source).shape, (Shape{2, 64, 384}));
+    EXPECT_EQ(hv.heads, 2);
+    EXPECT_EQ(hv.head_dim, 64);
+    cols.insert(hv.col0);
+  }
+  EXPECT_EQ(cols, (std::set<std::int64_t>{0, 128, 256}));
+  for (std::size_t n = 0; n < m.graph.nodes().size(); ++n) {
+    const Op op = m.graph.nodes()[n].op;
+    const KernelGroup& g = r.groups[static_cast<std::size_t>(r.group_of[n])];
+    if (op == Op::attention) {
+      EXPECT_EQ(g.nodes.size(), 10u);  // 3 x (slice, reshape, transpose) + attention
+      EXPECT_FALSE(r.alone[n].empty());
+    }
+    if (r.alias.contains(m.graph.nodes()[n].outputs[0])) {
+      EXPECT_TRUE(r.alone[n].empty());
     }
   }
 }
