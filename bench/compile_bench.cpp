@@ -18,23 +18,12 @@
 #include "graph/lower.h"
 #include "graph/memplan.h"
 #include "graph/models.h"
+#include "timing.h"
 
 namespace {
 
 using namespace tern;
-using Clock = std::chrono::steady_clock;
-
-template <typename F>
-double median_seconds(int reps, F&& f) {
-  std::vector<double> t;
-  for (int i = 0; i < reps; ++i) {
-    const auto a = Clock::now();
-    f();
-    t.push_back(std::chrono::duration<double>(Clock::now() - a).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
+using bench::median_seconds;
 
 graph::Model step() {
   graph::Model m = graph::gpt2({});

@@ -23,27 +23,14 @@
 #include "arch/chip.h"
 #include "kernel/kernels.h"
 #include "sim/simulator.h"
+#include "timing.h"
 
 namespace {
 
 using namespace tern;
-using Clock = std::chrono::steady_clock;
-
-double seconds(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
-
-template <typename F>
-double median_seconds(int reps, F&& f) {
-  std::vector<double> t;
-  for (int i = 0; i < reps; ++i) {
-    const auto a = Clock::now();
-    f();
-    t.push_back(seconds(a, Clock::now()));
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
+using bench::Clock;
+using bench::median_seconds;
+using bench::seconds;
 
 }  // namespace
 
