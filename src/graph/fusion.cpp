@@ -236,6 +236,59 @@ class Fuser {
     }
   }
 
+  // fusion.h QkvGradView.
+  void attention_grad_merge() {
+    for (int a = 0; a < static_cast<int>(g_.nodes().size()); ++a) {
+      if (node(a).op != Op::attention_backward || !free(a)) continue;
+      std::vector<int> members{a};
+      std::set<int> parts;  // pad outputs and partial sums still to add up
+      QkvGradView view;
+      std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
+      bool ok = true;
+      for (std::size_t i = 0; i < 3 && ok; ++i) {
+        const Shape& hs = g_.value(node(a).outputs[i]).shape;  // [B, H, S, D]
+        const int t = sole_user(node(a).outputs[i]);
+        ok = t >= 0 && free(t) && node(t).op == Op::transpose &&
+             attr_ints(node(t).attrs, "perm") == std::vector<std::int64_t>{0, 2, 1, 3};
+        const int r = ok ? sole_user(out(t)) : -1;
+        ok = ok && r >= 0 && free(r) && node(r).op == Op::reshape &&
+             g_.value(out(r)).shape == Shape{hs[0], hs[2], hs[1] * hs[3]};
+        const int p = ok ? sole_user(out(r)) : -1;
+        ok = ok && p >= 0 && free(p) && node(p).op == Op::pad;
+        if (!ok) break;
+        const std::int64_t ax = attr_int(node(p).attrs, "axis", 0);
+        const std::int64_t w = g_.value(out(p)).shape[2];
+        ok = (ax == 2 || ax == -1) && (view.width == 0 || view.width == w);
+        view.width = w, view.col[i] = attr_int(node(p).attrs, "before", 0);
+        ranges.emplace_back(view.col[i], view.col[i] + hs[1] * hs[3]);
+        members.insert(members.end(), {t, r, p});
+        parts.insert(out(p));
+      }
+      // Adds of two parts, each read only there, until one value is left.
+      while (ok && parts.size() > 1) {
+        ok = false;
+        for (int v : parts) {
+          const int u = sole_user(v);
+          if (u < 0 || !free(u) || node(u).op != Op::add) continue;
+          const int other = node(u).inputs[node(u).inputs[0] == v ? 1 : 0];
+          if (other == v || !parts.contains(other) || sole_user(other) != u) continue;
+          parts.erase(v), parts.erase(other), parts.insert(out(u));
+          members.push_back(u);
+          ok = true;
+          break;
+        }
+      }
+      if (!ok) continue;
+      std::sort(ranges.begin(), ranges.end());
+      std::int64_t at = 0;
+      for (const auto& [b, e] : ranges) ok = ok && b == at, at = e;
+      if (!ok || at != view.width || !escapes_ok(members)) continue;
+      view.dest = *parts.begin();
+      make("flash_attention_backward", "dq, dk, dv into the qkv gradient", members);
+      qkv_grads_[a] = view;
+    }
+  }
+
   // Everything left runs alone; then reshapes join the kernel that reads them.
   void rest() {
     for (int n = 0; n < static_cast<int>(g_.nodes().size()); ++n) {
@@ -431,10 +484,12 @@ class Fuser {
   std::vector<KernelGroup> groups_;
   std::map<int, HeadView> views_;
   std::map<int, int> alias_;
+  std::map<int, QkvGradView> qkv_grads_;
 
  public:
   const std::map<int, HeadView>& views() const { return views_; }
   const std::map<int, int>& aliases() const { return alias_; }
+  const std::map<int, QkvGradView>& qkv_grads() const { return qkv_grads_; }
 };
 
 }  // namespace
@@ -442,6 +497,7 @@ class Fuser {
 FusionReport fuse(const Graph& g) {
   Fuser f(g);
   f.attention_pattern();
+  f.attention_grad_merge();
   f.glu_backward();
   f.glu();
   f.cross_entropy();
@@ -453,6 +509,7 @@ FusionReport fuse(const Graph& g) {
   FusionReport r = f.finish();
   r.views = f.views();
   r.alias = f.aliases();
+  r.qkv_grads = f.qkv_grads();
   return r;
 }
 

@@ -12,6 +12,8 @@
 //   - GLU: mul(act(gate), up) and its backward (two muls + act_backward);
 //   - cross_entropy with its backward (one pass gives loss and dlogits);
 //   - chains of elementwise ops into one pass;
+//   - attention_backward with the head merges and the sum of its dq, dk, dv
+//     into a fused qkv projection's gradient (QkvGradView);
 //   - reshapes are views: absorbed by the kernel that reads them; so are the
 //     head split chains (slice, reshape, transpose) of attention's q, k, v,
 //     which the attention kernels read through strided views (HeadView).
@@ -42,14 +44,26 @@ struct HeadView {
   std::int64_t col0 = 0, batch = 0, seq = 0, heads = 0, head_dim = 0, width = 0;
 };
 
+// attention_backward whose dq, dk and dv reach the rest of the graph only as
+// zero-padded head merges (transpose [0, 2, 1, 3] -> reshape [B, S, H D] ->
+// pad of the last dim) summed by adds into G [B, S, width], the pads' column
+// ranges tiling [0, width): the gradient of a fused qkv projection. The
+// kernel writes G itself (kernel::AttentionSpec::qkv_width); no transpose,
+// pad or add runs.
+struct QkvGradView {
+  int dest = -1;                        // G
+  std::int64_t width = 0, col[3] = {};  // dq's, dk's, dv's first column
+};
+
 struct FusionReport {
-  std::vector<KernelGroup> groups;  // in execution order
-  std::vector<int> group_of;        // node -> group index (-1: leaves and constants)
-  std::vector<std::string> alone;   // node -> why it runs alone ("" when fused)
-  std::map<int, HeadView> views;    // by the transpose's output value
-  std::map<int, int> alias;         // a view chain's values -> the value they read
-  int ops = 0;                      // ops counted (all but input / param / full)
-  int fused = 0;                    // of them, in a group with another op
+  std::vector<KernelGroup> groups;       // in execution order
+  std::vector<int> group_of;             // node -> group index (-1: leaves and constants)
+  std::vector<std::string> alone;        // node -> why it runs alone ("" when fused)
+  std::map<int, HeadView> views;         // by the transpose's output value
+  std::map<int, int> alias;              // a view chain's values -> the value they read
+  std::map<int, QkvGradView> qkv_grads;  // by the attention_backward node
+  int ops = 0;                           // ops counted (all but input / param / full)
+  int fused = 0;                         // of them, in a group with another op
   double rate() const { return ops ? static_cast<double>(fused) / ops : 0.0; }
 };
 

@@ -187,13 +187,11 @@ class Lowerer {
   // are head views (fusion.h HeadView), or -1.
   int attention_node(const std::vector<int>& nodes) const {
     int a = -1;
-    for (int n : nodes) {
-      const Op op = node(n).op;
-      if (op == Op::attention || op == Op::attention_backward)
-        a = n;
-      else if (!f_.alias.contains(out(n)))
-        return -1;
-    }
+    for (int n : nodes)
+      if (node(n).op == Op::attention || node(n).op == Op::attention_backward) a = n;
+    if (a >= 0 && f_.qkv_grads.contains(a)) return a;  // with its gradient's merge
+    for (int n : nodes)
+      if (n != a && !f_.alias.contains(out(n))) return -1;
     return a;
   }
 
@@ -281,10 +279,20 @@ class Lowerer {
       ls.push_back(std::move(l));
       return ls;
     }
-    const std::string dqt = tmp(base, "dqT"), dkt = tmp(base, "dkT");
-    l.program = kernel::flash_attention_backward_kernel(chip_, s);
     l.inputs = {{"q", -1, qt},      {"k", -1, kt},       vb,
                 {"o", N.inputs[4]}, {"do", N.inputs[0]}, {"lse", N.inputs[5]}};
+    if (const auto it = f_.qkv_grads.find(n); it != f_.qkv_grads.end()) {
+      kernel::AttentionSpec m = s;
+      m.qkv_width = it->second.width;
+      m.q_col = it->second.col[0], m.k_col = it->second.col[1], m.v_col = it->second.col[2];
+      l.detail = "dq, dk, dv into the qkv gradient";
+      l.program = kernel::flash_attention_backward_kernel(chip_, m);
+      l.outputs = {{"dqkv", it->second.dest}};
+      ls.push_back(std::move(l));
+      return ls;
+    }
+    const std::string dqt = tmp(base, "dqT"), dkt = tmp(base, "dkT");
+    l.program = kernel::flash_attention_backward_kernel(chip_, s);
     l.outputs = {{"dq", -1, dqt}, {"dk", -1, dkt}, {"dv", N.outputs[2]}};
     ls.push_back(std::move(l));
     ls.push_back(

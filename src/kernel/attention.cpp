@@ -152,6 +152,8 @@ std::pair<Tensor, Tensor> mask_tiles(Builder& b, DType dt) {
 
 isa::Program flash_attention_kernel(const arch::ChipSpec& chip, const AttentionSpec& spec) {
   check_attention(chip, spec, "flash_attention");
+  if (spec.qkv_width != 0)
+    throw Error("flash_attention: qkv_width is an option of the backward kernel");
   const std::int64_t B = spec.batch, Hq = spec.q_heads, Hkv = spec.kv_heads, Sq = spec.seq_q,
                      Sk = spec.kv_len(), D = spec.head_dim, G = Hq / Hkv;
   const DType dt = spec.dtype;
@@ -482,9 +484,39 @@ isa::Program flash_attention_backward_kernel(const arch::ChipSpec& chip,
   const Tensor o = b.hbm("o", {B, Hq, Sq, D}, dt, isa::TensorKind::input);
   const Tensor dout = b.hbm("do", {B, Hq, Sq, D}, dt, isa::TensorKind::input);
   const Tensor lse = b.hbm("lse", {B, Hq, Sq}, DType::fp32, isa::TensorKind::input);
-  const Tensor dq = b.hbm("dq", {B, Hq, D, Sq}, dt, isa::TensorKind::output);
-  const Tensor dk = b.hbm("dk", {B, Hkv, D, Sk}, dt, isa::TensorKind::output);
-  const Tensor dv = b.hbm("dv", {B, Hkv, Sk, D}, dt, isa::TensorKind::output);
+  const std::int64_t W = spec.qkv_width;
+  const bool merged = W > 0;
+  if (merged) {
+    auto in_range = [&](std::int64_t c0, std::int64_t heads) {
+      return c0 >= 0 && c0 + heads * D <= W;
+    };
+    if (Sq != Sk || !in_range(spec.q_col, Hq) || !in_range(spec.k_col, Hkv) ||
+        !in_range(spec.v_col, Hkv))
+      throw Error(fmt::format(
+          "flash_attention_backward: the qkv gradient [B, {}, {}] does not hold dq (columns "
+          "from {}), dk (from {}) and dv (from {}) of {} / {} heads of {} with seq_k {}",
+          Sq, W, spec.q_col, spec.k_col, spec.v_col, Hq, Hkv, D, Sk));
+  }
+  const Tensor dq = merged ? b.hbm("dqkv", {B * Sq, W}, dt, isa::TensorKind::output)
+                           : b.hbm("dq", {B, Hq, D, Sq}, dt, isa::TensorKind::output);
+  const Tensor dk = merged ? dq : b.hbm("dk", {B, Hkv, D, Sk}, dt, isa::TensorKind::output);
+  const Tensor dv = merged ? dq : b.hbm("dv", {B, Hkv, Sk, D}, dt, isa::TensorKind::output);
+  // Writes head `head` (global: b * heads + h) of a gradient held as [D, S]
+  // in SBUF: [D, S] rows as they are, or transposed by DMA in 128-row
+  // pieces into the merged [B, S, W] output from column `col0` + h D.
+  auto store_t = [&](const Tensor& dst, std::int64_t head, std::int64_t heads, std::int64_t col0,
+                     std::int64_t S, const Tensor& src) {
+    if (!merged) {
+      b.dma_copy(dst.tile(static_cast<int>(head * D), Di, 0, S), src, -1, false, Engine::gpsimd);
+      return;
+    }
+    const std::int64_t bi = head / heads, h = head % heads;
+    for (std::int64_t s0 = 0; s0 < S; s0 += kTq) {
+      const int n = static_cast<int>(std::min(kTq, S - s0));
+      b.dma_transpose(hbm_view(dst, (bi * S + s0) * W + col0 + h * D, n, W, {{1, D}}),
+                      src.tile(0, Di, s0, n));
+    }
+  };
 
   // Units: (batch, kv head), each with all its query heads (dK, dV sum over
   // them on one core, and dQ of a query head stays on one core).
@@ -703,18 +735,20 @@ isa::Program flash_attention_backward_kernel(const arch::ChipSpec& chip,
         // dQ = scale dS K (the scale of S = scale Q K^T), cast, stored as [D, Sq].
         const Tensor out = qs.qsT;  // free once the head's matmuls are done
         b.tensor_scalar(out, qs.dqacc, AluOp::multiply, scale, AluOp::bypass, 0.0f, Engine::gpsimd);
-        b.dma_copy(dq.tile(static_cast<int>(st.h * D), Di, 0, Sq), out, -1, false, Engine::gpsimd);
+        store_t(dq, st.h, Hq, spec.q_col, Sq, out);
       }
       if (st.last_unit) {
         b.tensor_copy(kvout, dkacc, Engine::gpsimd);
-        b.dma_copy(dk.tile(static_cast<int>(st.kv * D), Di, 0, Sk), kvout, -1, false,
-                   Engine::gpsimd);
+        store_t(dk, st.kv, Hkv, spec.k_col, Sk, kvout);
         const Tensor dvo = kT;  // K^T is free once the unit's matmuls are done
         b.tensor_copy(dvo, dvacc, Engine::gpsimd);
         for (std::int64_t t = 0; t < nkt; ++t) {
           const int kw = static_cast<int>(std::min(kTq, Sk - t * kTq));
-          b.dma_transpose(dv.tile(static_cast<int>(st.kv * Sk + t * kTq), kw, 0, D),
-                          dvo.tile(0, Di, t * kTq, kw));
+          const std::int64_t bi = st.kv / Hkv, g = st.kv % Hkv;
+          b.dma_transpose(
+              merged ? hbm_view(dv, (bi * Sk + t * kTq) * W + spec.v_col + g * D, kw, W, {{1, D}})
+                     : dv.tile(static_cast<int>(st.kv * Sk + t * kTq), kw, 0, D),
+              dvo.tile(0, Di, t * kTq, kw));
         }
       }
     };

@@ -457,6 +457,13 @@ struct AttentionSpec {
   float scale = 0.0f;                   // 0: 1 / sqrt(head_dim)
   isa::DType dtype = isa::DType::bf16;  // bf16 or fp16
   int cores = 1;
+  // Backward only. qkv_width > 0: instead of dq, dk, dv the kernel writes
+  // one output "dqkv" [B, S, qkv_width] (S = seq_q = seq_k), the gradient of
+  // a fused qkv projection: row (b, s) holds dq of head h in columns
+  // [q_col + h D, q_col + (h + 1) D), dk of kv head g at k_col + g D, dv at
+  // v_col + g D, each transposed on its way out by DMA. Columns outside
+  // those ranges are not written.
+  std::int64_t qkv_width = 0, q_col = 0, k_col = 0, v_col = 0;
   std::int64_t kv_len() const { return seq_k > 0 ? seq_k : seq_q; }
   float softmax_scale() const;
 };
@@ -468,8 +475,8 @@ isa::Program flash_attention_kernel(const arch::ChipSpec& chip, const AttentionS
 
 // The FlashAttention-2 backward: inputs q, k, v, o, "do" (layouts above) and
 // lse; outputs dq [B, Hq, D, Sq], dk [B, Hkv, D, Sk], dv [B, Hkv, Sk, D]
-// (dtype; accumulated in FP32). (batch, kv head) units are spread over the
-// cores; every query head of a GQA group runs on its kv head's core.
+// (dtype; accumulated in FP32), or "dqkv" (AttentionSpec::qkv_width). (batch, kv head) units are
+// spread over the cores; every query head of a GQA group runs on its kv head's core.
 isa::Program flash_attention_backward_kernel(const arch::ChipSpec& chip, const AttentionSpec& spec);
 
 // Rotary position embedding (rotate-half convention of Llama / HF) on "x"

@@ -130,6 +130,63 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{1, 2, 1, 150, 0, 64, true, 1, DType::fp16},
                       Case{1, 2, 2, 140, 0, 64, true, 2, DType::bf16, "trn2"}));
 
+// The backward writing the gradient of a fused qkv projection [B, S, W]
+// (AttentionSpec::qkv_width) gives the bits of dq, dk, dv, transposed and
+// placed in their columns: the DMA transposes move bytes unchanged.
+TEST(Attention, BackwardIntoQkvGradientHasTheSameBits) {
+  const auto chip = arch::load_chip("trn3");
+  for (const Case& c : {Case{2, 4, 2, 130, 0, 64, true, 2}, Case{1, 2, 2, 300, 0, 128, false, 3}}) {
+    const AttentionSpec s = spec_of(c);
+    const std::int64_t B = c.batch, Hq = c.hq, Hkv = c.hkv, S = c.sq, D = c.d;
+    const auto q = normal(static_cast<std::size_t>(B * Hq * D * S), 1, 1.0f, c.dt);
+    const auto k = normal(static_cast<std::size_t>(B * Hkv * D * S), 2, 1.0f, c.dt);
+    const auto v = normal(static_cast<std::size_t>(B * Hkv * S * D), 3, 1.0f, c.dt);
+    const auto dout = normal(static_cast<std::size_t>(B * Hq * S * D), 4, 1.0f, c.dt);
+    sim::Simulator fwd(chip);
+    fwd.load(kernel::flash_attention_kernel(chip, s));
+    fwd.write("q", q), fwd.write("k", k), fwd.write("v", v);
+    fwd.run();
+    auto run = [&](const AttentionSpec& bs, sim::Simulator& bwd) {
+      bwd.load(kernel::flash_attention_backward_kernel(chip, bs));
+      bwd.write("q", q), bwd.write("k", k), bwd.write("v", v), bwd.write("o", fwd.read("o"));
+      bwd.write("do", dout), bwd.write("lse", fwd.read("lse"));
+      bwd.run();
+    };
+    sim::Simulator plain(chip), merged(chip);
+    run(s, plain);
+    AttentionSpec m = s;
+    // Columns: an unwritten gap of 64 first, then v, q, k (any order works).
+    m.v_col = 64, m.q_col = m.v_col + Hkv * D, m.k_col = m.q_col + Hq * D;
+    m.qkv_width = m.k_col + Hkv * D;
+    run(m, merged);
+    const auto dq = plain.read("dq"), dk = plain.read("dk"), dv = plain.read("dv");
+    const auto g = merged.read("dqkv");
+    ASSERT_EQ(g.size(), static_cast<std::size_t>(B * S * m.qkv_width));
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t t = 0; t < S; ++t)
+        for (std::int64_t d = 0; d < D; ++d) {
+          const auto row = static_cast<std::size_t>((b * S + t) * m.qkv_width + d);
+          for (std::int64_t h = 0; h < Hq; ++h)
+            ASSERT_EQ(g[row + static_cast<std::size_t>(m.q_col + h * D)],
+                      dq[static_cast<std::size_t>(((b * Hq + h) * D + d) * S + t)])
+                << "dq b " << b << " h " << h << " s " << t << " d " << d;
+          for (std::int64_t h = 0; h < Hkv; ++h) {
+            ASSERT_EQ(g[row + static_cast<std::size_t>(m.k_col + h * D)],
+                      dk[static_cast<std::size_t>(((b * Hkv + h) * D + d) * S + t)])
+                << "dk b " << b << " h " << h << " s " << t << " d " << d;
+            ASSERT_EQ(g[row + static_cast<std::size_t>(m.v_col + h * D)],
+                      dv[static_cast<std::size_t>(((b * Hkv + h) * S + t) * D + d)])
+                << "dv b " << b << " h " << h << " s " << t << " d " << d;
+          }
+        }
+  }
+  // Columns that do not fit, and the option on the forward kernel.
+  AttentionSpec s = spec_of(Case{1, 2, 2, 128, 0, 64, true, 1});
+  s.qkv_width = 3 * 128, s.q_col = 0, s.k_col = 128, s.v_col = 300;
+  EXPECT_THROW(kernel::flash_attention_backward_kernel(chip, s), Error);
+  EXPECT_THROW(kernel::flash_attention_kernel(chip, s), Error);
+}
+
 TEST(Attention, BadShapesNameTheParameter) {
   const auto chip = arch::load_chip("trn3");
   auto msg = [&](AttentionSpec s) -> std::string {
