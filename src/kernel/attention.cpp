@@ -81,6 +81,10 @@ void check_attention(const arch::ChipSpec& chip, const AttentionSpec& s, const c
     bad(fmt::format("cores must be in 1..{} on {}, got {}", chip.cores, chip.name, s.cores));
   if (!std::isfinite(s.scale)) bad(fmt::format("scale must be finite, got {}", s.scale));
   if (s.head_dim < 1) bad(fmt::format("head_dim must be >= 1, got {}", s.head_dim));
+  for (const auto& [w, name] : {std::pair{s.o_width, "o_width"}, {s.do_width, "do_width"}})
+    if (w != 0 && w < s.q_heads * s.head_dim)
+      bad(fmt::format("{} {} is narrower than the {} heads of {} it holds (0: [B, H, S, D])", name,
+                      w, s.q_heads, s.head_dim));
   if (s.head_dim != 64 && s.head_dim != 128)
     throw NotSupported(fmt::format("{} with head_dim {} (64 and 128 are)", what, s.head_dim));
   if (s.dtype != DType::bf16 && s.dtype != DType::fp16)
@@ -104,15 +108,37 @@ Tensor hbm_view(const Tensor& t, std::int64_t offset, int rows, std::int64_t row
 // Loads rows [r0, r0 + n) of the row-major [*, D] HBM tensor `src` into the
 // SBUF tile `dst` [128, ceil(n / 128) * D] so that row r0 + 128 t + p lands in
 // partition p, columns [t D, (t + 1) D) (whole tiles in one transfer).
-void load_row_tiles(Builder& b, const Tensor& dst, const Tensor& src, std::int64_t r0,
-                    std::int64_t n, std::int64_t d) {
+// Loads n rows of `d` elements, the first at element `offset` of the HBM
+// tensor `src` and each `stride` elements after the one before, into the
+// SBUF tile `dst` [128, ceil(n / 128) * d] (row 128 t + p in partition p,
+// columns [t d, (t + 1) d); whole tiles in one transfer).
+void load_row_tiles_at(Builder& b, const Tensor& dst, const Tensor& src, std::int64_t offset,
+                       std::int64_t stride, std::int64_t n, std::int64_t d) {
   const std::int64_t full = n / kTq, rest = n % kTq;
   if (full > 0)
-    b.dma_copy(dst.tile(0, static_cast<int>(kTq), 0, full * d),
-               hbm_view(src, r0 * d, static_cast<int>(kTq), d, {{kTq * d, full}, {1, d}}));
+    b.dma_copy(
+        dst.tile(0, static_cast<int>(kTq), 0, full * d),
+        hbm_view(src, offset, static_cast<int>(kTq), stride, {{kTq * stride, full}, {1, d}}));
   if (rest > 0)
-    b.dma_copy(dst.tile(0, static_cast<int>(rest), full * d, d),
-               src.tile(static_cast<int>(r0 + full * kTq), static_cast<int>(rest), 0, d));
+    b.dma_copy(
+        dst.tile(0, static_cast<int>(rest), full * d, d),
+        hbm_view(src, offset + full * kTq * stride, static_cast<int>(rest), stride, {{1, d}}));
+}
+
+// Where row r of head `head` (b * heads + h) of o or dO starts: [B, H, S, D]
+// packed (width 0) or [B, S, width] with head h at columns h D.
+struct HeadRows {
+  std::int64_t heads, seq, dim, width;
+  std::int64_t at(std::int64_t head, std::int64_t r) const {
+    return width ? ((head / heads) * seq + r) * width + (head % heads) * dim
+                 : (head * seq + r) * dim;
+  }
+  std::int64_t stride() const { return width ? width : dim; }
+};
+
+void load_row_tiles(Builder& b, const Tensor& dst, const Tensor& src, std::int64_t r0,
+                    std::int64_t n, std::int64_t d) {
+  load_row_tiles_at(b, dst, src, r0 * d, d, n, d);
 }
 
 // Splits weighted units into `parts` contiguous ranges of about equal weight
@@ -174,7 +200,9 @@ isa::Program flash_attention_kernel(const arch::ChipSpec& chip, const AttentionS
   const Tensor q = b.hbm("q", {B, Hq, D, Sq}, dt, isa::TensorKind::input);
   const Tensor k = b.hbm("k", {B, Hkv, D, Sk}, dt, isa::TensorKind::input);
   const Tensor v = b.hbm("v", {B, Hkv, Sk, D}, dt, isa::TensorKind::input);
-  const Tensor o = b.hbm("o", {B, Hq, Sq, D}, dt, isa::TensorKind::output);
+  const HeadRows orow{Hq, Sq, D, spec.o_width};
+  const Tensor o = spec.o_width ? b.hbm("o", {B, Sq, spec.o_width}, dt, isa::TensorKind::output)
+                                : b.hbm("o", {B, Hq, Sq, D}, dt, isa::TensorKind::output);
   const Tensor lse = b.hbm("lse", {B, Hq, Sq}, DType::fp32, isa::TensorKind::output);
 
   // Units: (batch, query head, query tile) in kv-head order, weighted by the
@@ -408,8 +436,8 @@ isa::Program flash_attention_kernel(const arch::ChipSpec& chip, const AttentionS
         const Tensor ls = lse_c[us].tile(0, tq, 0, 1);
         b.reciprocal(rl, l);
         b.tensor_scalar(out, oa, AluOp::multiply, rl, AluOp::bypass, 0.0f, nullptr, Engine::gpsimd);
-        b.dma_copy(o.tile(static_cast<int>((x.bi * Hq + x.h) * Sq + x.q0), tq, 0, D), out, -1,
-                   false, Engine::gpsimd);
+        b.dma_copy(hbm_view(o, orow.at(x.bi * Hq + x.h, x.q0), tq, orow.stride(), {{1, D}}), out,
+                   -1, false, Engine::gpsimd);
         // lse = m + ln(l), in the scaled domain the backward recomputes P in.
         b.activation(ls, ActFunc::log, l);
         b.tensor_tensor(ls, ls, m_c[ring(i, kCol)].tile(0, tq, 0, 1), AluOp::add, Engine::gpsimd);
@@ -481,8 +509,12 @@ isa::Program flash_attention_backward_kernel(const arch::ChipSpec& chip,
   const Tensor q = b.hbm("q", {B, Hq, D, Sq}, dt, isa::TensorKind::input);
   const Tensor k = b.hbm("k", {B, Hkv, D, Sk}, dt, isa::TensorKind::input);
   const Tensor v = b.hbm("v", {B, Hkv, Sk, D}, dt, isa::TensorKind::input);
-  const Tensor o = b.hbm("o", {B, Hq, Sq, D}, dt, isa::TensorKind::input);
-  const Tensor dout = b.hbm("do", {B, Hq, Sq, D}, dt, isa::TensorKind::input);
+  const HeadRows orow{Hq, Sq, D, spec.o_width}, drow{Hq, Sq, D, spec.do_width};
+  const Tensor o = spec.o_width ? b.hbm("o", {B, Sq, spec.o_width}, dt, isa::TensorKind::input)
+                                : b.hbm("o", {B, Hq, Sq, D}, dt, isa::TensorKind::input);
+  const Tensor dout = spec.do_width
+                          ? b.hbm("do", {B, Sq, spec.do_width}, dt, isa::TensorKind::input)
+                          : b.hbm("do", {B, Hq, Sq, D}, dt, isa::TensorKind::input);
   const Tensor lse = b.hbm("lse", {B, Hq, Sq}, DType::fp32, isa::TensorKind::input);
   const std::int64_t W = spec.qkv_width;
   const bool merged = W > 0;
@@ -604,8 +636,8 @@ isa::Program flash_attention_backward_kernel(const arch::ChipSpec& chip,
     // engine's in-order stream on a load in flight.
     auto setup_head_loads = [&](const QSet& qs, std::int64_t h) {
       b.dma_copy(qs.qsT, q.tile(static_cast<int>(h * D), Di, 0, Sq));
-      load_row_tiles(b, qs.dor, dout, h * Sq, Sq, D);
-      load_row_tiles(b, qs.ot, o, h * Sq, Sq, D);
+      load_row_tiles_at(b, qs.dor, dout, drow.at(h, 0), drow.stride(), Sq, D);
+      load_row_tiles_at(b, qs.ot, o, orow.at(h, 0), orow.stride(), Sq, D);
       const std::int64_t full = Sq / kTq, rest = Sq % kTq;
       if (full > 0)
         b.dma_copy(qs.lse.tile(0, static_cast<int>(kTq), 0, full),
@@ -617,7 +649,7 @@ isa::Program flash_attention_backward_kernel(const arch::ChipSpec& chip,
         const int tq = static_cast<int>(std::min(kTq, Sq - t * kTq));
         // dO^T by 128 x D transposes.
         b.dma_transpose(qs.doT.tile(0, Di, t * kTq, tq),
-                        dout.tile(static_cast<int>(h * Sq + t * kTq), tq, 0, D));
+                        hbm_view(dout, drow.at(h, t * kTq), tq, drow.stride(), {{1, D}}));
       }
     };
     auto setup_head_compute = [&](const QSet& qs) {

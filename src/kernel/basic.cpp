@@ -82,26 +82,59 @@ isa::Program transpose_kernel(const arch::ChipSpec& chip, std::int64_t rows, std
     return t;
   };
   const Tensor out = b.hbm("out", {batch * cols, rows}, dt, isa::TensorKind::output);
+  // Work in super tiles of 512 x 512 (4 x 4 Tensor-engine blocks of 128):
+  // four loads with 512-column rows, sixteen transposes into four PSUM
+  // banks, four stores with 512-column rows. Narrow 128-column transfers
+  // would spend most of their time on the per-row DMA overhead
+  // (hardware.md: efficient from 2 KiB per partition). Super tiles
+  // (matrix, row band, column band) are dealt round-robin over the cores,
+  // so one big matrix uses every core too.
   const std::int64_t T = std::min<std::int64_t>(chip.tensor.rows, chip.tensor.cols);
+  const std::int64_t S = std::min<std::int64_t>(4 * T, output_tile_columns(chip));
+  const std::int64_t B = S / T;  // blocks per super tile side
+  struct Unit {
+    std::int64_t m, r0, c0;
+  };
+  std::vector<Unit> units;
+  for (std::int64_t m = 0; m < batch; ++m)
+    for (std::int64_t r0 = 0; r0 < rows; r0 += S)
+      for (std::int64_t c0 = 0; c0 < cols; c0 += S) units.push_back({m, r0, c0});
+  constexpr int kSets = 3, kPsum = 4;
   for (int core = 0; core < cores; ++core) {
     b.set_core(core);
-    Tensor src[2] = {b.sbuf(static_cast<int>(T), T, dt), b.sbuf(static_cast<int>(T), T, dt)};
-    Tensor dst[2] = {b.sbuf(static_cast<int>(T), T, dt), b.sbuf(static_cast<int>(T), T, dt)};
-    Tensor ps[2] = {b.psum(static_cast<int>(T), T, DType::fp32),
-                    b.psum(static_cast<int>(T), T, DType::fp32)};
-    int i = 0;
-    for (std::int64_t m = core; m < batch; m += cores)
-      for (std::int64_t r0 = 0; r0 < rows; r0 += T) {
-        const int tr = static_cast<int>(std::min(T, rows - r0));
-        for (std::int64_t c0 = 0; c0 < cols; c0 += T, i ^= 1) {
-          const int tc = static_cast<int>(std::min(T, cols - c0));
-          b.dma_copy(src[i].tile(0, tr, 0, tc), block(m, r0, tr, c0, tc));
-          b.transpose(ps[i].tile(0, tc, 0, tr), src[i].tile(0, tr, 0, tc));
-          b.tensor_copy(dst[i].tile(0, tc, 0, tr), ps[i].tile(0, tc, 0, tr));
-          b.dma_copy(out.tile(static_cast<int>(m * cols + c0), tc, r0, tr),
-                     dst[i].tile(0, tc, 0, tr));
-        }
+    std::vector<Tensor> src[kSets], dst[kSets], ps;
+    for (int k = 0; k < kSets; ++k)
+      for (std::int64_t i = 0; i < B; ++i) {
+        src[k].push_back(b.sbuf(static_cast<int>(T), S, dt));
+        dst[k].push_back(b.sbuf(static_cast<int>(T), S, dt));
       }
+    for (int k = 0; k < kPsum; ++k) ps.push_back(b.psum(static_cast<int>(T), S, DType::fp32));
+    int set = 0, pi = 0, ei = 0;
+    for (std::size_t u = static_cast<std::size_t>(core); u < units.size();
+         u += static_cast<std::size_t>(cores), set = (set + 1) % kSets) {
+      const auto [m, r0, c0] = units[u];
+      const std::int64_t nr = std::min(S, rows - r0), nc = std::min(S, cols - c0);
+      for (std::int64_t i = 0; i * T < nr; ++i) {
+        const int tr = static_cast<int>(std::min(T, nr - i * T));
+        b.dma_copy(src[set][static_cast<std::size_t>(i)].tile(0, tr, 0, nc),
+                   block(m, r0 + i * T, tr, c0, static_cast<int>(nc)));
+      }
+      for (std::int64_t j = 0; j * T < nc; ++j, pi = (pi + 1) % kPsum) {
+        const int tc = static_cast<int>(std::min(T, nc - j * T));
+        const Tensor& p = ps[static_cast<std::size_t>(pi)];
+        for (std::int64_t i = 0; i * T < nr; ++i) {
+          const int tr = static_cast<int>(std::min(T, nr - i * T));
+          b.transpose(p.tile(0, tc, i * T, tr),
+                      src[set][static_cast<std::size_t>(i)].tile(0, tr, j * T, tc));
+        }
+        // PSUM -> SBUF on the Vector and Scalar engines in turn; the store
+        // follows the copy.
+        const Engine e = ei++ % 2 == 0 ? Engine::vector : Engine::scalar;
+        const Tensor d = dst[set][static_cast<std::size_t>(j)].tile(0, tc, 0, nr);
+        b.tensor_copy(d, p.tile(0, tc, 0, nr), e);
+        b.dma_copy(out.tile(static_cast<int>(m * cols + c0 + j * T), tc, r0, nr), d, -1, false, e);
+      }
+    }
   }
   return b.finish();
 }

@@ -21,7 +21,8 @@ struct EvacTiles {
   Tensor mx_ps, mx_src, mx_q, mx_s;  // the mxfp8 step's transposes and QuantizeMX
 };
 
-// A tile's quantization operands: the qscale column [rows, 1] in SBUF and
+// A tile's quantization operands: the scalar columns in SBUF [rows, 3]
+// (load_qscale: qscale, then the two dequant factors) and
 // the tile's [rows, 1] slice of the HBM "amax" output.
 struct QuantTile {
   Tensor qscale, amax_hbm;
@@ -40,7 +41,7 @@ isa::Engine evacuate(Builder& b, const Epilogue& e, const Tensor& src, const Ten
 // [1, N], "residual" [M, N], "qscale" [1, 1] (fp32) and the output "amax"
 // [M, ceil(N / tn)] fp32 for output tiles `tn` columns wide.
 struct EpilogueIo {
-  Tensor bias, residual, qscale, amax, mx_q, mx_s;
+  Tensor bias, residual, qscale, dequant_a, dequant_b, amax, mx_q, mx_s;
 };
 EpilogueIo epilogue_io(Builder& b, const Epilogue& e, std::int64_t m, std::int64_t n,
                        std::int64_t tn);
@@ -56,7 +57,8 @@ void mx_output(Builder& b, const Tensor& o, const EvacTiles& t, const QuantTile&
 void alloc_mx_tiles(Builder& b, std::vector<EvacTiles>& slots, std::int64_t tm, std::int64_t tn);
 // Throws "not supported" when the mxfp8 step cannot run (N % 128, chip).
 void check_mxfp8(const arch::ChipSpec& chip, const Epilogue& e, std::int64_t n);
-// The qscale broadcast to `rows` partitions (an empty view without qscale).
+// The scalar columns broadcast to `rows` partitions: [rows, 3] = qscale,
+// dequant[0], dequant[1] (those the epilogue has; an empty view without).
 Tensor load_qscale(Builder& b, const Epilogue& e, const EpilogueIo& io, int rows);
 // Throws "not supported" for output dtypes other than fp32, bf16 and (v3+)
 // FP8 E4M3 / E5M2.

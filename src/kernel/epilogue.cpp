@@ -30,6 +30,8 @@ Epilogue parse_epilogue(const std::string& text) {
       e.amax = true;
     } else if (item == "qscale") {
       e.qscale = true;
+    } else if (item == "dequant") {
+      e.dequant = true;
     } else if (item == "mxfp8") {
       e.mxfp8 = true;
     } else if (item == "residual") {
@@ -46,7 +48,7 @@ Epilogue parse_epilogue(const std::string& text) {
       } catch (const Error&) {
         throw Error(
             fmt::format("epilogue step '{}': expected scale=<x>, bias, residual, amax, qscale, "
-                        "mxfp8 or an activation (gelu, gelu_tanh, silu, relu, ...)",
+                        "dequant, mxfp8 or an activation (gelu, gelu_tanh, silu, relu, ...)",
                         item));
       }
     }
@@ -59,6 +61,7 @@ Epilogue parse_epilogue(const std::string& text) {
 std::string to_string(const Epilogue& e) {
   std::string s;
   auto add = [&](const std::string& x) { s += (s.empty() ? "" : ",") + x; };
+  if (e.dequant) add("dequant");
   if (e.scale != 1.0f) add(fmt::format("scale={}", e.scale));
   if (e.bias) add("bias");
   if (e.act != isa::ActFunc::identity) add(std::string(isa::act_name(e.act)));
@@ -77,6 +80,10 @@ std::vector<Epilogue> unfused_steps(const Epilogue& e) {
     if (act) steps.push_back({1.0f, false, e.act, false});
   } else if (e.scale != 1.0f || act) {
     steps.push_back({e.scale, false, e.act, false});
+  }
+  if (e.dequant) {  // with the first step, or alone
+    if (steps.empty()) steps.emplace_back();
+    steps.front().dequant = true;
   }
   if (e.residual) steps.push_back({1.0f, false, isa::ActFunc::identity, true});
   if (e.amax || e.qscale) {
@@ -138,8 +145,9 @@ Engine evacuate(Builder& b, const Epilogue& e, const Tensor& src, const Tensor& 
   const Tensor t32 = tiles.t32.tile(0, tm, 0, tn);
   // With a bias the scale and the activation are separate steps around it;
   // without, one Scalar activation computes act(scale * x).
-  enum class Step { scale, scale_act, add_bias, act, add_residual };
+  enum class Step { dequant, scale, scale_act, add_bias, act, add_residual };
   std::vector<Step> steps;
+  if (e.dequant) steps.push_back(Step::dequant);
   if (e.bias) {
     if (e.scale != 1.0f) steps.push_back(Step::scale);
     steps.push_back(Step::add_bias);
@@ -159,6 +167,13 @@ Engine evacuate(Builder& b, const Epilogue& e, const Tensor& src, const Tensor& 
   for (std::size_t i = 0; i < steps.size(); ++i) {
     const Tensor dst = i + 1 == steps.size() && !quantize ? o : t32;
     switch (steps[i]) {
+      case Step::dequant: {
+        const Tensor sa = quant->qscale.tile(0, tm, 1, 1), sb = quant->qscale.tile(0, tm, 2, 1);
+        b.tensor_scalar(dst, x, isa::AluOp::multiply, sa, isa::AluOp::multiply, 0.0f, &sb,
+                        Engine::vector);
+        last = Engine::vector;
+        break;
+      }
       case Step::scale:
         b.tensor_scalar(dst, x, isa::AluOp::multiply, e.scale, isa::AluOp::bypass, 0.0f,
                         Engine::vector);
@@ -211,6 +226,10 @@ EpilogueIo epilogue_io(Builder& b, const Epilogue& e, std::int64_t m, std::int64
   if (e.bias) io.bias = b.hbm("bias", {1, n}, e.bias_dtype, isa::TensorKind::input);
   if (e.residual) io.residual = b.hbm("residual", {m, n}, e.residual_dtype, isa::TensorKind::input);
   if (e.qscale) io.qscale = b.hbm("qscale", {1, 1}, DType::fp32, isa::TensorKind::input);
+  if (e.dequant) {
+    io.dequant_a = b.hbm("dequant_a", {1, 1}, DType::fp32, isa::TensorKind::input);
+    io.dequant_b = b.hbm("dequant_b", {1, 1}, DType::fp32, isa::TensorKind::input);
+  }
   if (e.amax) io.amax = b.hbm("amax", {m, (n + tn - 1) / tn}, DType::fp32, isa::TensorKind::output);
   if (e.mxfp8) {
     io.mx_q = b.hbm("c_q", {n / 4, m}, DType::fp8_e4m3_x4, isa::TensorKind::output);
@@ -243,9 +262,13 @@ void check_mxfp8(const arch::ChipSpec& chip, const Epilogue& e, std::int64_t n) 
 }
 
 Tensor load_qscale(Builder& b, const Epilogue& e, const EpilogueIo& io, int rows) {
-  if (!e.qscale) return Tensor{};
-  const Tensor t = b.sbuf(rows, 1, DType::fp32);
-  b.dma_copy(t, bias_rows(io.qscale, rows, 0, 1));
+  if (!e.qscale && !e.dequant) return Tensor{};
+  const Tensor t = b.sbuf(rows, 3, DType::fp32);
+  if (e.qscale) b.dma_copy(t.tile(0, rows, 0, 1), bias_rows(io.qscale, rows, 0, 1));
+  if (e.dequant) {
+    b.dma_copy(t.tile(0, rows, 1, 1), bias_rows(io.dequant_a, rows, 0, 1));
+    b.dma_copy(t.tile(0, rows, 2, 1), bias_rows(io.dequant_b, rows, 0, 1));
+  }
   return t;
 }
 

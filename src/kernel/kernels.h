@@ -34,6 +34,11 @@ struct Epilogue {
   // (FP8 outputs saturate, as the engines' output conversion does).
   bool amax = false;
   bool qscale = false;
+  // `dequant`: per-tensor FP8 inputs: the accumulator is multiplied by HBM
+  // "dequant_a" and "dequant_b" [1, 1] fp32 (1 / s_a, 1 / s_b: the
+  // operands' quantization scales, fp8_scale_kernel's inv_scale) first,
+  // before `scale` and the rest of the chain.
+  bool dequant = false;
   // `mxfp8`: also emit the output MX-quantized for the next matmul, which
   // contracts over N: HBM "c_q" [N/4, M] fp8_e4m3_x4 and "c_scale" [N/32,
   // M] E8M0 (blocks of 32 along N, Trainium3 scales; mx_quantize_kernel's
@@ -43,7 +48,7 @@ struct Epilogue {
   bool mxfp8 = false;
   bool any() const {
     return scale != 1.0f || bias || act != isa::ActFunc::identity || residual || amax || qscale ||
-           mxfp8;
+           dequant || mxfp8;
   }
 };
 
@@ -58,7 +63,7 @@ std::vector<Epilogue> unfused_steps(const Epilogue& e);
 
 struct MatmulSpec {
   std::int64_t m = 512, n = 512, k = 512;
-  isa::DType in = isa::DType::bf16;   // dtype of both inputs
+  isa::DType in = isa::DType::bf16;   // dtype of both inputs (of A when in_b is set)
   isa::DType out = isa::DType::fp32;  // dtype of C
   int cores = 1;                      // physical cores; M blocks are spread over them
   int lnc = 1;                        // 2: the cores pair up into logical cores (v3+)
@@ -80,6 +85,10 @@ struct MatmulSpec {
   // MXFP4 (fp4_e2m1_x4: two bytes per x4 element) needs it: QuantizeMX
   // writes MXFP8 only.
   bool mx_prequantized = false;
+  // B's dtype when it differs from A's, in the same family: FP8 E4M3 with
+  // E5M2 (fp8-hybrid's gradient products), or MX x4 formats with
+  // mx_prequantized (MXFP4 weights with MXFP8 activations).
+  std::optional<isa::DType> in_b = std::nullopt;
 };
 
 // C[M, N] = A[M, K] @ B[K, N] with A given transposed in HBM ("at", [K, M],
@@ -323,6 +332,18 @@ struct CastSpec {
 };
 isa::Program cast_kernel(const arch::ChipSpec& chip, const CastSpec& spec);
 
+// Per-tensor FP8 current scaling: "x" [rows, cols] (fp32, bf16, fp16) ->
+// "scale" [1, 1] fp32 s = fp8_max / amax (FP32 division; amax = max |x|;
+// amax 0 or Inf gives s = 1) and "inv_scale" [1, 1] = 1 / s: the scale of
+// cast_kernel's scaled cast and the matmul epilogue's dequant factor. One
+// core: the tensor's amax must be whole before the division (the cores of
+// a kernel do not synchronize).
+struct Fp8ScaleSpec {
+  std::int64_t rows = 4096, cols = 4096;
+  isa::DType in = isa::DType::bf16, fp8 = isa::DType::fp8_e4m3;
+};
+isa::Program fp8_scale_kernel(const arch::ChipSpec& chip, const Fp8ScaleSpec& spec);
+
 // MX block quantization on chip (trn3): "x" [K, cols] bf16 in blocks of 32
 // along K -> "q" [K/4, cols] x4-packed elements (element (k4, c) holds rows
 // 4 k4 .. 4 k4 + 3; MXFP4: row 4 k4 + j in bits 4j .. 4j + 3) and
@@ -457,6 +478,11 @@ struct AttentionSpec {
   float scale = 0.0f;                   // 0: 1 / sqrt(head_dim)
   isa::DType dtype = isa::DType::bf16;  // bf16 or fp16
   int cores = 1;
+  // o_width > 0: o (the forward's output, the backward's input) is [B, Sq,
+  // o_width] with head h in columns [h D, (h + 1) D): the layout of the
+  // merged heads the output projection reads. do_width: the same for the
+  // backward's "do".
+  std::int64_t o_width = 0, do_width = 0;
   // Backward only. qkv_width > 0: instead of dq, dk, dv the kernel writes
   // one output "dqkv" [B, S, qkv_width] (S = seq_q = seq_k), the gradient of
   // a fused qkv projection: row (b, s) holds dq of head h in columns

@@ -46,7 +46,8 @@ isa::Program mx_matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
                         : b.hbm("at", {s.k, s.m}, DType::bf16, isa::TensorKind::input);
   const Tensor at_s =
       pre ? b.hbm("at_scale", {s.k / 32, s.m}, DType::uint8, isa::TensorKind::input) : Tensor{};
-  const Tensor bt = pre ? b.hbm("b_q", {s.k / 4, s.n}, s.in, isa::TensorKind::input)
+  const DType inb = s.in_b.value_or(s.in);
+  const Tensor bt = pre ? b.hbm("b_q", {s.k / 4, s.n}, inb, isa::TensorKind::input)
                         : b.hbm("b", {s.k, s.n}, DType::bf16, isa::TensorKind::input);
   const Tensor bt_s =
       pre ? b.hbm("b_scale", {s.k / 32, s.n}, DType::uint8, isa::TensorKind::input) : Tensor{};
@@ -80,7 +81,7 @@ isa::Program mx_matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
       aq[kt] = b.sbuf(parts, s.m, s.in);
       as[kt] = b.sbuf(parts / 8, s.m, DType::uint8);
       for (int i = 0; i < 2; ++i) {
-        bq[i].push_back(b.sbuf(parts, TN, s.in));
+        bq[i].push_back(b.sbuf(parts, TN, inb));
         bs[i].push_back(b.sbuf(parts / 8, TN, DType::uint8));
       }
     }
@@ -186,6 +187,14 @@ isa::Program matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
     throw NotSupported(
         "MX matmul with A as [M, K], B as [N, K] or a batch (A^T [K, M] and B [K, "
         "N], one matrix, are)");
+  if (s.in_b) {
+    const DType ib = *s.in_b;
+    const bool x4 = isa::is_x4(s.in) && isa::is_x4(ib) && s.mx_prequantized;
+    if (!x4 && !(isa::is_fp8(s.in) && isa::is_fp8(ib)) && ib != s.in)
+      throw NotSupported(fmt::format(
+          "matmul with {} x {} operands (mixed dtypes: FP8 E4M3 / E5M2, or prequantized MX x4)",
+          isa::name(s.in), isa::name(ib)));
+  }
   if (s.mx_prequantized && !mx)
     throw Error(
         fmt::format("matmul: mx_prequantized needs MX inputs (fp8_e4m3_x4 / "
@@ -209,8 +218,9 @@ isa::Program matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
   // Batched operands are stacked along their first dim ([batch * rows, cols]).
   const Tensor at = s.trans_a ? b.hbm("at", {NB * s.k, s.m}, s.in, isa::TensorKind::input)
                               : b.hbm("a", {NB * s.m, s.k}, s.in, isa::TensorKind::input);
-  const Tensor bt = s.trans_b ? b.hbm("bt", {NB * s.n, s.k}, s.in, isa::TensorKind::input)
-                              : b.hbm("b", {NB * s.k, s.n}, s.in, isa::TensorKind::input);
+  const DType inb = s.in_b.value_or(s.in);
+  const Tensor bt = s.trans_b ? b.hbm("bt", {NB * s.n, s.k}, inb, isa::TensorKind::input)
+                              : b.hbm("b", {NB * s.k, s.n}, inb, isa::TensorKind::input);
   const Tensor ct = b.hbm("c", {NB * s.m, s.n}, s.out, isa::TensorKind::output);
   const Epilogue& ep = s.epilogue;
   const std::int64_t TK = chip.tensor.rows;             // contraction
@@ -248,7 +258,7 @@ isa::Program matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
       for (auto* sets : {a_sets, b_sets}) {
         const std::int64_t w = sets == a_sets ? BM : TN;
         for (int set = 0; set < 2; ++set) {
-          const Tensor t = b.sbuf(rows, (pair ? 2 : 1) * w, s.in);
+          const Tensor t = b.sbuf(rows, (pair ? 2 : 1) * w, sets == a_sets ? s.in : inb);
           sets[set][kt] = t.tile(0, rows, 0, w);
           if (pair)
             sets[set][kt + 1] =

@@ -2,6 +2,7 @@
 // capture (delayed scaling), and MX block quantization.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include <fmt/format.h>
@@ -112,6 +113,61 @@ isa::Program cast_kernel(const arch::ChipSpec& chip, const CastSpec& s) {
       b.dma_copy(amax_h.tile(core, 1, 0, 1), total, -1, false, Engine::gpsimd);
     }
   }
+  return b.finish();
+}
+
+isa::Program fp8_scale_kernel(const arch::ChipSpec& chip, const Fp8ScaleSpec& s) {
+  if (s.rows < 1 || s.cols < 1)
+    throw Error(fmt::format("fp8_scale: shape [{}, {}] must be >= 1", s.rows, s.cols));
+  if (!castable(s.in) || isa::is_fp8(s.in))
+    throw NotSupported(fmt::format("fp8_scale of {} (fp32, bf16, fp16 are)", isa::name(s.in)));
+  if (!isa::is_fp8(s.fp8))
+    throw Error(fmt::format("fp8_scale: the target must be fp8_e4m3 or fp8_e5m2, got {}",
+                            isa::name(s.fp8)));
+  if (!isa::supported_by(s.fp8, chip.core_version))
+    throw NotSupported(
+        fmt::format("{} on {} ({})", isa::name(s.fp8), chip.name, chip.core_generation));
+  Builder b(chip, 1);
+  const Tensor x = b.hbm("x", {s.rows, s.cols}, s.in, isa::TensorKind::input);
+  const Tensor scale_h = b.hbm("scale", {1, 1}, DType::fp32, isa::TensorKind::output);
+  const Tensor inv_h = b.hbm("inv_scale", {1, 1}, DType::fp32, isa::TensorKind::output);
+  const std::int64_t P = chip.sbuf_partitions;
+  const int pp = static_cast<int>(std::min(P, s.rows));
+  Tensor tx[kBufs], col[kBufs];
+  for (int i = 0; i < kBufs; ++i) {
+    tx[i] = b.sbuf(static_cast<int>(P), kWidth, s.in);
+    col[i] = b.sbuf(static_cast<int>(P), 1, DType::fp32);
+  }
+  const Tensor acc = b.sbuf(pp, 1, DType::fp32);
+  b.memset(acc, 0.0f, Engine::gpsimd);
+  int i = 0;
+  for (std::int64_t r0 = 0; r0 < s.rows; r0 += P) {
+    const int n = static_cast<int>(std::min(P, s.rows - r0));
+    for (std::int64_t c0 = 0; c0 < s.cols; c0 += kWidth, i = (i + 1) % kBufs) {
+      const std::int64_t w = std::min(kWidth, s.cols - c0);
+      const Tensor vx = tx[i].tile(0, n, 0, w), c = col[i].tile(0, n, 0, 1);
+      b.dma_copy(vx, x.tile(static_cast<int>(r0), n, c0, w));
+      b.tensor_reduce(c, vx, AluOp::abs_max);
+      b.tensor_scalar(c, c, AluOp::abs_max, 0.0f);  // |x| also for 1-column tiles
+      b.tensor_tensor(acc.tile(0, n, 0, 1), acc.tile(0, n, 0, 1), c, AluOp::max, Engine::gpsimd);
+    }
+  }
+  // s = fp8_max / amax where 0 < amax <= FLT_MAX, else 1; then 1 / s.
+  const Tensor amax = b.sbuf(1, 1, DType::fp32), ok = b.sbuf(1, 1, DType::fp32);
+  const Tensor fin = b.sbuf(1, 1, DType::fp32), num = b.sbuf(1, 1, DType::fp32);
+  const Tensor one = b.sbuf(1, 1, DType::fp32), raw = b.sbuf(1, 1, DType::fp32);
+  const Tensor sc = b.sbuf(1, 1, DType::fp32), inv = b.sbuf(1, 1, DType::fp32);
+  b.partition_reduce(amax, acc, AluOp::max);
+  b.tensor_scalar(ok, amax, AluOp::is_gt, 0.0f);
+  b.tensor_scalar(fin, amax, AluOp::is_le, std::numeric_limits<float>::max());
+  b.tensor_tensor(ok, ok, fin, AluOp::multiply);
+  b.memset(num, static_cast<float>(isa::format_of(s.fp8)->max_finite()));
+  b.memset(one, 1.0f);
+  b.tensor_tensor(raw, num, amax, AluOp::divide);
+  b.select(sc, ok, raw, one);
+  b.tensor_tensor(inv, one, sc, AluOp::divide);
+  b.dma_copy(scale_h, sc);
+  b.dma_copy(inv_h, inv);
   return b.finish();
 }
 

@@ -804,6 +804,62 @@ std::vector<KernelEntry> make_registry() {
 
   {
     KernelEntry e;
+    e.name = "fp8_scale";
+    e.summary = "Per-tensor FP8 current scaling: scale = fp8_max / amax(x) and its inverse";
+    e.params = {rows_doc(),
+                dim_doc("Columns"),
+                {"in", "bf16", "Input dtype: fp32, bf16, fp16"},
+                {"fp8", "fp8_e4m3", "Target: fp8_e4m3 or fp8_e5m2"}};
+    e.build = [](const arch::ChipSpec& c, const Params& p) {
+      return fp8_scale_kernel(c, {p.i64("rows"), p.i64("dim"), p.dtype("in"), p.dtype("fp8")});
+    };
+    e.reference = [](const arch::ChipSpec&, const Params& p, const NamedData& in) {
+      float amax = 0.0f;
+      for (float v : input(in, "x")) amax = std::max(amax, std::fabs(v));
+      const float fmax = static_cast<float>(isa::format_of(p.dtype("fp8"))->max_finite());
+      const float s = amax > 0.0f && std::isfinite(amax) ? fmax / amax : 1.0f;
+      return NamedData{{"scale", {s}}, {"inv_scale", {1.0f / s}}};
+    };
+    e.describe = [](const Params& p) {
+      return fmt::format("fp8_scale [{}, {}] {} for {}", p.i64("rows"), p.i64("dim"), p.text("in"),
+                         p.text("fp8"));
+    };
+    r.push_back(std::move(e));
+  }
+
+  {
+    KernelEntry e;
+    e.name = "transpose";
+    e.summary = "out [batch * cols, rows] = in [batch * rows, cols]^T by Tensor-engine transposes";
+    e.params = {rows_doc(),
+                dim_doc("Columns"),
+                {"batch", "1", "Matrices stacked along the first dim"},
+                {"dtype", "bf16", "fp32, bf16 or fp16"},
+                cores_doc()};
+    e.build = [](const arch::ChipSpec& c, const Params& p) {
+      return transpose_kernel(c, p.i64("rows"), p.i64("dim"), p.dtype("dtype"), p.i64("batch"),
+                              p.i32("cores"));
+    };
+    e.reference = [](const arch::ChipSpec&, const Params& p, const NamedData& in) {
+      const std::int64_t R = p.i64("rows"), C = p.i64("dim"), N = p.i64("batch");
+      const std::vector<float>& x = input(in, "in");
+      std::vector<float> y(x.size());
+      for (std::int64_t m = 0; m < N; ++m)
+        for (std::int64_t i = 0; i < R; ++i)
+          for (std::int64_t c = 0; c < C; ++c)
+            y[static_cast<std::size_t>((m * C + c) * R + i)] =
+                x[static_cast<std::size_t>((m * R + i) * C + c)];
+      return NamedData{{"out", y}};
+    };
+    e.describe = [](const Params& p) {
+      return fmt::format("transpose {} x [{}, {}] {}", p.i64("batch"), p.i64("rows"), p.i64("dim"),
+                         p.text("dtype"));
+    };
+    r.push_back(std::move(e));
+  }
+
+  {
+    KernelEntry e;
     e.name = "mx_quantize";
     e.summary =
         "MX block quantization on chip (trn3; QuantizeMX or ALU ops), the MX matmul's layout";

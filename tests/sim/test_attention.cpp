@@ -187,6 +187,59 @@ TEST(Attention, BackwardIntoQkvGradientHasTheSameBits) {
   EXPECT_THROW(kernel::flash_attention_kernel(chip, s), Error);
 }
 
+// o and dO in the merged-heads layout [B, S, width] (o_width, do_width):
+// the forward writes o's bits there, and the backward reading o and dO
+// from there gives the bits it gives from [B, H, S, D].
+TEST(Attention, MergedHeadLayoutsOfOAndDoHaveTheSameBits) {
+  const auto chip = arch::load_chip("trn3");
+  const Case c{2, 4, 2, 200, 0, 64, true, 3};
+  const std::int64_t B = c.batch, H = c.hq, S = c.sq, D = c.d, W = H * D + 64;
+  const AttentionSpec s = spec_of(c);
+  AttentionSpec w = s;
+  w.o_width = W, w.do_width = W;
+  const auto q = normal(static_cast<std::size_t>(B * H * D * S), 1, 1.0f, c.dt);
+  const auto k = normal(static_cast<std::size_t>(B * c.hkv * D * S), 2, 1.0f, c.dt);
+  const auto v = normal(static_cast<std::size_t>(B * c.hkv * S * D), 3, 1.0f, c.dt);
+  const auto dout = normal(static_cast<std::size_t>(B * H * S * D), 4, 1.0f, c.dt);
+  // [B, H, S, D] <-> [B, S, W] (columns past H D hold 0 on the way in).
+  auto wide = [&](const std::vector<float>& x) {
+    std::vector<float> y(static_cast<std::size_t>(B * S * W), 0.0f);
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t h = 0; h < H; ++h)
+        for (std::int64_t t = 0; t < S; ++t)
+          for (std::int64_t d = 0; d < D; ++d)
+            y[static_cast<std::size_t>((b * S + t) * W + h * D + d)] =
+                x[static_cast<std::size_t>(((b * H + h) * S + t) * D + d)];
+    return y;
+  };
+  sim::Simulator f0(chip), f1(chip);
+  for (auto [sim, sp] : {std::pair{&f0, &s}, {&f1, &w}}) {
+    sim->load(kernel::flash_attention_kernel(chip, *sp));
+    sim->write("q", q), sim->write("k", k), sim->write("v", v);
+    sim->run();
+  }
+  const auto o = f0.read("o"), ow = f1.read("o");
+  const auto want = wide(o);
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t t = 0; t < S; ++t)
+      for (std::int64_t j = 0; j < H * D; ++j) {
+        const auto i = static_cast<std::size_t>((b * S + t) * W + j);
+        ASSERT_EQ(ow[i], want[i]) << "o at b " << b << " s " << t << " column " << j;
+      }
+  EXPECT_EQ(f0.read("lse"), f1.read("lse"));
+  sim::Simulator b0(chip), b1(chip);
+  b0.load(kernel::flash_attention_backward_kernel(chip, s));
+  b1.load(kernel::flash_attention_backward_kernel(chip, w));
+  for (auto* sim : {&b0, &b1}) sim->write("q", q), sim->write("k", k), sim->write("v", v);
+  b0.write("o", o), b0.write("do", dout), b0.write("lse", f0.read("lse"));
+  b1.write("o", ow), b1.write("do", wide(dout)), b1.write("lse", f1.read("lse"));
+  b0.run(), b1.run();
+  for (const char* g : {"dq", "dk", "dv"}) EXPECT_EQ(b0.read(g), b1.read(g)) << g;
+  AttentionSpec bad = s;
+  bad.o_width = H * D - 1;
+  EXPECT_THROW(kernel::flash_attention_kernel(chip, bad), Error);
+}
+
 TEST(Attention, BadShapesNameTheParameter) {
   const auto chip = arch::load_chip("trn3");
   auto msg = [&](AttentionSpec s) -> std::string {

@@ -158,6 +158,72 @@ TEST(Kernels, MxMatmulBitExact) {
                NotSupported);
 }
 
+// fp8-hybrid's gradient products: E4M3 x E5M2 operands (in_b), dequantized
+// in the epilogue by the two per-tensor factors before the bias; bit for bit
+// against the in-order FP32 reference, then (acc * da) * db + bias in FP32.
+TEST(Kernels, Fp8MixedOperandsWithDequantEpilogue) {
+  const auto chip = arch::load_chip("trn3");
+  const std::int64_t M = 130, N = 300, K = 384;
+  kernel::MatmulSpec spec{M, N, K, DType::fp8_e4m3, DType::fp32, 2};
+  spec.in_b = DType::fp8_e5m2;
+  spec.epilogue.dequant = true, spec.epilogue.bias = true;
+  sim::Simulator sim(chip);
+  sim.load(kernel::matmul_kernel(chip, spec));
+  const auto at = as_dtype(random_values(K * M, 11, 60.0f), DType::fp8_e4m3);
+  const auto b = as_dtype(random_values(K * N, 12, 3000.0f), DType::fp8_e5m2);
+  const auto bias = random_values(N, 13);
+  const float da = 0.0123f, db = 3.5e-4f;
+  sim.write("at", at), sim.write("b", b), sim.write("bias", bias);
+  sim.write("dequant_a", std::vector<float>{da}), sim.write("dequant_b", std::vector<float>{db});
+  sim.run();
+  const auto acc = reference(at, b, M, N, K, false);
+  const auto got = sim.read("c");
+  std::size_t bad = 0;
+  for (std::int64_t m = 0; m < M; ++m)
+    for (std::int64_t n = 0; n < N; ++n) {
+      const std::size_t i = static_cast<std::size_t>(m * N + n);
+      const float want = acc[i] * da * db + bias[static_cast<std::size_t>(n)];
+      bad += std::bit_cast<std::uint32_t>(got[i]) != std::bit_cast<std::uint32_t>(want);
+    }
+  EXPECT_EQ(bad, 0u);
+  spec.in = DType::bf16;  // BF16 with FP8 is no pair
+  EXPECT_THROW(kernel::matmul_kernel(chip, spec), NotSupported);
+}
+
+// Current scaling's scale: fp8_max / amax as one FP32 division, 1 for an
+// all-zero or infinite tensor; its reciprocal for the dequantization.
+TEST(Kernels, Fp8ScaleOfATensor) {
+  const auto chip = arch::load_chip("trn3");
+  struct Case {
+    std::int64_t rows, cols;
+    DType fp8;
+    float plant;  // written at one position (0: none)
+  };
+  for (const Case c : {Case{300, 5000, DType::fp8_e4m3, -77.5f}, Case{1, 7, DType::fp8_e5m2, 0.0f},
+                       Case{129, 64, DType::fp8_e4m3, INFINITY}}) {
+    kernel::Fp8ScaleSpec spec{c.rows, c.cols, DType::bf16, c.fp8};
+    sim::Simulator sim(chip);
+    sim.load(kernel::fp8_scale_kernel(chip, spec));
+    auto x =
+        as_dtype(random_values(static_cast<std::size_t>(c.rows * c.cols), 21, 2.0f), DType::bf16);
+    if (c.cols == 7) std::fill(x.begin(), x.end(), 0.0f);  // all zero
+    if (c.plant != 0.0f) x[x.size() / 2 + 3] = c.plant;
+    sim.write("x", x);
+    sim.run();
+    float amax = 0.0f;
+    for (float v : x) amax = std::max(amax, std::fabs(v));
+    const float fmax = static_cast<float>(isa::format_of(c.fp8)->max_finite());
+    const float want = amax > 0.0f && std::isfinite(amax) ? fmax / amax : 1.0f;
+    EXPECT_EQ(std::bit_cast<std::uint32_t>(sim.read("scale")[0]),
+              std::bit_cast<std::uint32_t>(want))
+        << c.rows << "x" << c.cols << ": " << sim.read("scale")[0] << " want " << want;
+    EXPECT_EQ(sim.read("inv_scale")[0], 1.0f / want);
+  }
+  EXPECT_THROW(kernel::fp8_scale_kernel(chip, {4, 4, DType::fp8_e4m3, DType::fp8_e4m3}),
+               NotSupported);
+  EXPECT_THROW(kernel::fp8_scale_kernel(chip, {4, 4, DType::bf16, DType::bf16}), Error);
+}
+
 TEST(Kernels, SameBitsForAnyHostThreadCount) {
   const auto chip = arch::load_chip("trn3");
   for (DType dt : {DType::bf16, DType::fp32}) {
@@ -201,18 +267,30 @@ TEST(Kernels, AddMatchesHost) {
   }
 }
 
+// Super tiles of 512 x 512 dealt over the cores: partial tiles both ways,
+// a batch, several cores, FP32.
 TEST(Kernels, TransposeIsExact) {
   const auto chip = arch::load_chip("trn3");
-  const std::int64_t R = 130, C = 250;
-  const isa::Program p = kernel::transpose_kernel(chip, R, C, DType::bf16);
-  sim::Simulator sim(chip);
-  sim.load(p);
-  const auto in = as_dtype(random_values(R * C, 5), DType::bf16);
-  sim.write("in", in);
-  sim.run();
-  const auto got = sim.read("out");
-  for (std::int64_t r = 0; r < R; ++r)
-    for (std::int64_t c = 0; c < C; ++c) ASSERT_EQ(got[c * R + r], in[r * C + c]) << r << "," << c;
+  struct Case {
+    std::int64_t r, c, batch;
+    int cores;
+    DType dt;
+  };
+  for (const Case k : {Case{130, 250, 1, 1, DType::bf16}, Case{700, 1100, 1, 3, DType::bf16},
+                       Case{64, 520, 5, 2, DType::fp32}, Case{1, 1, 1, 1, DType::fp16}}) {
+    const isa::Program p = kernel::transpose_kernel(chip, k.r, k.c, k.dt, k.batch, k.cores);
+    sim::Simulator sim(chip);
+    sim.load(p);
+    const auto in = as_dtype(random_values(k.batch * k.r * k.c, 5), k.dt);
+    sim.write("in", in);
+    sim.run();
+    const auto got = sim.read("out");
+    for (std::int64_t m = 0; m < k.batch; ++m)
+      for (std::int64_t r = 0; r < k.r; ++r)
+        for (std::int64_t c = 0; c < k.c; ++c)
+          ASSERT_EQ(got[(m * k.c + c) * k.r + r], in[(m * k.r + r) * k.c + c])
+              << k.r << "x" << k.c << " matrix " << m << " at " << r << "," << c;
+  }
 }
 
 }  // namespace
