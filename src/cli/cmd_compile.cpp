@@ -3,6 +3,7 @@
 // the memory plan; the fit check against the chip's HBM.
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -28,7 +29,7 @@ namespace {
 
 struct Args {
   std::string file, model, arch = "trn3", emit, autocast = "none", autocast_type = "bf16",
-                           recompute = "none", dtype = "bf16";
+                           mx_policy = "rceil", recompute = "none", dtype = "bf16";
   bool train = false, report = false, json = false, estimate = false, progress = true;
   std::int64_t layers = 12, dim = 768, heads = 12, kv_heads = 0, ffn = 0, vocab = 50304, seq = 1024,
                batch = 4;
@@ -69,7 +70,10 @@ graph::Model build(const Args& a) {
 }
 
 void run(const Args& a) {
-  const graph::AutocastOptions ac = graph::parse_autocast(a.autocast, a.autocast_type);
+  const bool is_recipe = a.autocast == "bf16" || a.autocast == "fp8-hybrid" ||
+                         a.autocast == "mxfp8" || a.autocast == "mxfp4";
+  const graph::AutocastOptions ac = is_recipe ? graph::recipe(a.autocast, a.mx_policy)
+                                              : graph::parse_autocast(a.autocast, a.autocast_type);
   const arch::ChipSpec chip = arch::load_chip(a.arch);
   graph::Model m = build(a);
   if (ac.mode != "none") {  // the forward rewritten; values keep their names
@@ -96,10 +100,15 @@ void run(const Args& a) {
   const std::int64_t cap = chip.hbm_capacity.value();
   // Per-kernel time: every group the lowering handles, built for its shapes
   // and simulated in timing mode (no data).
+  struct LaunchTime {
+    std::string kernel, detail;
+    double ns;
+  };
   struct Estimate {
     int group;
     std::string kernel, detail;
     double ns;
+    std::vector<LaunchTime> launches;  // the group's launches, in order
   };
   std::vector<Estimate> est;
   std::vector<std::pair<int, std::string>> unlowered;
@@ -122,7 +131,8 @@ void run(const Args& a) {
       if (!est.empty() && est.back().group == l.group)
         est.back().ns += ns;
       else
-        est.push_back({l.group, kg.kernel, kg.detail.empty() ? l.detail : kg.detail, ns});
+        est.push_back({l.group, kg.kernel, kg.detail.empty() ? l.detail : kg.detail, ns, {}});
+      est.back().launches.push_back({l.kernel, l.detail, ns});
       est_total += ns;
     }
     if (a.progress && !a.json) std::fprintf(stderr, "\r%40s\r", "");
@@ -166,8 +176,16 @@ void run(const Args& a) {
     j["unfused"] = unfused;
     if (a.estimate) {
       nlohmann::json e = nlohmann::json::array(), u = nlohmann::json::array();
-      for (const Estimate& x : est)
-        e.push_back({{"group", x.group}, {"kernel", x.kernel}, {"detail", x.detail}, {"ns", x.ns}});
+      for (const Estimate& x : est) {
+        nlohmann::json ls = nlohmann::json::array();
+        for (const LaunchTime& t : x.launches)
+          ls.push_back({{"kernel", t.kernel}, {"detail", t.detail}, {"ns", t.ns}});
+        e.push_back({{"group", x.group},
+                     {"kernel", x.kernel},
+                     {"detail", x.detail},
+                     {"ns", x.ns},
+                     {"launches", ls}});
+      }
       for (const auto& [gi, why] : unlowered) u.push_back({{"group", gi}, {"reason", why}});
       j["estimate"] = {{"total_ns", est_total}, {"kernels", e}, {"not_lowered", u}};
     }
@@ -193,6 +211,22 @@ void run(const Args& a) {
       for (std::size_t i = 0; i < std::min<std::size_t>(a.report ? 20 : 5, top.size()); ++i)
         std::printf("  %-6d %-16s %-28s %12.2f\n", top[i].group, top[i].kernel.c_str(),
                     top[i].detail.substr(0, 28).c_str(), top[i].ns / 1e3);
+      // Where the time goes by launched kernel (a group may launch several:
+      // transposes and quantization before a quantized matmul, ...).
+      std::map<std::string, std::pair<double, int>> by;
+      for (const Estimate& x : est)
+        for (const LaunchTime& t : x.launches) {
+          auto& [ns, n] = by[t.kernel];
+          ns += t.ns, ++n;
+        }
+      std::vector<std::pair<std::string, std::pair<double, int>>> rows(by.begin(), by.end());
+      std::sort(rows.begin(), rows.end(),
+                [](const auto& x, const auto& y) { return x.second.first > y.second.first; });
+      std::printf("  by launched kernel:\n  %-22s %8s %12s %7s\n", "kernel", "launches", "us",
+                  "share");
+      for (const auto& [k, v] : rows)
+        std::printf("  %-22s %8d %12.2f %6.1f%%\n", k.c_str(), v.second, v.first / 1e3,
+                    100.0 * v.first / est_total);
     }
     if (!a.emit.empty()) std::printf("graph written to %s\n", a.emit.c_str());
   }
@@ -224,10 +258,19 @@ void add_compile_command(CLI::App& app) {
                   "Optimizer state per parameter in the fit check (default 12 with --train: "
                   "AdamW FP32 master, m, v; else 0)");
   cmd->add_option("--autocast", a->autocast,
-                  "Precision policy: none, matmult (matmuls and attention in --autocast-type) "
-                  "or all (all but norms, softmax, cross-entropy, embedding)")
+                  "Precision policy: none, matmult (matmuls and attention in --autocast-type), "
+                  "all (all but norms, softmax, cross-entropy, embedding), or a recipe: bf16, "
+                  "fp8-hybrid (E4M3 forward, E5M2 gradients, per-tensor current scaling), mxfp8 "
+                  "(MX blocks of 32, --mx-policy scales), mxfp4 (MXFP4 weights, MXFP8 the rest); "
+                  "recipes keep the LM head, norms, softmax and embeddings in BF16")
       ->capture_default_str();
-  cmd->add_option("--autocast-type", a->autocast_type, "bf16 or fp16 (FP8: not supported yet)")
+  cmd->add_option("--autocast-type", a->autocast_type,
+                  "With matmult / all: bf16, fp16 or fp8_e4m3 (matmul operands per-tensor E4M3, "
+                  "current scaling)")
+      ->capture_default_str();
+  cmd->add_option("--mx-policy", a->mx_policy,
+                  "MX scale policy of the mx recipes: rceil, trn3 "
+                  "(QuantizeMX on chip) or ocp-floor")
       ->capture_default_str();
   cmd->add_option("--recompute", a->recompute,
                   "Activation recomputation with --train: none or selective (cheap ops "

@@ -40,20 +40,66 @@ bool is_float_value(const Value& v) {
   return isa::is_float(v.dtype) && !isa::is_x4(v.dtype);
 }
 
+// The LM heads: matmuls whose result reaches cross_entropy through
+// reshapes, transposes and casts.
+std::vector<bool> lm_heads(const Graph& g) {
+  std::vector<std::vector<int>> users(g.values().size());
+  for (std::size_t i = 0; i < g.nodes().size(); ++i)
+    for (int v : g.nodes()[i].inputs)
+      users[static_cast<std::size_t>(v)].push_back(static_cast<int>(i));
+  std::vector<bool> head(g.nodes().size(), false);
+  for (std::size_t i = 0; i < g.nodes().size(); ++i) {
+    if (g.nodes()[i].op != Op::matmul) continue;
+    std::vector<int> todo{g.nodes()[i].outputs[0]};
+    while (!todo.empty() && !head[i]) {
+      const int v = todo.back();
+      todo.pop_back();
+      for (int u : users[static_cast<std::size_t>(v)]) {
+        const Op op = g.nodes()[static_cast<std::size_t>(u)].op;
+        if (op == Op::cross_entropy) head[i] = true;
+        if (op == Op::reshape || op == Op::transpose || op == Op::cast)
+          todo.push_back(g.nodes()[static_cast<std::size_t>(u)].outputs[0]);
+      }
+    }
+  }
+  return head;
+}
+
 }  // namespace
 
 AutocastOptions parse_autocast(const std::string& mode, const std::string& type) {
   AutocastOptions o;
   if (mode != "none" && mode != "matmult" && mode != "all")
-    throw Error(fmt::format("autocast '{}': expected none, matmult or all", mode));
+    throw Error(fmt::format("autocast '{}': expected none, matmult or all (or a recipe: {})", mode,
+                            kRecipes));
   o.mode = mode;
   o.type = isa::parse_dtype(type);
-  if (isa::is_fp8(o.type))
-    throw NotSupported(fmt::format(
-        "autocast to {}: FP8 needs per-tensor scales (the fp8-hybrid recipe), not a plain cast",
-        isa::name(o.type)));
+  if (o.type == DType::fp8_e4m3) {
+    // Per-tensor E4M3 operands with current scaling; the rest in BF16.
+    o.type = DType::bf16;
+    o.quant.a = o.quant.b = o.quant.grad = parse_operand_quant("fp8_e4m3");
+    return o;
+  }
   if (o.type != DType::bf16 && o.type != DType::fp16)
-    throw Error(fmt::format("autocast type {}: expected bf16 or fp16", isa::name(o.type)));
+    throw Error(
+        fmt::format("autocast type {}: expected bf16, fp16 or fp8_e4m3", isa::name(o.type)));
+  return o;
+}
+
+AutocastOptions recipe(const std::string& name, const std::string& mx_policy) {
+  AutocastOptions o;
+  o.mode = "all", o.type = DType::bf16, o.recipe = name;
+  o.quant.policy = num::parse_scale_policy(mx_policy);
+  if (name == "bf16") return o;
+  if (name == "fp8-hybrid") {
+    o.quant.a = o.quant.b = parse_operand_quant("fp8_e4m3");
+    o.quant.grad = parse_operand_quant("fp8_e5m2");
+  } else if (name == "mxfp8" || name == "mxfp4") {
+    o.quant.a = o.quant.b = o.quant.grad = parse_operand_quant("mxfp8_e4m3");
+    o.mxfp4_weights = name == "mxfp4";
+  } else {
+    throw Error(fmt::format("unknown precision recipe '{}' (recipes: {})", name, kRecipes));
+  }
   return o;
 }
 
@@ -81,6 +127,7 @@ Graph autocast(const Graph& g, const AutocastOptions& opt) {
     return c;
   };
   std::set<int> outputs(g.outputs().begin(), g.outputs().end());
+  const std::vector<bool> head = lm_heads(g);
   for (const Node& n : g.nodes()) {
     if (n.op == Op::input || n.op == Op::param) {
       map[static_cast<std::size_t>(n.outputs[0])] = out.copy_leaf(g, n.outputs[0]);
@@ -100,7 +147,20 @@ Graph autocast(const Graph& g, const AutocastOptions& opt) {
     }
     std::vector<std::string> names;
     for (int v : n.outputs) names.push_back(g.value(v).name);
-    const std::vector<int> res = out.add(n.op, ins, n.attrs, names);
+    Attrs attrs = n.attrs;
+    const std::size_t ni = static_cast<std::size_t>(&n - g.nodes().data());
+    if (opt.quant.any() && n.op == Op::matmul && g.value(n.inputs[1]).shape.size() == 2 &&
+        !head[ni]) {
+      MatmulQuant q = opt.quant;
+      auto is_param = [&](int v) { return g.node(g.value(v).node).op == Op::param; };
+      if (opt.mxfp4_weights) {
+        const OperandQuant w = parse_operand_quant("mxfp4");
+        if (is_param(n.inputs[0])) q.a = w;
+        if (is_param(n.inputs[1])) q.b = w;
+      }
+      set_matmul_quant(attrs, q);
+    }
+    const std::vector<int> res = out.add(n.op, ins, attrs, names);
     for (std::size_t i = 0; i < res.size(); ++i) {
       const Value& was = g.value(n.outputs[i]);
       int r = res[i];

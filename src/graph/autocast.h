@@ -10,24 +10,47 @@
 //            cross-entropy and embedding (and their backward ops), which
 //            stay in the original precision (training.md: keep them high).
 // Run it on the forward graph, then add_backward: the gradients flow
-// through the casts. FP8 types need per-tensor scales (the fp8 recipes) and
-// are not supported here.
+// through the casts.
+//
+// Recipes (numerics.md section 5) are "all" to BF16 plus quantized matmul
+// operands (quant.h) on every linear layer (a matmul whose second operand
+// is a matrix) except the LM head (a matmul whose result reaches
+// cross_entropy through reshapes and casts), which stays BF16 with the
+// embeddings, norms, softmax and the loss:
+//   bf16        no quantization;
+//   fp8-hybrid  E4M3 activations and weights, E5M2 gradients, per-tensor
+//               current scaling;
+//   mxfp8       MXFP8 E4M3 for all (gradients too), blocks of 32 along the
+//               contraction dim, `policy` scales (rceil by default);
+//   mxfp4       weights (params) MXFP4, activations and gradients MXFP8.
+// --autocast-type fp8_e4m3 with matmult / all: the matmuls' operands (and
+// gradients) per-tensor E4M3 with current scaling, the rest BF16.
+// Delayed scaling (an amax history across steps) is not supported yet.
 #pragma once
 
 #include <string>
 
 #include "graph/ir.h"
+#include "graph/quant.h"
 
 namespace tern::graph {
 
 struct AutocastOptions {
-  std::string mode = "none";  // none, matmult, all
-  DType type = DType::bf16;   // bf16 or fp16
+  std::string mode = "none";   // none, matmult, all
+  DType type = DType::bf16;    // bf16 or fp16: what ops compute in
+  std::string recipe;          // "" or the recipe's name
+  MatmulQuant quant;           // the linear layers' operands (none: plain casts)
+  bool mxfp4_weights = false;  // mxfp4: params as MXFP4, the rest as `quant`
 };
 
-// Parses "none|matmult|all" and "bf16|fp16|..." (errors name the choices;
-// FP8 types: NotSupported).
+// Parses "none|matmult|all" and "bf16|fp16|fp8_e4m3" (errors name the
+// choices).
 AutocastOptions parse_autocast(const std::string& mode, const std::string& type);
+// A recipe by name ("bf16", "fp8-hybrid", "mxfp8", "mxfp4") with an MX scale
+// policy ("rceil", "trn3", "ocp-floor").
+AutocastOptions recipe(const std::string& name, const std::string& mx_policy = "rceil");
+// The list of recipe names, for help texts and errors.
+inline constexpr const char* kRecipes = "bf16, fp8-hybrid, mxfp8, mxfp4";
 
 // The rewritten graph (a copy; `g` is unchanged). Value names are kept;
 // a graph output whose dtype changed keeps its name on the cast back.

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "graph/quant.h"
 #include "util/error.h"
 
 namespace tern::graph {
@@ -91,20 +92,35 @@ class Backward {
         if (ta && ra > 2 && rb == 2)
           throw NotSupported(
               "the gradient of a transposed batched matmul operand against a shared matrix");
+        // Quantized operands (quant.h): each backward matmul quantizes its
+        // operands again from the high-precision values, the incoming
+        // gradient in quant_grad's format.
+        const MatmulQuant q = matmul_quant(n.attrs);
+        auto mm = [&](int x, const OperandQuant& qx, int y, const OperandQuant& qy, bool tx,
+                      bool ty) {
+          Attrs at;
+          if (tx) at["trans_a"] = std::int64_t{1};
+          if (ty) at["trans_b"] = std::int64_t{1};
+          MatmulQuant bq;
+          bq.a = qx, bq.b = qy, bq.policy = q.policy;
+          set_matmul_quant(at, bq);
+          return g_.add1(Op::matmul, {x, y}, std::move(at));
+        };
+        const OperandQuant &qa = q.a, &qb = q.b, &qd = q.grad;
         if (need(0)) {
           // dA' = dC B'^T; dA = dA' or its transpose.
-          const int da = !ta ? g_.matmul(d, b, false, !tb) : g_.matmul(b, d, tb, true);
+          const int da = !ta ? mm(d, qd, b, qb, false, !tb) : mm(b, qb, d, qd, tb, true);
           acc(a, da);
         }
         if (need(1)) {
           int db;
           if (rb > 2 || ra == 2) {
             // dB' = A'^T dC; dB = dB' or its transpose.
-            db = !tb ? g_.matmul(a, d, !ta, false) : g_.matmul(d, a, true, ta);
+            db = !tb ? mm(a, qa, d, qd, !ta, false) : mm(d, qd, a, qa, true, ta);
           } else {  // shared B: fold A's batch dims into rows
             const std::int64_t k = shp(a).back(), nn = shp(d).back();
             const int a2 = g_.reshape(a, {-1, k}), d2 = g_.reshape(d, {-1, nn});
-            db = !tb ? g_.matmul(a2, d2, true, false) : g_.matmul(d2, a2, true, false);
+            db = !tb ? mm(a2, qa, d2, qd, true, false) : mm(d2, qd, a2, qa, true, false);
           }
           acc(b, db);
         }

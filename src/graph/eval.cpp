@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "graph/ops.h"
+#include "graph/quant.h"
 #include "util/error.h"
 
 namespace tern::graph {
@@ -153,10 +154,21 @@ std::vector<HostData> evaluate(const Graph& g, const std::map<std::string, HostD
         case Op::full:
           out(0).assign(N, attr_real(n.attrs, "value", 0.0));
           break;
-        case Op::matmul:
-          matmul(in(0), iv(0).shape, in(1), iv(1).shape, attr_int(n.attrs, "trans_a", 0) != 0,
-                 attr_int(n.attrs, "trans_b", 0) != 0, out(0));
+        case Op::matmul: {
+          const bool ta = attr_int(n.attrs, "trans_a", 0) != 0,
+                     tb = attr_int(n.attrs, "trans_b", 0) != 0;
+          const MatmulQuant q = matmul_quant(n.attrs);
+          if (!q.any()) {
+            matmul(in(0), iv(0).shape, in(1), iv(1).shape, ta, tb, out(0));
+            break;
+          }
+          // The operands as the Tensor engine sees them (quant.h).
+          HostData a = in(0), b = in(1);
+          fake_quantize(a, iv(0).shape, !ta, q.a, q.policy, iv(0).dtype);
+          fake_quantize(b, iv(1).shape, tb, q.b, q.policy, iv(1).dtype);
+          matmul(a, iv(0).shape, b, iv(1).shape, ta, tb, out(0));
           break;
+        }
         case Op::add:
         case Op::sub:
         case Op::mul: {

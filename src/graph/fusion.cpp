@@ -286,6 +286,8 @@ class Fuser {
       view.dest = *parts.begin();
       make("flash_attention_backward", "dq, dk, dv into the qkv gradient", members);
       qkv_grads_[a] = view;
+      for (int n : members)
+        if (n != a) absorbed_.insert(n);
     }
   }
 
@@ -321,9 +323,12 @@ class Fuser {
       if (op != Op::attention && op != Op::attention_backward) continue;
       const int base = op == Op::attention_backward ? 1 : 0;
       for (int r = 0; r < 3; ++r) try_view(node(a).inputs[static_cast<std::size_t>(base + r)]);
+      if (op == Op::attention_backward) try_view(node(a).inputs[0], true);  // dO
     }
   }
-  void try_view(int t) {
+  // q, k, v (the inputs at base .. base + 2 of attention ops), or with
+  // `grad_out` the dO of attention_backward (input 0, from column 0).
+  void try_view(int t, bool grad_out = false) {
     if (views_.contains(t) || outputs_.contains(t)) return;
     const int tn = producer(t);
     if (node(tn).op != Op::transpose ||
@@ -334,9 +339,11 @@ class Fuser {
       const Node& un = node(u);
       const int base = un.op == Op::attention_backward ? 1 : 0;
       if (un.op != Op::attention && un.op != Op::attention_backward) return;
-      for (std::size_t i = 0; i < un.inputs.size(); ++i)
-        if (un.inputs[i] == t && (static_cast<int>(i) < base || static_cast<int>(i) > base + 2))
-          return;
+      for (std::size_t i = 0; i < un.inputs.size(); ++i) {
+        const int at = static_cast<int>(i);
+        const bool ok = grad_out ? base == 1 && at == 0 : at >= base && at <= base + 2;
+        if (un.inputs[i] == t && !ok) return;
+      }
       if (first < 0 || u < first) first = u;
     }
     const int rv = node(tn).inputs[0], rn = producer(rv);
@@ -359,6 +366,7 @@ class Fuser {
         chain.push_back(sn);
       }
     }
+    if (grad_out && col0 != 0) return;  // the kernel reads dO from column 0
     const Shape& src = g_.value(x).shape;
     views_[t] = {x, col0, hs[0], hs[1], hs[2], hs[3], src[2]};
     for (int n : chain) alias_[out(n)] = x;
@@ -370,6 +378,44 @@ class Fuser {
       auto& to = groups_[static_cast<std::size_t>(target)].nodes;
       to.insert(std::upper_bound(to.begin(), to.end(), n), n);
       group_[static_cast<std::size_t>(n)] = target;
+    }
+  }
+
+  // Attention's o read only by one transpose [0, 2, 1, 3] and by
+  // attention_backward (as its o): the kernel writes the transpose's
+  // [B, S, H, D] buffer itself, the backward reads o there (fusion.h
+  // stored_in). Runs after attention_views (the transpose joins the group
+  // that already has the head views).
+  void attention_outputs() {
+    for (int a = 0; a < static_cast<int>(g_.nodes().size()); ++a) {
+      if (node(a).op != Op::attention) continue;
+      const int o = node(a).outputs[0];
+      if (outputs_.contains(o)) continue;
+      int t = -1;
+      bool ok = true;
+      for (int u : users(o)) {
+        const Node& un = node(u);
+        if (un.op == Op::transpose && t < 0 &&
+            attr_ints(un.attrs, "perm") == std::vector<std::int64_t>{0, 2, 1, 3})
+          t = u;
+        else if (un.op != Op::attention_backward || un.inputs[4] != o ||
+                 std::count(un.inputs.begin(), un.inputs.end(), o) != 1)
+          ok = false;
+      }
+      const int ga = group_[static_cast<std::size_t>(a)];
+      if (!ok || t < 0 ||
+          groups_[static_cast<std::size_t>(group_[static_cast<std::size_t>(t)])].nodes.size() != 1)
+        continue;
+      std::vector<int> merged = groups_[static_cast<std::size_t>(ga)].nodes;
+      merged.push_back(t);
+      if (!escapes_ok(merged)) continue;
+      auto& from = groups_[static_cast<std::size_t>(group_[static_cast<std::size_t>(t)])].nodes;
+      from.clear();
+      auto& to = groups_[static_cast<std::size_t>(ga)].nodes;
+      to.insert(std::upper_bound(to.begin(), to.end(), t), t);
+      group_[static_cast<std::size_t>(t)] = ga;
+      stored_in_[o] = out(t);
+      absorbed_.insert(t);
     }
   }
 
@@ -485,11 +531,15 @@ class Fuser {
   std::map<int, HeadView> views_;
   std::map<int, int> alias_;
   std::map<int, QkvGradView> qkv_grads_;
+  std::map<int, int> stored_in_;
+  std::set<int> absorbed_;
 
  public:
   const std::map<int, HeadView>& views() const { return views_; }
   const std::map<int, int>& aliases() const { return alias_; }
   const std::map<int, QkvGradView>& qkv_grads() const { return qkv_grads_; }
+  const std::map<int, int>& stored_in() const { return stored_in_; }
+  const std::set<int>& absorbed() const { return absorbed_; }
 };
 
 }  // namespace
@@ -506,10 +556,13 @@ FusionReport fuse(const Graph& g) {
   f.elementwise();
   f.rest();
   f.attention_views();
+  f.attention_outputs();
   FusionReport r = f.finish();
   r.views = f.views();
   r.alias = f.aliases();
   r.qkv_grads = f.qkv_grads();
+  r.stored_in = f.stored_in();
+  r.absorbed = f.absorbed();
   return r;
 }
 

@@ -14,6 +14,9 @@
 //   - chains of elementwise ops into one pass;
 //   - attention_backward with the head merges and the sum of its dq, dk, dv
 //     into a fused qkv projection's gradient (QkvGradView);
+//   - attention's o written straight into its head merge [B, S, H, D] (and
+//     read from there by the backward), dO read from the head split of its
+//     gradient;
 //   - reshapes are views: absorbed by the kernel that reads them; so are the
 //     head split chains (slice, reshape, transpose) of attention's q, k, v,
 //     which the attention kernels read through strided views (HeadView).
@@ -22,6 +25,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -62,8 +66,15 @@ struct FusionReport {
   std::map<int, HeadView> views;         // by the transpose's output value
   std::map<int, int> alias;              // a view chain's values -> the value they read
   std::map<int, QkvGradView> qkv_grads;  // by the attention_backward node
-  int ops = 0;                           // ops counted (all but input / param / full)
-  int fused = 0;                         // of them, in a group with another op
+  // Attention's o written straight into its head merge: o -> the value of
+  // transpose(o, [0, 2, 1, 3]) whose [B, S, H, D] buffer holds it (the
+  // kernels read and write it with AttentionSpec::o_width).
+  std::map<int, int> stored_in;
+  // Nodes an attention kernel absorbs into its own reads and writes (the
+  // qkv gradient merges, o's transposes) besides the head views in `alias`.
+  std::set<int> absorbed;
+  int ops = 0;    // ops counted (all but input / param / full)
+  int fused = 0;  // of them, in a group with another op
   double rate() const { return ops ? static_cast<double>(fused) / ops : 0.0; }
 };
 

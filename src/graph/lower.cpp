@@ -1,6 +1,7 @@
 #include "graph/lower.h"
 
 #include "graph/ops.h"
+#include "graph/quant.h"
 
 #include <algorithm>
 #include <cmath>
@@ -112,7 +113,7 @@ class Lowerer {
     } else if (nodes.size() == 1 && first == Op::sum) {
       sum(nodes[0], l);
     } else if (k.kernel == "matmul") {
-      matmul(nodes, l);
+      return matmul(nodes, l);
     } else if (k.kernel == "rmsnorm" || k.kernel == "layernorm") {
       norm(nodes, l);
     } else if (nodes.size() == 1 && (first == Op::softmax || first == Op::softmax_backward)) {
@@ -189,9 +190,8 @@ class Lowerer {
     int a = -1;
     for (int n : nodes)
       if (node(n).op == Op::attention || node(n).op == Op::attention_backward) a = n;
-    if (a >= 0 && f_.qkv_grads.contains(a)) return a;  // with its gradient's merge
     for (int n : nodes)
-      if (n != a && !f_.alias.contains(out(n))) return -1;
+      if (n != a && !f_.alias.contains(out(n)) && !f_.absorbed.contains(n)) return -1;
     return a;
   }
 
@@ -264,8 +264,16 @@ class Lowerer {
     const bool bwd = N.op == Op::attention_backward;
     const int q = N.inputs[bwd ? 1 : 0], k = N.inputs[bwd ? 2 : 1], v = N.inputs[bwd ? 3 : 2];
     const Shape &qs = val(q).shape, &ks = val(k).shape;
-    const kernel::AttentionSpec s = attention_spec(N, q, k);
+    kernel::AttentionSpec s = attention_spec(N, q, k);
     const DType dt = val(q).dtype;
+    // o in its head merge's buffer, dO read from its gradient's head split.
+    const int o = bwd ? N.inputs[4] : N.outputs[0];
+    int o_at = o, do_at = bwd ? N.inputs[0] : -1;
+    if (const auto it = f_.stored_in.find(o); it != f_.stored_in.end())
+      o_at = it->second, s.o_width = s.q_heads * s.head_dim;
+    if (bwd)
+      if (const auto it = f_.views.find(do_at); it != f_.views.end())
+        do_at = it->second.source, s.do_width = it->second.width;
     std::vector<Launch> ls;
     const std::string qt = tmp(base, "qT"), kt = tmp(base, "kT");
     ls.push_back(head_transpose(base, q, qt));
@@ -275,12 +283,11 @@ class Lowerer {
     if (!bwd) {
       l.program = kernel::flash_attention_kernel(chip_, s);
       l.inputs = {{"q", -1, qt}, {"k", -1, kt}, vb};
-      l.outputs = {{"o", N.outputs[0]}, {"lse", N.outputs[1]}};
+      l.outputs = {{"o", o_at}, {"lse", N.outputs[1]}};
       ls.push_back(std::move(l));
       return ls;
     }
-    l.inputs = {{"q", -1, qt},      {"k", -1, kt},       vb,
-                {"o", N.inputs[4]}, {"do", N.inputs[0]}, {"lse", N.inputs[5]}};
+    l.inputs = {{"q", -1, qt}, {"k", -1, kt}, vb, {"o", o_at}, {"do", do_at}, {"lse", N.inputs[5]}};
     if (const auto it = f_.qkv_grads.find(n); it != f_.qkv_grads.end()) {
       kernel::AttentionSpec m = s;
       m.qkv_width = it->second.width;
@@ -780,7 +787,7 @@ class Lowerer {
     l.detail = "column sums as x^T @ ones";
   }
 
-  void matmul(const std::vector<int>& nodes, Launch& l) {
+  std::vector<Launch> matmul(const std::vector<int>& nodes, Launch& l) {
     int m = -1;
     for (int n : nodes)
       if (node(n).op == Op::matmul) m = n;
@@ -829,7 +836,110 @@ class Lowerer {
     s.out = val(last).dtype;
     l.outputs = {{"c", last}};
     l.detail = s.epilogue.any() ? kernel::to_string(s.epilogue) : "";
+    const MatmulQuant q = matmul_quant(mn.attrs);
+    if (q.any()) return quantized_matmul(m, q, a, ta, b, tb, s, l);
     l.program = kernel::matmul_kernel(chip_, s);
+    return {l};
+  }
+
+  // A matmul operand in HBM: a graph value or a temporary.
+  struct Operand {
+    int value = -1;
+    std::string temp;
+    Binding as(const std::string& tensor) const { return {tensor, value, temp}; }
+  };
+  // Quantized operands (quant.h): A^T [K, M] and B [K, N] in BF16 (transposed
+  // first where the graph holds A [M, K] or B [N, K]), then
+  //   MX: the MX matmul quantizes on chip (QuantizeMX: MXFP8 with trn3
+  //       scales), or mx_quantize launches (other policies, MXFP4) write the
+  //       x4 operands for a prequantized MX matmul;
+  //   per-tensor FP8: fp8_scale (amax -> s, 1 / s) and a scaled cast per
+  //       operand, the FP8 matmul with the dequant epilogue.
+  std::vector<Launch> quantized_matmul(int m, const MatmulQuant& q, int a, bool ta, int b, bool tb,
+                                       kernel::MatmulSpec s, Launch l) {
+    if (q.a.kind != q.b.kind)
+      unsupported(m, fmt::format("operands quantized as '{}' and '{}'", q.a.name, q.b.name));
+    if (val(a).dtype != DType::bf16 || val(b).dtype != DType::bf16)
+      unsupported(m, fmt::format("quantized operands of {} and {} (bf16 are)",
+                                 isa::name(val(a).dtype), isa::name(val(b).dtype)));
+    std::vector<Launch> ls;
+    auto kmajor = [&](int v, bool k_major, std::int64_t rows, const char* name) {
+      if (k_major) return Operand{v, {}};
+      const std::string t = tmp(l, name);
+      ls.push_back(transpose_launch(l, v, {}, t, -1, 1, rows, s.k, DType::bf16));
+      return Operand{-1, t};
+    };
+    const Operand at = kmajor(a, ta, s.m, "aT"), bk = kmajor(b, !tb, s.n, "bK");
+    s.trans_a = true, s.trans_b = false;
+    std::vector<Binding> rest(l.inputs.begin() + 2, l.inputs.end());  // bias, residual
+    l.inputs.clear();
+    if (q.a.kind == QuantKind::mx) {
+      auto x4 = [](const OperandQuant& o) {
+        return o.mx == num::MxId::mxfp4        ? DType::fp4_e2m1_x4
+               : o.mx == num::MxId::mxfp8_e5m2 ? DType::fp8_e5m2_x4
+                                               : DType::fp8_e4m3_x4;
+      };
+      s.in = x4(q.a);
+      if (x4(q.b) != s.in) s.in_b = x4(q.b);
+      const bool on_chip =
+          q.policy == num::ScalePolicy::trn3 && q.a == q.b && q.a.mx != num::MxId::mxfp4;
+      if (on_chip) {
+        l.inputs = {at.as("at"), bk.as("b")};
+      } else {
+        auto quantize = [&](const Operand& x, std::int64_t cols, DType elem, const char* name) {
+          kernel::MxQuantizeSpec qs;
+          qs.k = s.k, qs.cols = cols, qs.elem = elem, qs.policy = q.policy, qs.cores = cores_;
+          Launch ql = l;
+          ql.kernel = "mx_quantize";
+          ql.detail = fmt::format("{} {} scales", isa::name(elem), num::policy_name(q.policy));
+          ql.program = kernel::mx_quantize_kernel(chip_, qs);
+          ql.inputs = {x.as("x")};
+          ql.outputs = {{"q", -1, tmp(l, std::string(name) + "_q")},
+                        {"q_scale", -1, tmp(l, std::string(name) + "_s")}};
+          ls.push_back(std::move(ql));
+          return std::make_pair(Operand{-1, tmp(l, std::string(name) + "_q")},
+                                Operand{-1, tmp(l, std::string(name) + "_s")});
+        };
+        const auto [aq, as] = quantize(at, s.m, s.in, "a");
+        const auto [bq, bs] = quantize(bk, s.n, s.in_b.value_or(s.in), "b");
+        s.mx_prequantized = true;
+        l.inputs = {aq.as("at_q"), as.as("at_scale"), bq.as("b_q"), bs.as("b_scale")};
+      }
+    } else {
+      auto quantize = [&](const Operand& x, std::int64_t cols, DType fp8, const char* name) {
+        const std::string sc = tmp(l, std::string(name) + "_scale"),
+                          inv = tmp(l, std::string(name) + "_inv"),
+                          y = tmp(l, std::string(name) + "_fp8");
+        Launch sl = l;
+        sl.kernel = "fp8_scale", sl.detail = fmt::format("{} current scaling", isa::name(fp8));
+        sl.program = kernel::fp8_scale_kernel(chip_, {s.k, cols, DType::bf16, fp8});
+        sl.inputs = {x.as("x")};
+        sl.outputs = {{"scale", -1, sc}, {"inv_scale", -1, inv}};
+        ls.push_back(std::move(sl));
+        kernel::CastSpec c;
+        c.rows = s.k, c.cols = cols, c.in = DType::bf16, c.out = fp8, c.scaled = true;
+        c.amax = false, c.cores = cores_;
+        Launch cl = l;
+        cl.kernel = "cast", cl.detail = fmt::format("bf16 -> {} scaled", isa::name(fp8));
+        cl.program = kernel::cast_kernel(chip_, c);
+        cl.inputs = {x.as("x"), {"scale", -1, sc}};
+        cl.outputs = {{"y", -1, y}};
+        ls.push_back(std::move(cl));
+        return std::make_pair(Operand{-1, y}, Operand{-1, inv});
+      };
+      const auto [aq, ainv] = quantize(at, s.m, q.a.fp8, "a");
+      const auto [bq, binv] = quantize(bk, s.n, q.b.fp8, "b");
+      s.in = q.a.fp8;
+      if (q.b.fp8 != s.in) s.in_b = q.b.fp8;
+      s.epilogue.dequant = true;
+      l.inputs = {aq.as("at"), bq.as("b"), ainv.as("dequant_a"), binv.as("dequant_b")};
+    }
+    l.inputs.insert(l.inputs.end(), rest.begin(), rest.end());
+    l.detail = fmt::format("{} x {}{}", q.a.name, q.b.name,
+                           s.epilogue.any() ? ", " + kernel::to_string(s.epilogue) : "");
+    l.program = kernel::matmul_kernel(chip_, s);
+    ls.push_back(std::move(l));
+    return ls;
   }
 
   void norm(const std::vector<int>& nodes, Launch& l) {

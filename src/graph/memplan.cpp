@@ -33,6 +33,8 @@ std::vector<int> storage_roots(const Graph& g, const FusionReport& f) {
     const Node& n = g.node(g.values()[v].node);
     if (const auto it = f.alias.find(static_cast<int>(v)); it != f.alias.end())
       root[v] = root[static_cast<std::size_t>(it->second)];
+    else if (const auto st = f.stored_in.find(static_cast<int>(v)); st != f.stored_in.end())
+      root[v] = st->second;  // a transpose's result: its own root
     else if (n.op == Op::reshape)
       root[v] = root[static_cast<std::size_t>(n.inputs[0])];
     else

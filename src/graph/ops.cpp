@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "graph/quant.h"
 #include "util/error.h"
 
 namespace tern::graph {
@@ -176,6 +177,11 @@ std::vector<OutType> infer(Op op, const std::vector<const Value*>& in, const Att
                                 desc(b), kb));
       if (rb > 2 && (rb != r || !std::equal(a.shape.begin(), a.shape.end() - 2, b.shape.begin())))
         throw Error(fmt::format("batch dims differ: {} and {}", desc(a), desc(b)));
+      const MatmulQuant q = matmul_quant(attrs);  // names the bad format or policy
+      for (const OperandQuant* o : {&q.a, &q.b, &q.grad})
+        if (o->kind == QuantKind::mx && ka % static_cast<std::int64_t>(num::kMxBlock) != 0)
+          throw Error(fmt::format("{} operands need K to be a multiple of {}, got K = {}", o->name,
+                                  num::kMxBlock, ka));
       Shape out(a.shape.begin(), a.shape.end() - 2);
       out.push_back(m), out.push_back(nn);
       return {{out, a.dtype}};

@@ -177,7 +177,7 @@ expect_err "M, N, K must be >= 1" bench matmul --m 0
 expect_json 'j["check"]["bit_exact"] and j["kernel"]["epilogue"] == "bias,gelu" and j["unfused"]["fused_speedup"] > 1.2 and len(j["unfused"]["kernels"]) == 3' bench matmul --m 512 --n 512 --k 512 --epilogue bias,gelu --compare-unfused --json
 expect_json 'j["check"]["bit_exact"]' bench matmul --m 130 --n 300 --k 256 --dtype mxfp8 --out bf16 --epilogue scale=0.25,bias,silu,residual --json
 expect_ok "fused is [0-9.]+x faster" bench matmul --m 256 --n 256 --k 256 --epilogue gelu_tanh --compare-unfused
-expect_err "epilogue step 'gleu': expected scale=<x>, bias, residual, amax, qscale, mxfp8 or an activation" bench matmul --m 8 --n 8 --k 8 --epilogue bias,gleu
+expect_err "epilogue step 'gleu': expected scale=<x>, bias, residual, amax, qscale, dequant, mxfp8 or an activation" bench matmul --m 8 --n 8 --k 8 --epilogue bias,gleu
 expect_err "--compare-unfused needs an --epilogue" bench matmul --m 8 --n 8 --k 8 --compare-unfused
 expect_ok "Usage|Options" bench kernel --help
 expect_json 'j["check"]["bit_exact"] and j["check"]["elements"] == 300 * 1000 * 2 + 300 and j["kernel"]["params"]["cores"] == 2' bench kernel rmsnorm --rows 300 --dim 1000 --residual --cores 2 --json
@@ -218,15 +218,25 @@ expect_err "a kernel for 9 cores, but trn3 has 8" bench matmul --cores 9 --m 8 -
 # tern compile: fusion report, HBM plan, fit check, graph errors (issue 6)
 EX=$(cd "$(dirname "$0")/../../examples" && pwd)
 expect_ok "Usage|Options" compile --help
-expect_ok "^graph gpt2: 782 ops in 430 kernels, fusion rate 0.560; 124475904 parameters" compile --model gpt2 --train
+expect_ok "^graph gpt2: 782 ops in 322 kernels, fusion rate 0.714; 124475904 parameters" compile --model gpt2 --train
 expect_json 'j["params"] == 124475904 and j["hbm"]["fits"] and all(u["reason"] for u in j["unfused"])' compile --model gpt2 --train --json
 expect_ok "cross_entropy_backward %grad.logits" compile "$EX/graphs/mlp.tgraph" --train --report
 expect_json 'j["ops"] == 5 and j["params"] == 9600' compile "$EX/graphs/mlp.tgraph" --json
 expect_err "does not fit trn3 (144.00 GiB): it needs" compile --model gpt2 --train --layers 96 --dim 12288 --heads 96 --seq 2048 --batch 8 --json
 expect_json 'j["estimate"]["total_ns"] > 0 and len(j["estimate"]["kernels"]) == 6 and all("transposing load is the DMA transpose" in u["reason"] for u in j["estimate"]["not_lowered"])' compile "$EX/graphs/mlp.tgraph" --train --estimate --json
 expect_ok "simulated time of the [0-9]+ lowered kernels" compile --model gpt2 --layers 2 --train --estimate --no-progress
-expect_err "autocast 'mxfp8': expected none, matmult or all" compile --model gpt2 --autocast mxfp8
-expect_err "not supported: autocast to float8_e4m3fn" compile --model gpt2 --autocast matmult --autocast-type fp8_e4m3
+expect_err "autocast 'mxfp9': expected none, matmult or all (or a recipe: bf16, fp8-hybrid, mxfp8, mxfp4)" compile --model gpt2 --autocast mxfp9
+expect_err "autocast type float8_e5m2: expected bf16, fp16 or fp8_e4m3" compile --model gpt2 --autocast matmult --autocast-type fp8_e5m2
+expect_err "unknown MX scale policy 'round'" compile --model gpt2 --autocast mxfp8 --mx-policy round
+expect_err "mxfp8_e4m3 operands need K to be a multiple of 32, got K = 100" compile --model gpt2 --dim 100 --heads 1 --autocast mxfp8
+# The precision recipes lower completely: quantize launches before the matmuls.
+small="--model gpt2 --layers 1 --dim 128 --heads 2 --vocab 97 --seq 64 --batch 2 --train --estimate --no-progress"
+expect_ok "by launched kernel" compile $small --autocast mxfp8
+expect_json 'not j["estimate"]["not_lowered"] and sum(l["kernel"] == "mx_quantize" for k in j["estimate"]["kernels"] for l in k["launches"]) == 24' compile $small --autocast mxfp8 --json
+expect_json 'not j["estimate"]["not_lowered"] and not any(l["kernel"] == "mx_quantize" for k in j["estimate"]["kernels"] for l in k["launches"])' compile $small --autocast mxfp8 --mx-policy trn3 --json
+expect_json 'sum(l["kernel"] == "fp8_scale" for k in j["estimate"]["kernels"] for l in k["launches"]) == 24' compile $small --autocast fp8-hybrid --json
+expect_json 'sum(l["kernel"] == "fp8_scale" for k in j["estimate"]["kernels"] for l in k["launches"]) == 24' compile $small --autocast all --autocast-type fp8_e4m3 --json
+expect_json 'not j["estimate"]["not_lowered"]' compile $small --autocast mxfp4 --json
 expect_ok "^graph gpt2: " compile --model gpt2 --layers 2 --dtype fp32 --autocast matmult --train
 expect_json 'j["params"] == 124475904' compile --model gpt2 --dtype fp32 --autocast all --train --json
 expect_json 'j["hbm"]["activations_bytes"] < 1.6 * 2**30' compile --model gpt2 --train --recompute selective --json

@@ -35,28 +35,45 @@ TEST(Fusion, Gpt2SmallTrainingStep) {
 
 // Attention reads q, k, v of the fused qkv projection through head views:
 // the slices, reshapes and transposes join the attention group, count as
-// fused, and name their source and column; attention itself stays alone.
+// fused, and name their source and column. The forward writes o straight
+// into its head merge (the transpose joins it: stored_in) and the backward
+// reads dO through a head view of its gradient.
 TEST(Fusion, AttentionHeadViews) {
   Gpt2Config c;
   c.layers = 2, c.dim = 128, c.heads = 2, c.vocab = 97, c.seq = 64, c.batch = 2;
   Model m = gpt2(c);
   for (const auto& [p, d] : add_backward(m.graph, m.loss, m.params)) m.graph.mark_output(d);
   const FusionReport r = fuse(m.graph);
-  ASSERT_EQ(r.views.size(), 6u);  // q, k, v of two layers
+  ASSERT_EQ(r.views.size(), 8u);  // q, k, v and dO of two layers
   std::set<std::int64_t> cols;
+  int grad_views = 0;
   for (const auto& [v, hv] : r.views) {
-    EXPECT_EQ(m.graph.value(hv.source).shape, (Shape{2, 64, 384}));
     EXPECT_EQ(hv.heads, 2);
     EXPECT_EQ(hv.head_dim, 64);
+    if (m.graph.value(hv.source).shape == Shape{2, 64, 128}) {  // dO: [B, S, H D]
+      ++grad_views;
+      EXPECT_EQ(hv.col0, 0);
+      continue;
+    }
+    EXPECT_EQ(m.graph.value(hv.source).shape, (Shape{2, 64, 384}));
     cols.insert(hv.col0);
   }
+  EXPECT_EQ(grad_views, 2);
   EXPECT_EQ(cols, (std::set<std::int64_t>{0, 128, 256}));
+  ASSERT_EQ(r.stored_in.size(), 2u);
+  for (const auto& [o, buf] : r.stored_in) {
+    const Node& t = m.graph.node(m.graph.value(buf).node);
+    EXPECT_EQ(t.op, Op::transpose);
+    EXPECT_EQ(t.inputs[0], o);
+    EXPECT_EQ(m.graph.node(m.graph.value(o).node).op, Op::attention);
+  }
   for (std::size_t n = 0; n < m.graph.nodes().size(); ++n) {
     const Op op = m.graph.nodes()[n].op;
     const KernelGroup& g = r.groups[static_cast<std::size_t>(r.group_of[n])];
     if (op == Op::attention) {
-      EXPECT_EQ(g.nodes.size(), 10u);  // 3 x (slice, reshape, transpose) + attention
-      EXPECT_FALSE(r.alone[n].empty());
+      // 3 x (slice, reshape, transpose) + attention + o's transpose
+      EXPECT_EQ(g.nodes.size(), 11u);
+      EXPECT_TRUE(r.alone[n].empty());
     }
     if (r.alias.contains(m.graph.nodes()[n].outputs[0])) {
       EXPECT_TRUE(r.alone[n].empty());

@@ -1,0 +1,103 @@
+#include "graph/quant.h"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "isa/dtype.h"
+#include "num/convert.h"
+#include "util/error.h"
+
+namespace tern::graph {
+
+OperandQuant parse_operand_quant(const std::string& name) {
+  OperandQuant q;
+  q.name = name;
+  if (name.empty()) return q;
+  if (name == "fp8_e4m3" || name == "fp8_e5m2") {
+    q.kind = QuantKind::fp8_tensor;
+    q.fp8 = name == "fp8_e4m3" ? DType::fp8_e4m3 : DType::fp8_e5m2;
+    return q;
+  }
+  if (name == "mxfp8_e4m3" || name == "mxfp8_e5m2" || name == "mxfp4") {
+    q.kind = QuantKind::mx;
+    q.mx = name == "mxfp8_e4m3"   ? num::MxId::mxfp8_e4m3
+           : name == "mxfp8_e5m2" ? num::MxId::mxfp8_e5m2
+                                  : num::MxId::mxfp4;
+    return q;
+  }
+  throw Error(fmt::format(
+      "unknown operand quantization '{}' (fp8_e4m3, fp8_e5m2, mxfp8_e4m3, mxfp8_e5m2, mxfp4)",
+      name));
+}
+
+MatmulQuant matmul_quant(const Attrs& attrs) {
+  MatmulQuant q;
+  q.a = parse_operand_quant(attr_string(attrs, "quant_a", ""));
+  q.b = parse_operand_quant(attr_string(attrs, "quant_b", ""));
+  q.grad = parse_operand_quant(attr_string(attrs, "quant_grad", ""));
+  q.policy = num::parse_scale_policy(attr_string(attrs, "quant_policy", "rceil"));
+  return q;
+}
+
+void set_matmul_quant(Attrs& attrs, const MatmulQuant& q) {
+  for (const auto& [key, o] :
+       {std::pair{"quant_a", &q.a}, {"quant_b", &q.b}, {"quant_grad", &q.grad}})
+    if (o->kind != QuantKind::none) attrs[key] = o->name;
+  const bool mx =
+      q.a.kind == QuantKind::mx || q.b.kind == QuantKind::mx || q.grad.kind == QuantKind::mx;
+  if (mx) attrs["quant_policy"] = std::string(num::policy_name(q.policy));
+}
+
+float fp8_scale(DType fp8, float amax) {
+  if (!(amax > 0.0f) || !std::isfinite(amax)) return 1.0f;
+  return static_cast<float>(isa::format_of(fp8)->max_finite()) / amax;
+}
+
+void fake_quantize(std::vector<double>& x, const Shape& shape, bool k_last, const OperandQuant& q,
+                   num::ScalePolicy policy, DType dtype) {
+  if (q.kind == QuantKind::none) return;
+  const num::Format& hi = *isa::format_of(dtype);
+  auto rounded = [&](double v) { return num::round_to(hi, static_cast<float>(v)); };
+  if (q.kind == QuantKind::fp8_tensor) {
+    float amax = 0.0f;  // NaN wins (then the scale is 1)
+    for (double v : x) {
+      const float a = std::fabs(rounded(v));
+      amax = std::isnan(a) || std::isnan(amax) ? std::nanf("") : std::max(amax, a);
+    }
+    const float s = fp8_scale(q.fp8, amax);
+    const num::Format& f = *isa::format_of(q.fp8);
+    for (double& v : x) {
+      const float y = rounded(v) * s;  // FP32, as the engine scales
+      v = static_cast<double>(
+              num::round_to(f, y, num::Rounding::nearest_even, num::Overflow::saturate)) /
+          static_cast<double>(s);
+    }
+    return;
+  }
+  const num::MxFormat& f = num::mx_format(q.mx);
+  const std::size_t r = shape.size();
+  const std::int64_t K = shape[k_last ? r - 1 : r - 2];
+  if (K % static_cast<std::int64_t>(num::kMxBlock) != 0)
+    throw Error(
+        fmt::format("{} quantization needs the contraction dim to be a multiple of {}, got {}",
+                    q.name, num::kMxBlock, K));
+  // Vectors along K: contiguous rows, or columns of each [K, C] matrix.
+  const std::int64_t C = k_last ? 1 : shape[r - 1];
+  const std::int64_t vectors = elements(shape) / K;
+  std::vector<float> in(static_cast<std::size_t>(K)), out(in.size());
+  std::vector<std::uint8_t> codes(in.size()), scales(in.size() / num::kMxBlock);
+  for (std::int64_t v = 0; v < vectors; ++v) {
+    // Vector v: matrix v / C, column v % C (k_last: row v).
+    const std::int64_t base = k_last ? v * K : (v / C) * K * C + v % C;
+    const std::int64_t step = k_last ? 1 : C;
+    for (std::int64_t k = 0; k < K; ++k)
+      in[static_cast<std::size_t>(k)] = rounded(x[static_cast<std::size_t>(base + k * step)]);
+    num::mx_quantize(f, policy, in, codes, scales);
+    num::mx_dequantize(f, codes, scales, out);
+    for (std::int64_t k = 0; k < K; ++k)
+      x[static_cast<std::size_t>(base + k * step)] = out[static_cast<std::size_t>(k)];
+  }
+}
+
+}  // namespace tern::graph

@@ -1,0 +1,68 @@
+// Quantized matmul operands: how the FP8 and MX training recipes
+// (../shared/reference/numerics.md section 5) enter the IR. A matmul's
+// attributes say how each operand is quantized on its way into the Tensor
+// engine; the values in the graph stay in their dtype (BF16), and the
+// backward matmuls autodiff derives quantize their operands again from those
+// high-precision values, each along its own contraction dim (numerics.md:
+// "row-wise and column-wise copies are each quantized from high precision").
+//
+// Attributes of matmul:
+//   quant_a, quant_b  the format of operand a / b:
+//       fp8_e4m3, fp8_e5m2      per-tensor scaled FP8, current scaling:
+//                               s = fp8_max / amax(operand) in FP32 (amax 0,
+//                               Inf or NaN: s = 1), q = fp8(x s) saturating,
+//                               the product divided by s_a s_b;
+//       mxfp8_e4m3, mxfp8_e5m2, mxfp4
+//                               MX blocks of 32 along the contraction dim
+//                               with quant_policy's scales;
+//   quant_grad        the format autodiff gives the incoming gradient when it
+//                     is an operand of a backward matmul (fp8-hybrid: E5M2);
+//   quant_policy      MX scale policy: rceil (default), trn3, ocp-floor.
+// Absent or "": the operand is used as it is.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "graph/ir.h"
+#include "num/mx.h"
+
+namespace tern::graph {
+
+enum class QuantKind : std::uint8_t { none, fp8_tensor, mx };
+
+struct OperandQuant {
+  QuantKind kind = QuantKind::none;
+  std::string name;                      // the attribute value ("mxfp8_e4m3")
+  DType fp8 = DType::fp8_e4m3;           // fp8_tensor: the element dtype
+  num::MxId mx = num::MxId::mxfp8_e4m3;  // mx: the block format
+  bool operator==(const OperandQuant& o) const { return name == o.name; }
+};
+
+struct MatmulQuant {
+  OperandQuant a, b, grad;
+  num::ScalePolicy policy = num::ScalePolicy::rceil;
+  bool any() const { return a.kind != QuantKind::none || b.kind != QuantKind::none; }
+};
+
+// Parses one format name ("" -> none). Throws tern::Error naming the value
+// and the choices.
+OperandQuant parse_operand_quant(const std::string& name);
+// The quantization attributes of a matmul node (validated).
+MatmulQuant matmul_quant(const Attrs& attrs);
+// Sets them (empty formats are left out).
+void set_matmul_quant(Attrs& attrs, const MatmulQuant& q);
+
+// The values an operand has after quantization, in place: x holds a tensor
+// of `shape` whose values are first rounded to `dtype` (the operand's dtype,
+// as the device holds it); for MX the contraction dim is the last axis when
+// k_last, else the second to last (its length a multiple of 32). Float64
+// results, exact (every quantized value is a float).
+void fake_quantize(std::vector<double>& x, const Shape& shape, bool k_last, const OperandQuant& q,
+                   num::ScalePolicy policy, DType dtype);
+
+// fp8_tensor's current-scaling factor fp8_max / amax in FP32 (1 when amax is
+// 0, Inf or NaN).
+float fp8_scale(DType fp8, float amax);
+
+}  // namespace tern::graph
