@@ -202,11 +202,14 @@ void run(const Args& a) {
       std::vector<Estimate> top = est;
       std::sort(top.begin(), top.end(),
                 [](const Estimate& x, const Estimate& y) { return x.ns > y.ns; });
-      std::printf(
-          "\nsimulated time of the %zu lowered kernels: %.1f us (%zu kernels not lowered "
-          "yet%s)\n",
-          est.size(), est_total / 1e3, unlowered.size(),
-          unlowered.empty() ? "" : "; --json lists them with the reason");
+      const std::string missing = unlowered.empty()
+                                      ? "every kernel lowered"
+                                      : fmt::format(
+                                            "{} kernels not lowered yet; --json lists them with "
+                                            "the reason",
+                                            unlowered.size());
+      std::printf("\nsimulated time of the %zu lowered kernels: %.1f us (%s)\n", est.size(),
+                  est_total / 1e3, missing.c_str());
       std::printf("  %-6s %-16s %-28s %12s\n", "group", "kernel", "detail", "us");
       for (std::size_t i = 0; i < std::min<std::size_t>(a.report ? 20 : 5, top.size()); ++i)
         std::printf("  %-6d %-16s %-28s %12.2f\n", top[i].group, top[i].kernel.c_str(),

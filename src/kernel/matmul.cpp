@@ -168,6 +168,70 @@ isa::Program mx_matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
 
 }  // namespace
 
+// K too long for the resident layout (every K tile of an A block and of a
+// B column tile in SBUF at once, e.g. the tied LM head's input gradient
+// with K = vocab): stream K instead. Each (M tile, N tile) step walks the K
+// tiles through a ring of buffers, accumulating in one PSUM tile, then
+// evacuates through the epilogue; A tiles are reloaded for every N tile
+// (N / 512 times the traffic of A), the price of any K length fitting.
+void streamed_matmul(Builder& b, const arch::ChipSpec& chip, const MatmulSpec& s,
+                     const EpilogueIo& io, const Tensor& at, const Tensor& bt, const Tensor& ct) {
+  const DType inb = s.in_b.value_or(s.in);
+  const Epilogue& ep = s.epilogue;
+  const std::int64_t TK = chip.tensor.rows, TM = chip.tensor.stationary_fmax;
+  const std::int64_t TN = output_tile_columns(chip);
+  const std::int64_t NB = s.batch, KT = ceil_div(s.k, TK);
+  constexpr int kRing = 6;
+  for (int core = 0; core < s.cores; ++core) {
+    b.set_core(core);
+    std::vector<Tensor> ar, br;
+    for (int i = 0; i < kRing; ++i) {
+      ar.push_back(b.sbuf(static_cast<int>(TK), TM, s.in));
+      br.push_back(b.sbuf(static_cast<int>(TK), TN, inb));
+    }
+    OutputSlots slots = output_slots(b, ep, s.out, TM, TN);
+    auto& [ps, outs, evac_tiles, bias_sets] = slots;
+    const Tensor qscale = load_qscale(b, ep, io, static_cast<int>(std::min(TM, NB * s.m)));
+    int ri = 0, pi = 0, oi = 0, bs = 0;
+    // (batch, M tile) units round-robin over the cores, all N tiles each.
+    const std::int64_t MT = ceil_div(s.m, TM);
+    for (std::int64_t u = core; u < NB * MT; u += s.cores) {
+      const std::int64_t bi = u / MT, m0 = (u % MT) * TM;
+      const int tm = static_cast<int>(std::min(TM, s.m - m0));
+      for (std::int64_t n0 = 0; n0 < s.n; n0 += TN, bs ^= 1) {
+        const std::int64_t tn = std::min(TN, s.n - n0);
+        if (ep.bias) b.dma_copy(bias_sets[bs].tile(0, tm, 0, tn), bias_rows(io.bias, tm, n0, tn));
+        const Tensor p = ps[static_cast<std::size_t>(pi)].tile(0, tm, 0, tn);
+        pi = (pi + 1) % OutputSlots::kPsum;
+        for (std::int64_t kt = 0; kt < KT; ++kt, ri = (ri + 1) % kRing) {
+          const int tk = static_cast<int>(std::min(TK, s.k - kt * TK));
+          const Tensor a_t = ar[static_cast<std::size_t>(ri)].tile(0, tk, 0, tm);
+          const Tensor b_t = br[static_cast<std::size_t>(ri)].tile(0, tk, 0, tn);
+          if (s.trans_a)
+            b.dma_copy(a_t, at.tile(static_cast<int>(bi * s.k + kt * TK), tk, m0, tm));
+          else
+            b.dma_transpose(a_t, at.tile(static_cast<int>(bi * s.m + m0), tm, kt * TK, tk));
+          if (s.trans_b)
+            b.dma_transpose(
+                b_t, bt.tile(static_cast<int>(bi * s.n + n0), static_cast<int>(tn), kt * TK, tk));
+          else
+            b.dma_copy(b_t, bt.tile(static_cast<int>(bi * s.k + kt * TK), tk, n0, tn));
+          b.matmul(p, a_t, b_t, kt > 0);
+        }
+        const Tensor o = outs[static_cast<std::size_t>(oi)].tile(0, tm, 0, tn);
+        const int r0 = static_cast<int>(bi * s.m + m0);
+        const Tensor res_h = ep.residual ? io.residual.tile(r0, tm, n0, tn) : Tensor{};
+        const QuantTile qt = quant_tile(ep, io, qscale, r0, tm, n0, tn, TN);
+        const Engine evac =
+            evacuate(b, ep, p, o, evac_tiles[static_cast<std::size_t>(oi)], &bias_sets[bs], &res_h,
+                     oi % 2 ? Engine::scalar : Engine::vector, &qt);
+        oi = (oi + 1) % OutputSlots::kOut;
+        b.dma_copy(ct.tile(r0, tm, n0, tn), o, -1, false, evac);
+      }
+    }
+  }
+}
+
 isa::Program matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
   if (s.m < 1 || s.n < 1 || s.k < 1) {
     throw Error(fmt::format("matmul: M, N, K must be >= 1, got {} x {} x {}", s.m, s.n, s.k));
@@ -239,10 +303,8 @@ isa::Program matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
   auto need = [&](std::int64_t bm) { return KT * (2 * bm + 2 * TN) * esz + 4 * TN * 4 + epi; };
   while (BM > TM && need(BM) > budget) BM -= TM;
   if (need(BM) > budget) {
-    throw NotSupported(
-        fmt::format("matmul with K = {} at {}: the K dimension does not fit SBUF "
-                    "in one pass ({} bytes per partition needed, budget {})",
-                    s.k, isa::name(s.in), need(BM), budget));
+    streamed_matmul(b, chip, s, io, at, bt, ct);
+    return b.finish();
   }
   const std::int64_t MB = ceil_div(s.m, BM);
   for (int core = 0; core < s.cores; ++core) {

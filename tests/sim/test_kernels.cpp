@@ -158,6 +158,36 @@ TEST(Kernels, MxMatmulBitExact) {
                NotSupported);
 }
 
+// K longer than the resident layout holds (every K tile of a block in
+// SBUF): the kernel streams K through a ring of tiles, still accumulating in
+// K order, so the bits are the reference's; A given as [M, K] (DMA
+// transposes) and a bias epilogue too.
+TEST(Kernels, MatmulStreamsALongK) {
+  const auto chip = arch::load_chip("trn3");
+  const std::int64_t M = 130, N = 200, K = 7040;
+  for (const bool ta : {true, false}) {
+    kernel::MatmulSpec spec{M, N, K, DType::bf16, DType::fp32, 2};
+    spec.trans_a = ta, spec.epilogue.bias = true;
+    sim::Simulator sim(chip);
+    sim.load(kernel::matmul_kernel(chip, spec));
+    const auto at = as_dtype(random_values(K * M, 31), DType::bf16);  // A^T [K, M]
+    std::vector<float> a(at.size());
+    for (std::int64_t k = 0; k < K; ++k)
+      for (std::int64_t m = 0; m < M; ++m) a[m * K + k] = at[k * M + m];
+    const auto bm = as_dtype(random_values(K * N, 32), DType::bf16);
+    const auto bias = random_values(N, 33);
+    sim.write(ta ? "at" : "a", ta ? at : a), sim.write("b", bm), sim.write("bias", bias);
+    sim.run();
+    const auto acc = reference(at, bm, M, N, K, false);
+    const auto got = sim.read("c");
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < acc.size(); ++i)
+      bad += std::bit_cast<std::uint32_t>(got[i]) !=
+             std::bit_cast<std::uint32_t>(acc[i] + bias[i % static_cast<std::size_t>(N)]);
+    EXPECT_EQ(bad, 0u) << "trans_a " << ta;
+  }
+}
+
 // fp8-hybrid's gradient products: E4M3 x E5M2 operands (in_b), dequantized
 // in the epilogue by the two per-tensor factors before the bias; bit for bit
 // against the in-order FP32 reference, then (acc * da) * db + bias in FP32.
