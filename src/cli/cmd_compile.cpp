@@ -18,6 +18,7 @@
 #include "graph/lower.h"
 #include "graph/memplan.h"
 #include "graph/models.h"
+#include "graph/optimizer.h"
 #include "graph/recompute.h"
 #include "graph/text.h"
 #include "sim/simulator.h"
@@ -29,7 +30,8 @@ namespace {
 
 struct Args {
   std::string file, model, arch = "trn3", emit, autocast = "none", autocast_type = "bf16",
-                           mx_policy = "rceil", recompute = "none", dtype = "bf16";
+                           mx_policy = "rceil", recompute = "none", dtype = "bf16",
+                           optimizer = "adamw";
   bool train = false, report = false, json = false, estimate = false, progress = true;
   std::int64_t layers = 12, dim = 768, heads = 12, kv_heads = 0, ffn = 0, vocab = 50304, seq = 1024,
                batch = 4;
@@ -87,15 +89,30 @@ void run(const Args& a) {
     if (m.loss < 0)
       throw Error(
           fmt::format("--train: graph {} has no scalar output to use as the loss", g.name()));
-    for (const auto& [p, d] : graph::add_backward(g, m.loss, m.params)) g.mark_output(d);
-    g = graph::recompute(g, m.loss, a.recompute);
+    std::vector<std::pair<std::string, std::string>> named;  // param, gradient
+    for (const auto& [p, d] : graph::add_backward(g, m.loss, m.params)) {
+      g.mark_output(d);
+      named.emplace_back(g.value(p).name, g.value(d).name);
+    }
+    g = graph::recompute(g, m.loss, a.recompute);  // a new graph: ids by name
+    if (a.optimizer == "adamw") {
+      std::map<int, int> grads;
+      for (const auto& [p, d] : named) grads[g.find(p)] = g.find(d);
+      graph::add_adamw(g, grads);
+    } else if (a.optimizer != "none") {
+      throw Error(fmt::format("--optimizer '{}': expected adamw or none", a.optimizer));
+    }
   } else if (a.recompute != "none") {
     throw Error("--recompute needs --train (there is no backward pass to recompute for)");
   }
   if (!a.emit.empty()) graph::save(g, a.emit);
   const graph::FusionReport f = graph::fuse(g);
   graph::PlanOptions po;
-  po.optimizer_bytes_per_param = a.optimizer_bytes >= 0 ? a.optimizer_bytes : (a.train ? 12 : 0);
+  // With the optimizer in the graph its state is there too (masters and
+  // moments are inputs); without, --train reserves AdamW's 12 bytes.
+  const bool in_graph = a.train && a.optimizer == "adamw";
+  po.optimizer_bytes_per_param =
+      a.optimizer_bytes >= 0 ? a.optimizer_bytes : (a.train && !in_graph ? 12 : 0);
   graph::MemoryPlan plan = graph::plan_memory(g, f, po);
   const std::int64_t cap = chip.hbm_capacity.value();
   // Per-kernel time: every group the lowering handles, built for its shapes
@@ -257,9 +274,13 @@ void add_compile_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--train", a->train,
                 "Add the backward pass: gradients of the scalar output for every param");
+  cmd->add_option("--optimizer", a->optimizer,
+                  "With --train: adamw (the AdamW step in the graph: FP32 masters and moments "
+                  "as inputs, updates carried into them) or none (forward and backward only)")
+      ->capture_default_str();
   cmd->add_option("--optimizer-bytes", a->optimizer_bytes,
-                  "Optimizer state per parameter in the fit check (default 12 with --train: "
-                  "AdamW FP32 master, m, v; else 0)");
+                  "Extra optimizer state per parameter in the fit check (default 0; 12 with "
+                  "--train --optimizer none: AdamW's FP32 master, m, v)");
   cmd->add_option("--autocast", a->autocast,
                   "Precision policy: none, matmult (matmuls and attention in --autocast-type), "
                   "all (all but norms, softmax, cross-entropy, embedding), or a recipe: bf16, "

@@ -254,6 +254,8 @@ class Backward {
       case Op::attention_backward:
         throw NotSupported(
             fmt::format("differentiating {} (no second derivatives)", op_name(n.op)));
+      case Op::adamw:
+        throw NotSupported("differentiating adamw (an optimizer step is not differentiable)");
       case Op::count_:
         break;
     }

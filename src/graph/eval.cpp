@@ -319,6 +319,20 @@ std::vector<HostData> evaluate(const Graph& g, const std::map<std::string, HostD
           }
           break;
         }
+        case Op::adamw: {
+          const double b1 = attr_real(n.attrs, "beta1", 0.9),
+                       b2 = attr_real(n.attrs, "beta2", 0.999);
+          const double eps = attr_real(n.attrs, "eps", 1e-8);
+          const HostData& sc = in(4);  // decay, 1 - b1, 1 - b2, sqrt(bc2), -step
+          for (std::size_t o = 0; o < 4; ++o) out(o).resize(N);
+          for (std::size_t i = 0; i < N; ++i) {
+            const double gr = in(1)[i];
+            const double m = b1 * in(2)[i] + sc[1] * gr, v = b2 * in(3)[i] + sc[2] * gr * gr;
+            const double p = in(0)[i] * sc[0] + sc[4] * m / (std::sqrt(v) / sc[3] + eps);
+            out(0)[i] = p, out(1)[i] = m, out(2)[i] = v, out(3)[i] = p;
+          }
+          break;
+        }
         case Op::rope: {
           const Shape& s = o0.shape;
           const auto S = static_cast<std::size_t>(s[2]), H = static_cast<std::size_t>(s[3] / 2);

@@ -291,6 +291,26 @@ class Fuser {
     }
   }
 
+  // Every AdamW step of the graph with the same hyperparameters, scalars
+  // and dtypes in one multi-tensor kernel (kernel::AdamWSpec::tensors), as
+  // PyTorch's fused AdamW; it runs where the last of them is.
+  void optimizer() {
+    std::map<std::string, std::vector<int>> sets;
+    for (int n = 0; n < static_cast<int>(g_.nodes().size()); ++n) {
+      const Node& x = node(n);
+      if (x.op != Op::adamw || !free(n)) continue;
+      const std::string key =
+          fmt::format("{} {} {} {} {} %{}", attr_real(x.attrs, "beta1", 0.9),
+                      attr_real(x.attrs, "beta2", 0.999), attr_real(x.attrs, "eps", 1e-8),
+                      attr_string(x.attrs, "dtype", "bf16"), isa::name(g_.value(x.inputs[1]).dtype),
+                      x.inputs[4]);
+      sets[key].push_back(n);
+    }
+    for (auto& [key, nodes] : sets)
+      if (nodes.size() > 1 && escapes_ok(nodes))
+        make("adamw", fmt::format("{} tensors", nodes.size()), nodes);
+  }
+
   // Everything left runs alone; then reshapes join the kernel that reads them.
   void rest() {
     for (int n = 0; n < static_cast<int>(g_.nodes().size()); ++n) {
@@ -464,6 +484,8 @@ class Fuser {
         return "gather / scatter-add by DMA: nothing to fuse with";
       case Op::rope:
         return "the rope kernel (not fused into the q / k projection)";
+      case Op::adamw:
+        return "the only tensor of its optimizer step (one multi-tensor kernel runs them all)";
       case Op::rmsnorm_backward:
       case Op::layernorm_backward:
       case Op::softmax_backward:
@@ -554,6 +576,7 @@ FusionReport fuse(const Graph& g) {
   f.norms();
   f.matmuls();
   f.elementwise();
+  f.optimizer();
   f.rest();
   f.attention_views();
   f.attention_outputs();

@@ -1,5 +1,6 @@
 #include "graph/ir.h"
 
+#include <algorithm>
 #include <array>
 #include <cctype>
 
@@ -47,7 +48,8 @@ constexpr std::array<std::string_view, static_cast<std::size_t>(Op::count_)> kNa
     "concat",
     "cast",
     "sum",
-    "broadcast"};
+    "broadcast",
+    "adamw"};
 
 bool valid_name(std::string_view s) {
   if (s.empty()) return false;
@@ -185,6 +187,31 @@ int Graph::add1(Op op, std::vector<int> inputs, Attrs attrs, std::string name) {
 void Graph::mark_output(int v) {
   value(v);
   outputs_.push_back(v);
+}
+
+void Graph::carry(int out, int in) {
+  const Value &o = value(out), &i = value(in);
+  const Op op = node(i.node).op;
+  if (op != Op::input && op != Op::param)
+    throw Error(fmt::format("graph {}: carry %{} -> %{}: %{} is not an input or param", name_,
+                            o.name, i.name, i.name));
+  if (o.shape != i.shape || o.dtype != i.dtype)
+    throw Error(fmt::format("graph {}: carry %{} -> %{}: {} {} does not fit {} {}", name_, o.name,
+                            i.name, shape_string(o.shape), isa::name(o.dtype),
+                            shape_string(i.shape), isa::name(i.dtype)));
+  for (const auto& [a, b] : carries_)
+    if (b == in) throw Error(fmt::format("graph {}: %{} is carried into twice", name_, i.name));
+  if (std::find(outputs_.begin(), outputs_.end(), out) == outputs_.end()) mark_output(out);
+  carries_.emplace_back(out, in);
+}
+
+std::vector<int> Graph::adamw(int master, int grad, int m, int v, int scalars, double beta1,
+                              double beta2, double eps, DType param_dtype) {
+  return add(Op::adamw, {master, grad, m, v, scalars},
+             {{"beta1", beta1},
+              {"beta2", beta2},
+              {"eps", eps},
+              {"dtype", std::string(isa::name(param_dtype))}});
 }
 
 void Graph::rename(int v, const std::string& name) {

@@ -63,6 +63,7 @@ enum class Op : std::uint8_t {
   cast,
   sum,
   broadcast,
+  adamw,
   count_,
 };
 std::string_view op_name(Op op);
@@ -118,6 +119,11 @@ class Graph {
                        std::vector<std::string> names = {});
   int add1(Op op, std::vector<int> inputs, Attrs attrs = {}, std::string name = {});
   void mark_output(int value);
+  // Training state carried from step to step: after a step, the value of
+  // graph output `out` becomes the input or param `in` (same shape and
+  // dtype) for the next one (the runtime copies it on the device).
+  void carry(int out, int in);
+  const std::vector<std::pair<int, int>>& carries() const { return carries_; }
   // Gives value v another unique name (throws when taken or invalid).
   void rename(int v, const std::string& name);
 
@@ -145,6 +151,10 @@ class Graph {
   int full(Shape shape, double value, DType dtype);
   int sum(int x, std::vector<std::int64_t> axes, bool keepdims = false);
   int broadcast(int x, Shape shape);
+  // One AdamW step (ops.cpp): {master', m', v', param} of FP32 master
+  // weights, a gradient, moments m, v and the step's scalars [5].
+  std::vector<int> adamw(int master, int grad, int m, int v, int scalars, double beta1,
+                         double beta2, double eps, DType param_dtype);
 
   std::string fresh_name();
 
@@ -155,6 +165,7 @@ class Graph {
   std::vector<Value> values_;
   std::vector<Node> nodes_;
   std::vector<int> outputs_;
+  std::vector<std::pair<int, int>> carries_;
   std::map<std::string, int, std::less<>> by_name_;
   int counter_ = 0;
 };

@@ -112,6 +112,8 @@ class Lowerer {
       layout(nodes[0], l);
     } else if (nodes.size() == 1 && first == Op::sum) {
       sum(nodes[0], l);
+    } else if (first == Op::adamw) {
+      adamw(nodes, l);
     } else if (k.kernel == "matmul") {
       return matmul(nodes, l);
     } else if (k.kernel == "rmsnorm" || k.kernel == "layernorm") {
@@ -838,6 +840,18 @@ class Lowerer {
     l.detail = s.epilogue.any() ? kernel::to_string(s.epilogue) : "";
     const MatmulQuant q = matmul_quant(mn.attrs);
     if (q.any()) return quantized_matmul(m, q, a, ta, b, tb, s, l);
+    if (isa::size_bytes(s.in) != 2 && (!ta || tb)) {
+      // The DMA transpose moves 2-byte types: transpose FP32 operands with
+      // the Tensor engine first.
+      std::vector<Launch> ls;
+      const Operand at = kmajor(ls, l, a, ta, s.m, s.k, s.in, "aT");
+      const Operand bk = kmajor(ls, l, b, !tb, s.n, s.k, s.in, "bK");
+      s.trans_a = true, s.trans_b = false;
+      l.inputs[0] = at.as("at"), l.inputs[1] = bk.as("b");
+      l.program = kernel::matmul_kernel(chip_, s);
+      ls.push_back(std::move(l));
+      return ls;
+    }
     l.program = kernel::matmul_kernel(chip_, s);
     return {l};
   }
@@ -848,6 +862,16 @@ class Lowerer {
     std::string temp;
     Binding as(const std::string& tensor) const { return {tensor, value, temp}; }
   };
+  // Operand v with K leading ([K, cols]): v itself when k_major, else v
+  // ([cols, K]) transposed into a temporary by a launch appended to ls.
+  Operand kmajor(std::vector<Launch>& ls, const Launch& l, int v, bool k_major, std::int64_t cols,
+                 std::int64_t k, DType dt, const char* name) {
+    if (k_major) return Operand{v, {}};
+    const std::string t = tmp(l, name);
+    ls.push_back(transpose_launch(l, v, {}, t, -1, 1, cols, k, dt));
+    return Operand{-1, t};
+  }
+
   // Quantized operands (quant.h): A^T [K, M] and B [K, N] in BF16 (transposed
   // first where the graph holds A [M, K] or B [N, K]), then
   //   MX: the MX matmul quantizes on chip (QuantizeMX: MXFP8 with trn3
@@ -863,13 +887,8 @@ class Lowerer {
       unsupported(m, fmt::format("quantized operands of {} and {} (bf16 are)",
                                  isa::name(val(a).dtype), isa::name(val(b).dtype)));
     std::vector<Launch> ls;
-    auto kmajor = [&](int v, bool k_major, std::int64_t rows, const char* name) {
-      if (k_major) return Operand{v, {}};
-      const std::string t = tmp(l, name);
-      ls.push_back(transpose_launch(l, v, {}, t, -1, 1, rows, s.k, DType::bf16));
-      return Operand{-1, t};
-    };
-    const Operand at = kmajor(a, ta, s.m, "aT"), bk = kmajor(b, !tb, s.n, "bK");
+    const Operand at = kmajor(ls, l, a, ta, s.m, s.k, DType::bf16, "aT"),
+                  bk = kmajor(ls, l, b, !tb, s.n, s.k, DType::bf16, "bK");
     s.trans_a = true, s.trans_b = false;
     std::vector<Binding> rest(l.inputs.begin() + 2, l.inputs.end());  // bias, residual
     l.inputs.clear();
@@ -940,6 +959,38 @@ class Lowerer {
     l.program = kernel::matmul_kernel(chip_, s);
     ls.push_back(std::move(l));
     return ls;
+  }
+
+  // AdamW steps (one, or the multi-tensor group) as one launch; each tensor
+  // as [128, n / 128] when it splits so (all partitions busy), else
+  // [rows, last dim].
+  void adamw(const std::vector<int>& nodes, Launch& l) {
+    const Node& f = node(nodes[0]);
+    kernel::AdamWSpec s;
+    s.beta1 = static_cast<float>(attr_real(f.attrs, "beta1", 0.9));
+    s.beta2 = static_cast<float>(attr_real(f.attrs, "beta2", 0.999));
+    s.eps = static_cast<float>(attr_real(f.attrs, "eps", 1e-8));
+    s.grad = val(f.inputs[1]).dtype, s.runtime_scalars = true, s.cores = cores_;
+    const bool bf16 = isa::parse_dtype(attr_string(f.attrs, "dtype", "bf16")) == DType::bf16;
+    const std::int64_t P = chip_.sbuf_partitions;
+    l.inputs = {{"scalars", f.inputs[4]}};
+    for (std::size_t i = 0; i < nodes.size(); ++i) {
+      const Node& n = node(nodes[i]);
+      const std::int64_t e = elements(val(n.inputs[0]).shape);
+      s.tensors.push_back(e % P == 0 ? std::pair{P, e / P} : rows_cols(n.inputs[0]));
+      const std::string x = fmt::format(".{}", i);
+      for (const auto& [t, v] : {std::pair{"param", n.inputs[0]},
+                                 {"grad", n.inputs[1]},
+                                 {"m", n.inputs[2]},
+                                 {"v", n.inputs[3]}})
+        l.inputs.push_back({t + x, v});
+      for (const auto& [t, v] :
+           {std::pair{"param_out", n.outputs[0]}, {"m_out", n.outputs[1]}, {"v_out", n.outputs[2]}})
+        l.outputs.push_back({t + x, v});
+      l.outputs.push_back({(bf16 ? "param_bf16" : "param_out") + x, n.outputs[3]});
+    }
+    l.detail = fmt::format("{} tensor{}", nodes.size(), nodes.size() == 1 ? "" : "s");
+    l.program = kernel::adamw_kernel(chip_, s);
   }
 
   void norm(const std::vector<int>& nodes, Launch& l) {

@@ -28,6 +28,24 @@ std::string bytes_string(std::int64_t b) {
 }
 
 std::vector<int> storage_roots(const Graph& g, const FusionReport& f) {
+  // AdamW's carried results update their inputs in place (the kernel loads
+  // each tile before it stores it) when nothing reads the input after the
+  // AdamW kernel: they take the input's bytes (no second copy of the
+  // weights and moments, and no copy after the step).
+  std::map<int, int> in_place;  // out -> in
+  if (!g.carries().empty()) {
+    std::vector<int> last_read(g.values().size(), -1);
+    for (std::size_t n = 0; n < g.nodes().size(); ++n)
+      for (int v : g.nodes()[n].inputs)
+        last_read[static_cast<std::size_t>(v)] =
+            std::max(last_read[static_cast<std::size_t>(v)], f.group_of[n]);
+    for (const auto& [out, in] : g.carries()) {
+      const int prod = g.value(out).node;
+      if (g.node(prod).op != Op::adamw) continue;
+      if (last_read[static_cast<std::size_t>(in)] <= f.group_of[static_cast<std::size_t>(prod)])
+        in_place[out] = in;
+    }
+  }
   std::vector<int> root(g.values().size());
   for (std::size_t v = 0; v < root.size(); ++v) {
     const Node& n = g.node(g.values()[v].node);
@@ -35,6 +53,8 @@ std::vector<int> storage_roots(const Graph& g, const FusionReport& f) {
       root[v] = root[static_cast<std::size_t>(it->second)];
     else if (const auto st = f.stored_in.find(static_cast<int>(v)); st != f.stored_in.end())
       root[v] = st->second;  // a transpose's result: its own root
+    else if (const auto ip = in_place.find(static_cast<int>(v)); ip != in_place.end())
+      root[v] = root[static_cast<std::size_t>(ip->second)];
     else if (n.op == Op::reshape)
       root[v] = root[static_cast<std::size_t>(n.inputs[0])];
     else

@@ -120,6 +120,8 @@ Arity op_arity(Op op) {
       return {6, 6};
     case Op::concat:
       return {1, -1};
+    case Op::adamw:
+      return {5, 5};
     case Op::count_:
       break;
   }
@@ -275,6 +277,35 @@ std::vector<OutType> infer(Op op, const std::vector<const Value*>& in, const Att
       want.push_back(dy.shape.empty() ? 0 : dy.shape.back());
       need_shape(dy, want, "ids' shape + [D]");
       return {{Shape{v, dy.shape.back()}, dy.dtype}};
+    }
+    // adamw(master, grad, m, v [any shape; master, m, v fp32], scalars [5]
+    // fp32; beta1, beta2, eps, dtype = bf16) -> master', m', v' (fp32),
+    // param (dtype): torch.optim.AdamW with the step's scalars (decay =
+    // 1 - lr wd, 1 - beta1, 1 - beta2, sqrt(1 - beta2^t), -lr / (1 - beta1^t),
+    // kernel::adamw_scalars) as a runtime input, so one program serves every
+    // step of a learning-rate schedule:
+    //   m' = beta1 m + (1 - beta1) g, v' = beta2 v + (1 - beta2) g^2,
+    //   master' = master decay + (-step) m' / (sqrt(v') / sqrt(bc2) + eps),
+    //   param = master' in dtype (what the next forward pass reads).
+    case Op::adamw: {
+      const Value &p = at(0), &g = at(1);
+      for (int i : {0, 2, 3})
+        if (at(i).dtype != DType::fp32)
+          throw Error(fmt::format("{}: master weights and moments are fp32", desc(at(i))));
+      need_float(g);
+      need_shape(g, p.shape, "the master weights' shape");
+      need_shape(at(2), p.shape, "the master weights' shape");
+      need_shape(at(3), p.shape, "the master weights' shape");
+      need_shape(at(4), Shape{5}, "[5] (the step's scalars)");
+      if (at(4).dtype != DType::fp32) throw Error(fmt::format("{}: scalars are fp32", desc(at(4))));
+      const double b1 = attr_real(attrs, "beta1", 0.9), b2 = attr_real(attrs, "beta2", 0.999);
+      if (!(b1 >= 0 && b1 < 1 && b2 >= 0 && b2 < 1) || !(attr_real(attrs, "eps", 1e-8) > 0))
+        throw Error("needs betas in [0, 1) and eps > 0");
+      const DType pd = isa::parse_dtype(attr_string(attrs, "dtype", "bf16"));
+      if (pd != DType::bf16 && pd != DType::fp32)
+        throw Error(fmt::format("the param copy is bf16 or fp32, got {}", isa::name(pd)));
+      return {
+          {p.shape, DType::fp32}, {p.shape, DType::fp32}, {p.shape, DType::fp32}, {p.shape, pd}};
     }
     // rope(x [B, H, S, D], cos [S, D/2], sin [S, D/2]; inverse = 0):
     // rotate-half; inverse rotates by -theta (the gradient).

@@ -150,6 +150,8 @@ std::string print(const Graph& g) {
     for (int v : g.outputs()) outs.push_back("%" + g.value(v).name);
     out += fmt::format("  output {}\n", fmt::join(outs, ", "));
   }
+  for (const auto& [o, i] : g.carries())
+    out += fmt::format("  carry %{} -> %{}\n", g.value(o).name, g.value(i).name);
   out += "}\n";
   return out;
 }
@@ -184,7 +186,19 @@ Graph parse(std::string_view text, const std::string& source) {
     }
     try {
       if (lx.peek() != '%') {
-        if (lx.word() != "output") lx.fail("expected '%name = op ...', 'output %name' or '}'");
+        const std::string kw = lx.word();
+        if (kw == "carry") {  // carry %out -> %in
+          const std::string from = lx.value_name();
+          lx.expect('-'), lx.expect('>');
+          const std::string to = lx.value_name();
+          const int a = g->find(from), b = g->find(to);
+          if (a < 0) lx.fail(fmt::format("carry %{} is not defined", from));
+          if (b < 0) lx.fail(fmt::format("carry into %{}: not defined", to));
+          g->carry(a, b);
+          if (!lx.done()) lx.fail("expected the end of the line");
+          continue;
+        }
+        if (kw != "output") lx.fail("expected '%name = op ...', 'output %name', 'carry' or '}'");
         do {
           const std::string n = lx.value_name();
           const int v = g->find(n);

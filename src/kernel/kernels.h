@@ -179,6 +179,15 @@ struct AdamWSpec {
   float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.01f;
   std::int64_t step = 1;  // t, from 1
   int cores = 1;
+  // true: lr and step are not built in; HBM input "scalars" [1, 5] fp32
+  // holds the step's adamw_scalars (decay, 1 - beta1, 1 - beta2, sqrt(bc2),
+  // -step_size), so one program serves every step of a schedule (beta1,
+  // beta2 and eps stay built in).
+  bool runtime_scalars = false;
+  // Multi-tensor form (one launch updates many tensors, as PyTorch's fused
+  // / foreach AdamW): shapes [rows, cols] of each; the HBM names get
+  // ".<i>" appended ("param.0", "grad.0", ...). Empty: one [rows, cols].
+  std::vector<std::pair<std::int64_t, std::int64_t>> tensors;
 };
 isa::Program adamw_kernel(const arch::ChipSpec& chip, const AdamWSpec& spec);
 // The FP32 scalars of one step, formed in double as PyTorch does on the host.

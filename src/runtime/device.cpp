@@ -1,9 +1,12 @@
 #include "runtime/device.h"
 
+#include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include <fmt/format.h>
 
+#include "kernel/kernels.h"
 #include "sim/codec.h"
 #include "util/error.h"
 
@@ -19,60 +22,110 @@ std::vector<std::int64_t> offsets(std::int64_t n, int size) {
 
 }  // namespace
 
-Device::Device(arch::ChipSpec chip) : chip_(chip), sim_(std::move(chip)) {}
+std::vector<std::pair<std::string, double>> StepResult::by_kernel() const {
+  std::map<std::string, double> m;
+  for (const LaunchEvent& e : events) m[e.kernel] += e.ns;
+  std::vector<std::pair<std::string, double>> v(m.begin(), m.end());
+  std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+  return v;
+}
 
-StepResult Device::run(const graph::Executable& exe,
-                       const std::map<std::string, std::vector<float>>& feeds) {
-  if (exe.arch != chip_.name)
-    throw Error(
-        fmt::format("the executable was compiled for {}, the device is {}", exe.arch, chip_.name));
-  if (!exe.unlowered.empty())
+Session::Session(arch::ChipSpec chip, std::shared_ptr<const graph::Executable> exe)
+    : chip_(std::move(chip)), exe_(std::move(exe)), sim_(chip_) {
+  if (exe_->arch != chip_.name)
+    throw Error(fmt::format("the executable was compiled for {}, the device is {}", exe_->arch,
+                            chip_.name));
+  if (!exe_->unlowered.empty())
     throw Error(
         fmt::format("the executable has {} groups not lowered (compiled with partial, "
                     "for estimates): it cannot run; first: {}",
-                    exe.unlowered.size(), exe.unlowered.front().second));
-  const graph::Graph& g = exe.graph;
+                    exe_->unlowered.size(), exe_->unlowered.front().second));
   // Where each value's bytes live: its root (reshapes and views alias) at
   // its offset.
-  const std::vector<int> root = graph::storage_roots(g, exe.fusion);
-  std::map<int, std::int64_t> offset;
-  for (const graph::Buffer& b : exe.plan.buffers) offset[b.value] = b.offset;
-  std::vector<std::uint8_t> arena(static_cast<std::size_t>(exe.plan.arena_bytes));
-  auto bytes_of = [&](int v) -> std::pair<std::uint8_t*, std::size_t> {
-    const int r = root[static_cast<std::size_t>(v)];
-    const auto it = offset.find(r);
-    if (it == offset.end()) return {nullptr, 0};
-    const graph::Value& val = g.value(r);
-    return {arena.data() + it->second,
-            static_cast<std::size_t>(graph::elements(val.shape) * isa::size_bytes(val.dtype))};
-  };
-  auto encode = [&](int v, const std::vector<float>& x) {
-    const graph::Value& val = g.value(v);
-    const auto [p, n] = bytes_of(v);
-    if (!p) return;  // nothing reads it
-    const std::int64_t count = graph::elements(val.shape);
-    if (static_cast<std::int64_t>(x.size()) != count)
-      throw Error(fmt::format("feed %{} {} needs {} values, got {}", val.name,
-                              graph::shape_string(val.shape), count, x.size()));
-    sim::encode_row(val.dtype, x.data(), offsets(count, isa::size_bytes(val.dtype)), p, {}, 0);
-  };
-  for (const graph::Node& n : g.nodes()) {
-    const graph::Value& v = g.value(n.outputs[0]);
-    if (n.op == graph::Op::input || n.op == graph::Op::param) {
-      const auto it = feeds.find(v.name);
-      if (it == feeds.end()) throw Error(fmt::format("no value fed for %{}", v.name));
-      encode(n.outputs[0], it->second);
-    } else if (n.op == graph::Op::full) {
-      encode(n.outputs[0],
-             std::vector<float>(static_cast<std::size_t>(graph::elements(v.shape)),
-                                static_cast<float>(graph::attr_real(n.attrs, "value", 0.0))));
+  root_ = graph::storage_roots(exe_->graph, exe_->fusion);
+  for (const graph::Buffer& b : exe_->plan.buffers) offset_[b.value] = b.offset;
+  arena_.resize(static_cast<std::size_t>(exe_->plan.arena_bytes));
+}
+
+std::pair<std::uint8_t*, std::size_t> Session::bytes_of(int v) {
+  const auto [p, n] = std::as_const(*this).bytes_of(v);
+  return {const_cast<std::uint8_t*>(p), n};
+}
+
+std::pair<const std::uint8_t*, std::size_t> Session::bytes_of(int v) const {
+  const int r = root_[static_cast<std::size_t>(v)];
+  const auto it = offset_.find(r);
+  if (it == offset_.end()) return {nullptr, 0};
+  const graph::Value& val = exe_->graph.value(r);
+  return {arena_.data() + it->second,
+          static_cast<std::size_t>(graph::elements(val.shape) * isa::size_bytes(val.dtype))};
+}
+
+int Session::leaf(const std::string& name) const {
+  const graph::Graph& g = exe_->graph;
+  const int v = g.find(name);
+  if (v < 0 || !graph::is_leaf(g.node(g.value(v).node).op) ||
+      g.node(g.value(v).node).op == graph::Op::full)
+    throw Error(fmt::format("graph {} has no input or param %{}", g.name(), name));
+  return v;
+}
+
+void Session::write(const std::string& name, const std::vector<float>& x) {
+  const int v = leaf(name);
+  const graph::Value& val = exe_->graph.value(v);
+  const std::int64_t count = graph::elements(val.shape);
+  if (static_cast<std::int64_t>(x.size()) != count)
+    throw Error(fmt::format("feed %{} {} needs {} values, got {}", val.name,
+                            graph::shape_string(val.shape), count, x.size()));
+  written_.insert(v);
+  const auto [p, n] = bytes_of(v);
+  if (!p) return;  // nothing reads it
+  sim::encode_row(val.dtype, x.data(), offsets(count, isa::size_bytes(val.dtype)), p, {}, 0);
+}
+
+void Session::fill(const std::string& name, float value) {
+  const graph::Value& val = exe_->graph.value(leaf(name));
+  write(name, std::vector<float>(static_cast<std::size_t>(graph::elements(val.shape)), value));
+}
+
+std::vector<float> Session::read(const std::string& name) const {
+  const graph::Graph& g = exe_->graph;
+  const int v = g.find(name);
+  if (v < 0) throw Error(fmt::format("graph {} has no value %{}", g.name(), name));
+  const graph::Value& val = g.value(v);
+  const auto [p, n] = bytes_of(v);
+  if (!p)
+    throw Error(
+        fmt::format("%{} is not kept in device memory (only inputs, params and graph "
+                    "outputs can be read)",
+                    name));
+  std::vector<float> x(static_cast<std::size_t>(graph::elements(val.shape)));
+  sim::decode_row(val.dtype, p, offsets(graph::elements(val.shape), isa::size_bytes(val.dtype)),
+                  x.data());
+  return x;
+}
+
+StepResult Session::step(const std::map<std::string, std::vector<float>>& feeds) {
+  for (const auto& [name, x] : feeds) write(name, x);
+  const graph::Graph& g = exe_->graph;
+  for (const graph::Node& n : g.nodes())
+    if ((n.op == graph::Op::input || n.op == graph::Op::param) && !written_.contains(n.outputs[0]))
+      throw Error(fmt::format("no value fed for %{}", g.value(n.outputs[0]).name));
+  // Constants every step: the plan may let other values reuse their bytes.
+  for (const graph::Node& n : g.nodes())
+    if (n.op == graph::Op::full) {
+      const graph::Value& v = g.value(n.outputs[0]);
+      const auto [p, bytes] = bytes_of(n.outputs[0]);
+      if (!p) continue;
+      const std::int64_t count = graph::elements(v.shape);
+      const std::vector<float> x(static_cast<std::size_t>(count),
+                                 static_cast<float>(graph::attr_real(n.attrs, "value", 0.0)));
+      sim::encode_row(v.dtype, x.data(), offsets(count, isa::size_bytes(v.dtype)), p, {}, 0);
     }
-  }
   StepResult r;
   // Buffers outside the graph's values that launches pass on (by name).
   std::map<std::string, std::vector<std::uint8_t>> temps;
-
-  for (const graph::Launch& l : exe.launches) {
+  for (const graph::Launch& l : exe_->launches) {
     sim_.load(l.program);
     for (const auto& [tensor, value] : l.constants) {
       const isa::HbmTensor& t = l.program.tensor(tensor);
@@ -94,6 +147,7 @@ StepResult Device::run(const graph::Executable& exe,
       sim_.write_bytes(b.tensor, std::span<const std::uint8_t>(p, n));
     }
     const sim::RunStats st = sim_.run({});
+    r.events.push_back({l.group, l.kernel, l.detail, r.time_ns, st.latency_ns});
     r.kernel_ns.push_back(st.latency_ns);
     r.time_ns += st.latency_ns;
     for (const graph::Binding& b : l.outputs) {
@@ -110,16 +164,37 @@ StepResult Device::run(const graph::Executable& exe,
       std::memcpy(p, got.data(), n);
     }
   }
-  for (int o : g.outputs()) {
-    const graph::Value& v = g.value(o);
-    const auto [p, n] = bytes_of(o);
-    std::vector<float> x(static_cast<std::size_t>(graph::elements(v.shape)));
-    if (p)
-      sim::decode_row(v.dtype, p, offsets(graph::elements(v.shape), isa::size_bytes(v.dtype)),
-                      x.data());
-    r.outputs[v.name] = std::move(x);
+  for (int o : g.outputs()) r.outputs[g.value(o).name] = read(g.value(o).name);
+  // The carries, after the outputs are read: the next step's weights and
+  // optimizer state (through a copy: a carried output may share bytes with
+  // another input's value only when the plan says so).
+  for (const auto& [out, in] : g.carries()) {
+    const auto [src, n] = bytes_of(out);
+    const auto [dst, m] = bytes_of(in);
+    if (src && dst && n == m) {
+      const std::vector<std::uint8_t> tmp(src, src + n);
+      std::memcpy(dst, tmp.data(), n);
+    }
   }
+  ++steps_;
   return r;
+}
+
+StepResult Device::run(const graph::Executable& exe,
+                       const std::map<std::string, std::vector<float>>& feeds) {
+  // A one-step session over a copy-free view of the executable.
+  Session s(chip_, std::shared_ptr<const graph::Executable>(&exe, [](const graph::Executable*) {}));
+  return s.step(feeds);
+}
+
+std::vector<float> adamw_scalars(double lr, double weight_decay, double beta1, double beta2,
+                                 std::int64_t step) {
+  if (step < 1) throw Error(fmt::format("adamw step must be >= 1, got {}", step));
+  kernel::AdamWSpec s;
+  s.lr = static_cast<float>(lr), s.weight_decay = static_cast<float>(weight_decay);
+  s.beta1 = static_cast<float>(beta1), s.beta2 = static_cast<float>(beta2), s.step = step;
+  const kernel::AdamWScalars k = kernel::adamw_scalars(s);
+  return {k.decay, k.one_m_b1, k.one_m_b2, k.bc2_sqrt, k.neg_step_size};
 }
 
 }  // namespace tern::runtime

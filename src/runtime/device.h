@@ -1,14 +1,26 @@
 // The runtime: a simulated chip that runs compiled graphs (graph/lower.h)
-// step after step. Device memory is one HBM arena laid out by the
-// executable's memory plan (values at their planned offsets, so buffers
-// whose lifetimes do not overlap really share bytes); each launch loads its
-// kernel program, copies its bound input values from the arena into the
-// program's HBM tensors, runs on the simulator and copies the outputs back.
+// step after step.
+//
+// A Session is one executable loaded on a device: its HBM is one arena laid
+// out by the executable's memory plan (values at their planned offsets, so
+// buffers whose lifetimes do not overlap really share bytes). Inputs and
+// params are written from the host once and stay on the device; each step
+// runs the launches in order (each loads its kernel program, copies its
+// bound values from the arena into the program's HBM tensors, runs on the
+// simulator and copies the outputs back); after a step the graph's carried
+// outputs (graph::Graph::carry: updated weights, optimizer state) replace
+// their inputs, so a training loop only feeds the batch. The executable is
+// compiled once and reused by every step.
+//
 // Simulated time is the sum of the kernels' latencies (they run one after
-// another; no launch overhead is modelled).
+// another; no launch overhead is modelled); each launch is reported with
+// its start and duration (the step's events).
 #pragma once
 
+#include <cstdint>
 #include <map>
+#include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -18,27 +30,73 @@
 
 namespace tern::runtime {
 
+// One launch of a step on the simulated timeline.
+struct LaunchEvent {
+  int group = -1;
+  std::string kernel, detail;
+  double start_ns = 0, ns = 0;
+};
+
 struct StepResult {
   double time_ns = 0;                                 // simulated
   std::vector<double> kernel_ns;                      // per launch
+  std::vector<LaunchEvent> events;                    // per launch, in order
   std::map<std::string, std::vector<float>> outputs;  // the graph outputs by name
+  // Simulated time by launched kernel name, largest first: the step's
+  // profile summary.
+  std::vector<std::pair<std::string, double>> by_kernel() const;
 };
 
+class Session {
+ public:
+  // Throws tern::Error for an executable built for another chip or one
+  // with groups not lowered (a partial compile, for estimates).
+  Session(arch::ChipSpec chip, std::shared_ptr<const graph::Executable> exe);
+  const graph::Executable& executable() const { return *exe_; }
+
+  // Host -> device: an input or param by name, row-major, encoded to its
+  // dtype (round to nearest even). It stays until written again or replaced
+  // by a carry. Throws naming the value for an unknown name or wrong size.
+  void write(const std::string& name, const std::vector<float>& values);
+  void fill(const std::string& name, float value);
+  // Device -> host: an input, param or graph output (after a step).
+  std::vector<float> read(const std::string& name) const;
+  // Writes `feeds`, runs one step, then applies the carries. Throws naming
+  // an input or param that was never written.
+  StepResult step(const std::map<std::string, std::vector<float>>& feeds = {});
+  std::int64_t steps() const { return steps_; }
+
+ private:
+  std::pair<std::uint8_t*, std::size_t> bytes_of(int v);
+  std::pair<const std::uint8_t*, std::size_t> bytes_of(int v) const;
+  int leaf(const std::string& name) const;  // an input or param by name
+
+  arch::ChipSpec chip_;
+  std::shared_ptr<const graph::Executable> exe_;
+  sim::Simulator sim_;
+  std::vector<int> root_;
+  std::map<int, std::int64_t> offset_;
+  std::vector<std::uint8_t> arena_;
+  std::set<int> written_;
+  std::int64_t steps_ = 0;
+};
+
+// A device that runs an executable once with every input and param fed
+// (a one-step Session).
 class Device {
  public:
-  explicit Device(arch::ChipSpec chip);
+  explicit Device(arch::ChipSpec chip) : chip_(std::move(chip)) {}
   const arch::ChipSpec& chip() const { return chip_; }
-
-  // One step. `feeds`: every input and param of the graph by name, in
-  // row-major order (encoded to the value's dtype, rounding to nearest
-  // even). Throws tern::Error for a missing or mis-sized feed or an
-  // executable built for another chip.
   StepResult run(const graph::Executable& exe,
                  const std::map<std::string, std::vector<float>>& feeds);
 
  private:
   arch::ChipSpec chip_;
-  sim::Simulator sim_;
 };
+
+// The "adamw.scalars" feed of step `step` (from 1): kernel::adamw_scalars
+// for learning rate lr and weight decay wd (graph/optimizer.h).
+std::vector<float> adamw_scalars(double lr, double weight_decay, double beta1, double beta2,
+                                 std::int64_t step);
 
 }  // namespace tern::runtime

@@ -218,12 +218,14 @@ expect_err "a kernel for 9 cores, but trn3 has 8" bench matmul --cores 9 --m 8 -
 # tern compile: fusion report, HBM plan, fit check, graph errors (issue 6)
 EX=$(cd "$(dirname "$0")/../../examples" && pwd)
 expect_ok "Usage|Options" compile --help
-expect_ok "^graph gpt2: 782 ops in 322 kernels, fusion rate 0.714; 124475904 parameters" compile --model gpt2 --train
+expect_ok "^graph gpt2: 930 ops in 323 kernels, fusion rate 0.759; 124475904 parameters" compile --model gpt2 --train
+expect_ok "^graph gpt2: 782 ops in 322 kernels, fusion rate 0.714; 124475904 parameters" compile --model gpt2 --train --optimizer none
+expect_err "--optimizer 'sgd': expected adamw or none" compile --model gpt2 --train --optimizer sgd
 expect_json 'j["params"] == 124475904 and j["hbm"]["fits"] and all(u["reason"] for u in j["unfused"])' compile --model gpt2 --train --json
 expect_ok "cross_entropy_backward %grad.logits" compile "$EX/graphs/mlp.tgraph" --train --report
 expect_json 'j["ops"] == 5 and j["params"] == 9600' compile "$EX/graphs/mlp.tgraph" --json
 expect_err "does not fit trn3 (144.00 GiB): it needs" compile --model gpt2 --train --layers 96 --dim 12288 --heads 96 --seq 2048 --batch 8 --json
-expect_json 'j["estimate"]["total_ns"] > 0 and len(j["estimate"]["kernels"]) == 6 and all("transposing load is the DMA transpose" in u["reason"] for u in j["estimate"]["not_lowered"])' compile "$EX/graphs/mlp.tgraph" --train --estimate --json
+expect_json 'j["estimate"]["total_ns"] > 0 and not j["estimate"]["not_lowered"] and j["estimate"]["kernels"][-1]["kernel"] == "adamw"' compile "$EX/graphs/mlp.tgraph" --train --estimate --json
 expect_ok "simulated time of the [0-9]+ lowered kernels" compile --model gpt2 --layers 2 --train --estimate --no-progress
 expect_err "autocast 'mxfp9': expected none, matmult or all (or a recipe: bf16, fp8-hybrid, mxfp8, mxfp4)" compile --model gpt2 --autocast mxfp9
 expect_err "autocast type float8_e5m2: expected bf16, fp16 or fp8_e4m3" compile --model gpt2 --autocast matmult --autocast-type fp8_e5m2

@@ -78,6 +78,49 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AdamW,
                                            Case{1, 1, DType::fp32, 1000, 1},
                                            Case{129, 77, DType::bf16, 3, 3}));
 
+// The multi-tensor form with the step's scalars from HBM: one launch
+// updates tensors of several shapes, each bit for bit as its own
+// single-tensor step with lr and step built in.
+TEST(AdamW, MultiTensorWithRuntimeScalars) {
+  const auto chip = arch::load_chip("trn3");
+  kernel::AdamWSpec spec;
+  spec.grad = DType::bf16, spec.step = 7, spec.lr = 2e-3f, spec.weight_decay = 0.1f;
+  spec.cores = 3, spec.runtime_scalars = true;
+  spec.tensors = {{130, 700}, {1, 768}, {128, 1030}};
+  sim::Simulator sim(chip);
+  sim.load(kernel::adamw_kernel(chip, spec));
+  const kernel::AdamWScalars k = kernel::adamw_scalars(spec);
+  sim.write("scalars",
+            std::vector<float>{k.decay, k.one_m_b1, k.one_m_b2, k.bc2_sqrt, k.neg_step_size});
+  std::mt19937 rng(9);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<std::vector<float>> p, g, m, v;
+  for (std::size_t i = 0; i < spec.tensors.size(); ++i) {
+    const auto n = static_cast<std::size_t>(spec.tensors[i].first * spec.tensors[i].second);
+    p.emplace_back(n), g.emplace_back(n), m.emplace_back(n), v.emplace_back(n);
+    for (std::size_t j = 0; j < n; ++j)
+      p[i][j] = d(rng), g[i][j] = 0.01f * d(rng), m[i][j] = 0.001f * d(rng),
+      v[i][j] = 1e-5f * std::fabs(d(rng));
+    num::round_array(*isa::format_of(DType::bf16), g[i]);
+    const std::string x = "." + std::to_string(i);
+    sim.write("param" + x, p[i]), sim.write("grad" + x, g[i]), sim.write("m" + x, m[i]);
+    sim.write("v" + x, v[i]);
+  }
+  sim.run();
+  for (std::size_t i = 0; i < spec.tensors.size(); ++i) {
+    kernel::AdamWSpec one = spec;
+    one.tensors.clear(), one.runtime_scalars = false;
+    one.rows = spec.tensors[i].first, one.cols = spec.tensors[i].second;
+    std::vector<float> rp = p[i], rm = m[i], rv = v[i];
+    const auto pb = kernel::adamw_reference(rp, g[i], rm, rv, one);
+    const std::string x = "." + std::to_string(i);
+    EXPECT_EQ(mismatches(sim.read("param_out" + x), rp, "param"), 0u) << i;
+    EXPECT_EQ(mismatches(sim.read("m_out" + x), rm, "m"), 0u) << i;
+    EXPECT_EQ(mismatches(sim.read("v_out" + x), rv, "v"), 0u) << i;
+    EXPECT_EQ(mismatches(sim.read("param_bf16" + x), pb, "param_bf16"), 0u) << i;
+  }
+}
+
 TEST(AdamW, RejectsBadHyperparameters) {
   const auto chip = arch::load_chip("trn3");
   kernel::AdamWSpec s;
