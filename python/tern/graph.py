@@ -295,13 +295,33 @@ class Graph:
         """Writes the text form to `path` (atomically)."""
         _core.save_graph(self.core, path)
 
+    # -- precision and the optimizer ----------------------------------------
+
+    def autocast(self, mode, type="bf16", mx_policy="rceil"):
+        """A new Graph: this forward graph under an autocast mode ("none",
+        "matmult", "all" with `type` bf16 / fp16 / fp8_e4m3) or a precision
+        recipe ("bf16", "fp8-hybrid", "mxfp8", "mxfp4"; MX scales by
+        `mx_policy`: rceil, trn3, ocp-floor). Values keep their names."""
+        return Graph(core=_core.autocast(self.core, mode, type, mx_policy))
+
+    def adamw(self, grads, beta1=0.9, beta2=0.999, eps=1e-8):
+        """Adds the AdamW step for every param of `grads` ({param name:
+        gradient Tensor}, as ``backward`` returns): FP32 masters and moments
+        as inputs, their updates carried into them after each step. Returns
+        what to write before the first step: {"scalars": name, "master":
+        {master: param it starts from}, "zeros": [moment names]}."""
+        ids = {self._id(self[p]): self._id(d) for p, d in grads.items()}
+        return _core.add_adamw(self.core, ids, beta1, beta2, eps)
+
     # -- compilation and the device -----------------------------------------
 
-    def compile(self, chip="trn3", cores=0):
+    def compile(self, chip="trn3", cores=0, lnc=1):
         """Fuses, plans HBM and lowers to kernel launches for `chip` (a name
-        or a ``_core.load_chip`` result); returns a Compiled program."""
+        or a ``_core.load_chip`` result); returns a Compiled program.
+        Compiling the same graph, chip and options again reuses the
+        executable (a process-wide cache)."""
         spec = _core.load_chip(chip) if isinstance(chip, str) else chip
-        return Compiled(self, _core.compile_graph(self.core, spec, cores), spec)
+        return Compiled(self, _core.compile_graph(self.core, spec, cores, False, lnc), spec)
 
 
 class Compiled:
@@ -309,7 +329,7 @@ class Compiled:
     step: ``outputs, ns = c.run(feeds)``."""
 
     def __init__(self, graph, executable, chip):
-        self.graph, self.executable = graph, executable
+        self.graph, self.executable, self.chip = graph, executable, chip
         self.device = _core.Device(chip)
 
     def run(self, feeds):
@@ -317,6 +337,47 @@ class Compiled:
         ({output name: float32 ndarray}, simulated nanoseconds)."""
         fd = {(k.name if isinstance(k, Tensor) else k): v for k, v in feeds.items()}
         return self.device.run(self.executable, fd)
+
+    def session(self):
+        """A Session: the program loaded on a fresh simulated device whose
+        memory persists across steps (weights and optimizer state stay on
+        the device; carries apply after each step)."""
+        return Session(_core.Session(self.chip, self.executable))
+
+
+class Session:
+    """A compiled program on a device, step after step: ``write`` inputs
+    and params once, then ``outputs, ns, events = s.step({batch feeds})``."""
+
+    def __init__(self, core):
+        self.core = core
+
+    def write(self, name, values):
+        """Host -> device: an input or param (name or Tensor)."""
+        self.core.write(name.name if isinstance(name, Tensor) else name, values)
+
+    def fill(self, name, value):
+        self.core.fill(name.name if isinstance(name, Tensor) else name, float(value))
+
+    def read(self, name):
+        """Device -> host: an input, param or graph output (float32 ndarray)."""
+        return self.core.read(name.name if isinstance(name, Tensor) else name)
+
+    def step(self, feeds=None):
+        """Writes `feeds`, runs one step and applies the carries. Returns
+        ({output name: ndarray}, simulated ns, [launch events: dicts with
+        group, kernel, detail, start_ns, ns])."""
+        fd = {(k.name if isinstance(k, Tensor) else k): v for k, v in (feeds or {}).items()}
+        return self.core.step(fd)
+
+    @property
+    def steps(self):
+        return self.core.steps
+
+
+def adamw_scalars(lr, weight_decay=0.01, beta1=0.9, beta2=0.999, step=1):
+    """The "adamw.scalars" feed of step `step` (from 1)."""
+    return _core.adamw_scalars(lr, weight_decay, beta1, beta2, step)
 
 
 def parse(text, source="<text>"):

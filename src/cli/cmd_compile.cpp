@@ -36,6 +36,7 @@ struct Args {
   std::int64_t layers = 12, dim = 768, heads = 12, kv_heads = 0, ffn = 0, vocab = 50304, seq = 1024,
                batch = 4;
   std::int64_t optimizer_bytes = -1;
+  int cores = 0, lnc = 1;
 };
 
 graph::Model build(const Args& a) {
@@ -132,7 +133,7 @@ void run(const Args& a) {
   double est_total = 0;
   if (a.estimate) {
     graph::CompileOptions co;
-    co.partial = true;
+    co.partial = true, co.cores = a.cores, co.lnc = a.lnc;
     const graph::Executable exe = graph::compile(g, chip, co);
     sim::Simulator s(chip);
     sim::Options so;
@@ -301,6 +302,13 @@ void add_compile_command(CLI::App& app) {
                   "recomputed before the backward reads them)")
       ->capture_default_str();
   cmd->add_option("--arch", a->arch, "Chip whose HBM must hold the plan")->capture_default_str();
+  cmd->add_option("--cores", a->cores,
+                  "--estimate: physical NeuronCores each kernel uses (0: all of the chip's)")
+      ->capture_default_str();
+  cmd->add_option("--lnc", a->lnc,
+                  "--estimate: logical NeuronCore setting, 1 or 2 (2 pairs the cores for the "
+                  "matmuls; NeuronCore-v3+)")
+      ->capture_default_str();
   cmd->add_option("--emit", a->emit, "Write the compiled graph's text form to this file");
   cmd->add_flag("--report", a->report, "Print the fusion report and the largest tensors");
   cmd->add_flag("--estimate", a->estimate,

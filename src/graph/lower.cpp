@@ -2,9 +2,11 @@
 
 #include "graph/ops.h"
 #include "graph/quant.h"
+#include "graph/text.h"
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <tuple>
@@ -13,6 +15,7 @@
 
 #include "kernel/kernels.h"
 #include "util/error.h"
+#include "util/file.h"
 
 namespace tern::graph {
 
@@ -35,8 +38,8 @@ isa::ActFunc act_func(Op op) {
 
 class Lowerer {
  public:
-  Lowerer(const Graph& g, const FusionReport& f, const arch::ChipSpec& chip, int cores)
-      : g_(g), f_(f), chip_(chip), cores_(cores) {}
+  Lowerer(const Graph& g, const FusionReport& f, const arch::ChipSpec& chip, int cores, int lnc)
+      : g_(g), f_(f), chip_(chip), cores_(cores), lnc_(lnc) {}
 
   const Node& node(int n) const { return g_.node(n); }
   const Value& val(int v) const { return g_.value(v); }
@@ -811,7 +814,7 @@ class Lowerer {
     s.m = ta ? as[1] : elements(as) / as.back();
     s.n = tb ? bs[0] : bs[1];
     s.in = val(a).dtype;
-    s.trans_a = ta, s.trans_b = tb, s.cores = cores_;
+    s.trans_a = ta, s.trans_b = tb, s.cores = cores_, s.lnc = lnc_;
     l.inputs = {{ta ? "at" : "a", a}, {tb ? "bt" : "b", b}};
     int last = out(m);
     for (int n : nodes) {
@@ -1083,6 +1086,7 @@ class Lowerer {
   const FusionReport& f_;
   const arch::ChipSpec& chip_;
   int cores_;
+  int lnc_;  // CompileOptions::lnc: the matmuls pair cores into logical ones
 };
 
 }  // namespace
@@ -1117,7 +1121,14 @@ Executable compile(const Graph& g, const arch::ChipSpec& chip, const CompileOpti
   const int cores = opt.cores > 0 ? opt.cores : chip.cores;
   if (cores > chip.cores)
     throw Error(fmt::format("compile: {} cores asked, {} has {}", cores, chip.name, chip.cores));
-  Lowerer lw(e.graph, e.fusion, chip, cores);
+  if (opt.lnc != 1 && opt.lnc != 2)
+    throw Error(fmt::format("compile: lnc must be 1 or 2, got {}", opt.lnc));
+  if (opt.lnc == 2 && (chip.core_version < 3 || cores % 2 != 0))
+    throw NotSupported(
+        fmt::format("lnc 2 on {} with {} cores (NeuronCore-v3+ and an even core "
+                    "count)",
+                    chip.name, cores));
+  Lowerer lw(e.graph, e.fusion, chip, cores, opt.lnc);
   e.plan.temps_counted = true;
   for (std::size_t i = 0; i < e.fusion.groups.size(); ++i) {
     try {
@@ -1147,6 +1158,32 @@ Executable compile(const Graph& g, const arch::ChipSpec& chip, const CompileOpti
   for (const auto& [name, t] : temps)
     for (int gi = t.first; gi <= t.last; ++gi) live[static_cast<std::size_t>(gi)] += t.bytes;
   e.plan.temp_peak = *std::max_element(live.begin(), live.end());
+  return e;
+}
+
+}  // namespace tern::graph
+
+namespace tern::graph {
+
+std::string CompileOptions::key() const {
+  return fmt::format("cores={} lnc={} partial={}", cores, lnc, partial);
+}
+
+std::shared_ptr<const Executable> CompileCache::get(const Graph& g, const arch::ChipSpec& chip,
+                                                    const CompileOptions& opt) {
+  // The chip by name and by the text of the arch file it came from (an
+  // edited file under the same name is another chip).
+  std::string arch_text;
+  if (!chip.source.empty() && std::filesystem::exists(chip.source))
+    arch_text = read_file(chip.source);
+  const std::string key = fmt::format("{}\n{}\n{}\n{}", opt.key(), chip.name, arch_text, print(g));
+  if (const auto it = cache_.find(key); it != cache_.end()) {
+    ++hits_;
+    return it->second;
+  }
+  ++misses_;
+  auto e = std::make_shared<const Executable>(compile(g, chip, opt));
+  cache_.emplace(key, e);
   return e;
 }
 

@@ -11,6 +11,9 @@
 // naming the op and the value.
 #pragma once
 
+#include <cstdint>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -51,12 +54,34 @@ struct Executable {
 };
 
 struct CompileOptions {
-  int cores = 0;         // NeuronCores each kernel uses (0: all of the chip's)
+  int cores = 0;         // physical NeuronCores each kernel uses (0: all of the chip's)
   bool partial = false;  // lower what can be (for estimates); the rest into `unlowered`
+  // Logical NeuronCore setting (NEURON_LOGICAL_NC_CONFIG): 2 pairs the
+  // cores into logical cores (NeuronCore-v3+), which the matmuls use
+  // (kernel::MatmulSpec::lnc); 1: every core on its own.
+  int lnc = 1;
+  std::string key() const;  // the options' part of a compile-cache key
 };
 
 // Throws NotSupported for a group it cannot lower yet, naming the op and
 // value; tern::Error for graphs whose shapes a kernel rejects.
 Executable compile(const Graph& g, const arch::ChipSpec& chip, const CompileOptions& opt = {});
+
+// Compiled executables by (graph text, chip, options): compiling a graph
+// that is already in the cache returns the same executable without work
+// (hits() counts it). Thread-compatible (not synchronized).
+class CompileCache {
+ public:
+  std::shared_ptr<const Executable> get(const Graph& g, const arch::ChipSpec& chip,
+                                        const CompileOptions& opt = {});
+  std::size_t size() const { return cache_.size(); }
+  std::int64_t hits() const { return hits_; }
+  std::int64_t misses() const { return misses_; }
+  void clear() { cache_.clear(); }
+
+ private:
+  std::map<std::string, std::shared_ptr<const Executable>> cache_;
+  std::int64_t hits_ = 0, misses_ = 0;
+};
 
 }  // namespace tern::graph

@@ -13,10 +13,12 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "graph/autocast.h"
 #include "graph/autodiff.h"
 #include "graph/eval.h"
 #include "graph/ir.h"
 #include "graph/lower.h"
+#include "graph/optimizer.h"
 #include "graph/text.h"
 #include "runtime/device.h"
 #include "util/error.h"
@@ -225,9 +227,41 @@ void bind_graph(py::module_& m) {
       "evaluates the graph in float64 with feeds {input/param name: array}; returns one array "
       "per value id (or per id of `ids`), shaped like the value");
 
+  // Precision recipes and the optimizer step (graph/autocast.h,
+  // graph/optimizer.h).
+  m.def(
+      "autocast",
+      [](const Graph& g, const std::string& mode, const std::string& type,
+         const std::string& mx_policy) {
+        const bool recipe =
+            mode == "bf16" || mode == "fp8-hybrid" || mode == "mxfp8" || mode == "mxfp4";
+        return graph::autocast(
+            g, recipe ? graph::recipe(mode, mx_policy) : graph::parse_autocast(mode, type));
+      },
+      py::arg("graph"), py::arg("mode"), py::arg("type") = "bf16", py::arg("mx_policy") = "rceil",
+      "the graph rewritten under an autocast mode (none, matmult, all) or a recipe (bf16, "
+      "fp8-hybrid, mxfp8, mxfp4)");
+  m.def(
+      "add_adamw",
+      [](Graph& g, const std::map<int, int>& grads, double beta1, double beta2, double eps) {
+        const graph::OptimizerInputs in = graph::add_adamw(g, grads, {beta1, beta2, eps});
+        py::dict d;
+        d["scalars"] = in.scalars;
+        d["master"] = in.master;
+        d["zeros"] = in.zeros;
+        return d;
+      },
+      py::arg("graph"), py::arg("grads"), py::arg("beta1") = 0.9, py::arg("beta2") = 0.999,
+      py::arg("eps") = 1e-8,
+      "adds an AdamW step for every param in `grads` (param id -> gradient id); returns the "
+      "inputs a runtime writes first: {scalars, master: {master: param}, zeros: [...]}");
+  m.def("adamw_scalars", &runtime::adamw_scalars, py::arg("lr"), py::arg("weight_decay"),
+        py::arg("beta1"), py::arg("beta2"), py::arg("step"),
+        "the adamw.scalars feed of step `step` (from 1)");
+
   // Compiled graphs and the device that runs them (graph/lower.h,
   // runtime/device.h).
-  py::class_<graph::Executable>(m, "Executable")
+  py::class_<graph::Executable, std::shared_ptr<graph::Executable>>(m, "Executable")
       .def_property_readonly("launches",
                              [](const graph::Executable& e) { return e.launches.size(); })
       .def_property_readonly("kernels",
@@ -241,41 +275,91 @@ void bind_graph(py::module_& m) {
                              [](const graph::Executable& e) { return e.fusion.rate(); })
       .def_property_readonly("hbm_bytes",
                              [](const graph::Executable& e) { return e.plan.total(); });
+  // One cache for the process: compiling the same graph, chip and options
+  // again returns the executable compiled before.
+  static graph::CompileCache cache;
   m.def(
       "compile_graph",
-      [](const Graph& g, const arch::ChipSpec& chip, int cores, bool partial) {
+      [](const Graph& g, const arch::ChipSpec& chip, int cores, bool partial, int lnc) {
         graph::CompileOptions o;
-        o.cores = cores, o.partial = partial;
-        return graph::compile(g, chip, o);
+        o.cores = cores, o.partial = partial, o.lnc = lnc;
+        return std::const_pointer_cast<graph::Executable>(cache.get(g, chip, o));
       },
       py::arg("graph"), py::arg("chip"), py::arg("cores") = 0, py::arg("partial") = false,
-      "fuses, plans HBM and lowers every group to kernel launches for `chip`");
+      py::arg("lnc") = 1,
+      "fuses, plans HBM and lowers every group to kernel launches for `chip` (cached by graph, "
+      "chip and options)");
+  m.def("compile_cache_stats",
+        [] { return py::make_tuple(cache.size(), cache.hits(), cache.misses()); });
+  auto feeds_of = [](const py::dict& feeds) {
+    std::map<std::string, std::vector<float>> in;
+    for (const auto& [k, v] : feeds) {
+      const auto a = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(v);
+      if (!a) throw Error(fmt::format("feed %{}: not a float array", std::string(py::str(k))));
+      in[py::str(k)] = std::vector<float>(a.data(), a.data() + a.size());
+    }
+    return in;
+  };
+  auto array_of = [](const graph::Executable& e, const std::string& name,
+                     const std::vector<float>& vals) {
+    const Shape& s = e.graph.value(e.graph.find(name)).shape;
+    py::array_t<float> arr(std::vector<py::ssize_t>(s.begin(), s.end()));
+    std::copy(vals.begin(), vals.end(), arr.mutable_data());
+    return arr;
+  };
+  auto result_of = [array_of](const graph::Executable& e, const runtime::StepResult& r) {
+    py::dict out;
+    for (const auto& [name, vals] : r.outputs) out[py::str(name)] = array_of(e, name, vals);
+    py::list events;
+    for (const auto& ev : r.events)
+      events.append(py::dict(py::arg("group") = ev.group, py::arg("kernel") = ev.kernel,
+                             py::arg("detail") = ev.detail, py::arg("start_ns") = ev.start_ns,
+                             py::arg("ns") = ev.ns));
+    return py::make_tuple(out, r.time_ns, events);
+  };
   py::class_<runtime::Device>(m, "Device")
       .def(py::init<arch::ChipSpec>())
       .def(
           "run",
-          [](runtime::Device& d, const graph::Executable& e, const py::dict& feeds) {
-            std::map<std::string, std::vector<float>> in;
-            for (const auto& [k, v] : feeds) {
-              const auto a =
-                  py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(v);
-              if (!a)
-                throw Error(fmt::format("feed %{}: not a float array", std::string(py::str(k))));
-              in[py::str(k)] = std::vector<float>(a.data(), a.data() + a.size());
-            }
-            const runtime::StepResult r = d.run(e, in);
+          [feeds_of, array_of](runtime::Device& d, const graph::Executable& e,
+                               const py::dict& feeds) {
+            const runtime::StepResult r = d.run(e, feeds_of(feeds));
             py::dict out;
-            for (const auto& [name, vals] : r.outputs) {
-              const Shape& s = e.graph.value(e.graph.find(name)).shape;
-              py::array_t<float> arr(std::vector<py::ssize_t>(s.begin(), s.end()));
-              std::copy(vals.begin(), vals.end(), arr.mutable_data());
-              out[py::str(name)] = arr;
-            }
+            for (const auto& [name, vals] : r.outputs) out[py::str(name)] = array_of(e, name, vals);
             return py::make_tuple(out, r.time_ns);
           },
           py::arg("executable"), py::arg("feeds"),
           "one step: feeds {input/param name: array}; returns ({output name: float32 array}, "
           "simulated ns)");
+  py::class_<runtime::Session>(m, "Session")
+      .def(py::init([](const arch::ChipSpec& chip, std::shared_ptr<graph::Executable> e) {
+             return std::make_unique<runtime::Session>(chip, std::move(e));
+           }),
+           py::arg("chip"), py::arg("executable"))
+      .def(
+          "write",
+          [feeds_of](runtime::Session& s, const std::string& name, const py::object& v) {
+            py::dict d;
+            d[py::str(name)] = v;
+            for (const auto& [k, x] : feeds_of(d)) s.write(k, x);
+          },
+          py::arg("name"), py::arg("values"))
+      .def("fill", &runtime::Session::fill, py::arg("name"), py::arg("value"))
+      .def(
+          "read",
+          [array_of](const runtime::Session& s, const std::string& name) {
+            return array_of(s.executable(), name, s.read(name));
+          },
+          py::arg("name"))
+      .def(
+          "step",
+          [feeds_of, result_of](runtime::Session& s, const py::dict& feeds) {
+            return result_of(s.executable(), s.step(feeds_of(feeds)));
+          },
+          py::arg("feeds") = py::dict(),
+          "writes `feeds`, runs one step, applies the carries; returns ({output: array}, "
+          "simulated ns, [launch events])")
+      .def_property_readonly("steps", &runtime::Session::steps);
 }
 
 }  // namespace tern

@@ -155,6 +155,42 @@ TEST(Training, Fp32MlpExampleTrains) {
         << g.value(p).name;
 }
 
+// The compile cache returns the executable it has for the same graph,
+// chip and options; LNC 2 (paired cores in the matmuls) gives the same
+// bits as LNC 1.
+TEST(Training, CompileCacheAndLogicalCores) {
+  Gpt2Config c;
+  c.layers = 1, c.dim = 128, c.heads = 2, c.vocab = 97, c.seq = 64, c.batch = 2;
+  Model m = gpt2(c);
+  for (const auto& [p, d] : add_backward(m.graph, m.loss, m.params)) m.graph.mark_output(d);
+  const arch::ChipSpec chip = arch::load_chip("trn3");
+  CompileCache cache;
+  CompileOptions o1, o2;
+  o1.cores = 4, o2.cores = 4, o2.lnc = 2;
+  const auto e1 = cache.get(m.graph, chip, o1);
+  EXPECT_EQ(cache.get(m.graph, chip, o1), e1);  // the same object
+  const auto e2 = cache.get(m.graph, chip, o2);
+  EXPECT_NE(e2, e1);
+  EXPECT_EQ(cache.hits(), 1);
+  EXPECT_EQ(cache.misses(), 2);
+  Graph other = m.graph;
+  other.mark_output(other.scale(other.find("loss"), 2.0));
+  EXPECT_NE(cache.get(other, chip, o1), e1);
+  std::mt19937 rng(2);
+  std::map<std::string, std::vector<float>> feeds;
+  for (int p : m.params)
+    feeds[m.graph.value(p).name] =
+        bf16_normal(static_cast<std::size_t>(elements(m.graph.value(p).shape)), rng, 0.05f);
+  feeds["ids"] = tokens(rng, 128, c.vocab), feeds["targets"] = tokens(rng, 128, c.vocab);
+  runtime::Device dev(chip);
+  const auto r1 = dev.run(*e1, feeds), r2 = dev.run(*e2, feeds);
+  EXPECT_EQ(r1.outputs, r2.outputs);
+  o2.lnc = 3;
+  EXPECT_THROW(compile(m.graph, chip, o2), Error);
+  o2.lnc = 2, o2.cores = 2;  // trn1's two NeuronCore-v2 cannot pair
+  EXPECT_THROW(compile(m.graph, arch::load_chip("trn1"), o2), NotSupported);
+}
+
 TEST(Training, CarryErrors) {
   Graph g("c");
   const int x = g.param("x", {4}, DType::fp32), y = g.input("y", {4}, DType::bf16);
