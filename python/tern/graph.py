@@ -297,12 +297,16 @@ class Graph:
 
     # -- precision and the optimizer ----------------------------------------
 
-    def autocast(self, mode, type="bf16", mx_policy="rceil"):
+    def autocast(self, mode, type="bf16", mx_policy="rceil", fp8_scaling="current",
+                 amax_history=1024):
         """A new Graph: this forward graph under an autocast mode ("none",
         "matmult", "all" with `type` bf16 / fp16 / fp8_e4m3) or a precision
         recipe ("bf16", "fp8-hybrid", "mxfp8", "mxfp4"; MX scales by
-        `mx_policy`: rceil, trn3, ocp-floor). Values keep their names."""
-        return Graph(core=_core.autocast(self.core, mode, type, mx_policy))
+        `mx_policy`: rceil, trn3, ocp-floor; per-tensor FP8 by `fp8_scaling`:
+        current or delayed over `amax_history` steps). Values keep their
+        names."""
+        return Graph(core=_core.autocast(self.core, mode, type, mx_policy, fp8_scaling,
+                                         amax_history))
 
     def adamw(self, grads, beta1=0.9, beta2=0.999, eps=1e-8):
         """Adds the AdamW step for every param of `grads` ({param name:

@@ -31,12 +31,13 @@ namespace {
 struct Args {
   std::string file, model, arch = "trn3", emit, autocast = "none", autocast_type = "bf16",
                            mx_policy = "rceil", recompute = "none", dtype = "bf16",
-                           optimizer = "adamw";
+                           optimizer = "adamw", fp8_scaling = "current";
   bool train = false, report = false, json = false, estimate = false, progress = true;
   std::int64_t layers = 12, dim = 768, heads = 12, kv_heads = 0, ffn = 0, vocab = 50304, seq = 1024,
                batch = 4;
   std::int64_t optimizer_bytes = -1;
   int cores = 0, lnc = 1;
+  std::int64_t amax_history = 1024;
 };
 
 graph::Model build(const Args& a) {
@@ -75,8 +76,10 @@ graph::Model build(const Args& a) {
 void run(const Args& a) {
   const bool is_recipe = a.autocast == "bf16" || a.autocast == "fp8-hybrid" ||
                          a.autocast == "mxfp8" || a.autocast == "mxfp4";
-  const graph::AutocastOptions ac = is_recipe ? graph::recipe(a.autocast, a.mx_policy)
-                                              : graph::parse_autocast(a.autocast, a.autocast_type);
+  graph::AutocastOptions ac = is_recipe ? graph::recipe(a.autocast, a.mx_policy)
+                                        : graph::parse_autocast(a.autocast, a.autocast_type);
+  if (a.fp8_scaling != "current" || a.amax_history != 1024)
+    graph::set_fp8_scaling(ac, a.fp8_scaling, a.amax_history);
   const arch::ChipSpec chip = arch::load_chip(a.arch);
   graph::Model m = build(a);
   if (ac.mode != "none") {  // the forward rewritten; values keep their names
@@ -292,6 +295,12 @@ void add_compile_command(CLI::App& app) {
   cmd->add_option("--autocast-type", a->autocast_type,
                   "With matmult / all: bf16, fp16 or fp8_e4m3 (matmul operands per-tensor E4M3, "
                   "current scaling)")
+      ->capture_default_str();
+  cmd->add_option("--fp8-scaling", a->fp8_scaling,
+                  "Per-tensor FP8 scales (fp8-hybrid, fp8_e4m3): current (from this step's amax) "
+                  "or delayed (from an amax history of earlier steps, kept by the runtime)")
+      ->capture_default_str();
+  cmd->add_option("--amax-history", a->amax_history, "Delayed scaling's amax history length")
       ->capture_default_str();
   cmd->add_option("--mx-policy", a->mx_policy,
                   "MX scale policy of the mx recipes: rceil, trn3 "

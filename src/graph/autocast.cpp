@@ -103,6 +103,18 @@ AutocastOptions recipe(const std::string& name, const std::string& mx_policy) {
   return o;
 }
 
+void set_fp8_scaling(AutocastOptions& o, const std::string& scaling, std::int64_t history) {
+  if (scaling != "current" && scaling != "delayed")
+    throw Error(fmt::format("FP8 scaling '{}': expected current or delayed", scaling));
+  if (history < 1) throw Error(fmt::format("amax history must be >= 1, got {}", history));
+  const bool fp8 = o.quant.a.kind == QuantKind::fp8_tensor;
+  if (scaling == "delayed" && !fp8)
+    throw Error(
+        "delayed scaling is for per-tensor FP8 operands (the fp8-hybrid recipe or autocast type "
+        "fp8_e4m3); MX blocks carry their own scales");
+  o.quant.delayed = scaling == "delayed", o.quant.history = history;
+}
+
 Graph autocast(const Graph& g, const AutocastOptions& opt) {
   if (opt.mode == "none") return g;
   Graph out(g.name());

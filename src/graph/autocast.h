@@ -25,7 +25,8 @@
 //   mxfp4       weights (params) MXFP4, activations and gradients MXFP8.
 // --autocast-type fp8_e4m3 with matmult / all: the matmuls' operands (and
 // gradients) per-tensor E4M3 with current scaling, the rest BF16.
-// Delayed scaling (an amax history across steps) is not supported yet.
+// Per-tensor FP8 takes current scaling by default, or delayed scaling
+// (set_fp8_scaling; an amax history across steps, quant.h).
 #pragma once
 
 #include <string>
@@ -49,6 +50,10 @@ AutocastOptions parse_autocast(const std::string& mode, const std::string& type)
 // A recipe by name ("bf16", "fp8-hybrid", "mxfp8", "mxfp4") with an MX scale
 // policy ("rceil", "trn3", "ocp-floor").
 AutocastOptions recipe(const std::string& name, const std::string& mx_policy = "rceil");
+// "current" or "delayed" scaling of the per-tensor FP8 operands (fp8-hybrid,
+// fp8_e4m3) with an amax history of `history` steps. Throws for a bad
+// name, a history < 1, or delayed scaling without per-tensor FP8.
+void set_fp8_scaling(AutocastOptions& o, const std::string& scaling, std::int64_t history = 1024);
 // The list of recipe names, for help texts and errors.
 inline constexpr const char* kRecipes = "bf16, fp8-hybrid, mxfp8, mxfp4";
 

@@ -102,7 +102,8 @@ class Backward {
           if (tx) at["trans_a"] = std::int64_t{1};
           if (ty) at["trans_b"] = std::int64_t{1};
           MatmulQuant bq;
-          bq.a = qx, bq.b = qy, bq.policy = q.policy;
+          bq.a = qx, bq.b = qy, bq.policy = q.policy, bq.delayed = q.delayed;
+          bq.history = q.history;
           set_matmul_quant(at, bq);
           return g_.add1(Op::matmul, {x, y}, std::move(at));
         };

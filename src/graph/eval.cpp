@@ -125,7 +125,8 @@ std::int64_t id_at(const HostData& ids, std::size_t i, std::int64_t limit, const
 
 }  // namespace
 
-std::vector<HostData> evaluate(const Graph& g, const std::map<std::string, HostData>& feeds) {
+std::vector<HostData> evaluate(const Graph& g, const std::map<std::string, HostData>& feeds,
+                               DelayedScaling* scaling) {
   std::vector<HostData> val(g.values().size());
   for (std::size_t ni = 0; ni < g.nodes().size(); ++ni) {
     const Node& n = g.nodes()[ni];
@@ -164,8 +165,23 @@ std::vector<HostData> evaluate(const Graph& g, const std::map<std::string, HostD
           }
           // The operands as the Tensor engine sees them (quant.h).
           HostData a = in(0), b = in(1);
-          fake_quantize(a, iv(0).shape, !ta, q.a, q.policy, iv(0).dtype);
-          fake_quantize(b, iv(1).shape, tb, q.b, q.policy, iv(1).dtype);
+          auto quantize = [&](HostData& x, int i, bool k_last, const OperandQuant& oq) {
+            const std::string site =
+                fmt::format("{}.{}", g.value(n.outputs[0]).name, i == 0 ? "a" : "b");
+            const bool delayed = q.delayed && oq.kind == QuantKind::fp8_tensor;
+            if (delayed && !scaling)
+              throw Error(
+                  fmt::format("matmul %{}: delayed FP8 scaling needs its state (evaluate "
+                              "with a DelayedScaling)",
+                              g.value(n.outputs[0]).name));
+            const std::optional<float> s =
+                delayed ? std::optional<float>(scaling->scale(site)) : std::nullopt;
+            const float amax = fake_quantize(x, iv(static_cast<std::size_t>(i)).shape, k_last, oq,
+                                             q.policy, iv(static_cast<std::size_t>(i)).dtype, s);
+            if (delayed) scaling->record(site, oq.fp8, amax, q.history);
+          };
+          quantize(a, 0, !ta, q.a);
+          quantize(b, 1, tb, q.b);
           matmul(a, iv(0).shape, b, iv(1).shape, ta, tb, out(0));
           break;
         }
@@ -502,6 +518,7 @@ std::vector<HostData> evaluate(const Graph& g, const std::map<std::string, HostD
       throw Error(fmt::format("evaluating {} %{}: {}", op_name(n.op), o0.name, e.what()));
     }
   }
+  if (scaling) scaling->update();
   return val;
 }
 

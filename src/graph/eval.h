@@ -19,6 +19,11 @@ using HostData = std::vector<double>;
 // elements(shape) values; ids as exact integers). Returns every value's
 // data, indexed by value id. Throws tern::Error naming a missing or
 // mis-sized feed, an out-of-range id, or an op it cannot evaluate.
-std::vector<HostData> evaluate(const Graph& g, const std::map<std::string, HostData>& feeds);
+// With `scaling`: matmuls with delayed FP8 scaling (graph/quant.h) use its
+// scales, record their operands' amax, and the state updates at the end
+// (one evaluate is one training step); without, they are an error.
+class DelayedScaling;
+std::vector<HostData> evaluate(const Graph& g, const std::map<std::string, HostData>& feeds,
+                               DelayedScaling* scaling = nullptr);
 
 }  // namespace tern::graph

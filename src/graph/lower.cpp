@@ -38,6 +38,8 @@ isa::ActFunc act_func(Op op) {
 
 class Lowerer {
  public:
+  std::vector<ScalingSite> sites;  // delayed FP8 scaling sites met so far
+
   Lowerer(const Graph& g, const FusionReport& f, const arch::ChipSpec& chip, int cores, int lnc)
       : g_(g), f_(f), chip_(chip), cores_(cores), lnc_(lnc) {}
 
@@ -862,8 +864,10 @@ class Lowerer {
   // A matmul operand in HBM: a graph value or a temporary.
   struct Operand {
     int value = -1;
-    std::string temp;
-    Binding as(const std::string& tensor) const { return {tensor, value, temp}; }
+    std::string temp = {}, state = {};  // state: a buffer the runtime keeps across steps
+    Binding as(const std::string& tensor) const {
+      return state.empty() ? Binding(tensor, value, temp) : Binding::kept(tensor, state);
+    }
   };
   // Operand v with K leading ([K, cols]): v itself when k_major, else v
   // ([cols, K]) transposed into a temporary by a launch appended to ls.
@@ -929,9 +933,24 @@ class Lowerer {
       }
     } else {
       auto quantize = [&](const Operand& x, std::int64_t cols, DType fp8, const char* name) {
+        const std::string y = tmp(l, std::string(name) + "_fp8");
+        if (q.delayed) {
+          // The scale of the steps before; this step's amax for the next.
+          const std::string site = fmt::format("{}.{}", val(out(m)).name, name);
+          sites.push_back({site, fp8, q.history, cores_});
+          kernel::CastSpec c;
+          c.rows = s.k, c.cols = cols, c.in = DType::bf16, c.out = fp8, c.scaled = true;
+          c.amax = true, c.cores = cores_;
+          Launch cl = l;
+          cl.kernel = "cast", cl.detail = fmt::format("bf16 -> {} delayed scaling", isa::name(fp8));
+          cl.program = kernel::cast_kernel(chip_, c);
+          cl.inputs = {x.as("x"), Binding::kept("scale", site + ".scale")};
+          cl.outputs = {{"y", -1, y}, Binding::kept("amax", site + ".amax")};
+          ls.push_back(std::move(cl));
+          return std::make_pair(Operand{-1, y}, Operand{-1, {}, site + ".inv"});
+        }
         const std::string sc = tmp(l, std::string(name) + "_scale"),
-                          inv = tmp(l, std::string(name) + "_inv"),
-                          y = tmp(l, std::string(name) + "_fp8");
+                          inv = tmp(l, std::string(name) + "_inv");
         Launch sl = l;
         sl.kernel = "fp8_scale", sl.detail = fmt::format("{} current scaling", isa::name(fp8));
         sl.program = kernel::fp8_scale_kernel(chip_, {s.k, cols, DType::bf16, fp8});
@@ -1116,7 +1135,7 @@ void check_bindings(const Graph& g, const Launch& l) {
 }  // namespace
 
 Executable compile(const Graph& g, const arch::ChipSpec& chip, const CompileOptions& opt) {
-  Executable e{g, fuse(g), {}, {}, chip.name, {}};
+  Executable e{g, fuse(g), {}, {}, chip.name, {}, {}};
   e.plan = plan_memory(e.graph, e.fusion);
   const int cores = opt.cores > 0 ? opt.cores : chip.cores;
   if (cores > chip.cores)
@@ -1140,6 +1159,7 @@ Executable compile(const Graph& g, const arch::ChipSpec& chip, const CompileOpti
       e.unlowered.emplace_back(static_cast<int>(i), err.what());
     }
   }
+  e.scaling = lw.sites;
   // The buffers launches pass on outside the plan: live from their writer's
   // group to their last reader's; their peak joins the plan's total.
   struct Temp {
@@ -1149,9 +1169,10 @@ Executable compile(const Graph& g, const arch::ChipSpec& chip, const CompileOpti
   std::map<std::string, Temp> temps;
   for (const Launch& l : e.launches) {
     for (const Binding& b : l.outputs)
-      if (b.value < 0) temps[b.temp] = {l.program.tensor(b.tensor).bytes(), l.group, l.group};
+      if (b.value < 0 && b.state.empty())
+        temps[b.temp] = {l.program.tensor(b.tensor).bytes(), l.group, l.group};
     for (const Binding& b : l.inputs)
-      if (b.value < 0)
+      if (b.value < 0 && b.state.empty())
         if (auto it = temps.find(b.temp); it != temps.end()) it->second.last = l.group;
   }
   std::vector<std::int64_t> live(e.fusion.groups.size() + 1, 0);

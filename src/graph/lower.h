@@ -32,6 +32,24 @@ struct Binding {
   int value = -1;      // the graph value whose bytes it is, or
   std::string temp;    // (value -1) a named buffer one launch writes and later ones read
                        // within a step (a group's partial results, a norm's statistics)
+  std::string state;   // (value -1, no temp) a buffer the runtime keeps across steps
+                       // (delayed FP8 scaling's scales and amaxes)
+  static Binding kept(std::string tensor, std::string state) {
+    Binding b(std::move(tensor), -1);
+    b.state = std::move(state);
+    return b;
+  }
+};
+
+// A per-tensor FP8 operand under delayed scaling (graph/quant.h): the
+// runtime keeps "<name>.scale" and "<name>.inv" ([1, 1] fp32: s and 1 / s,
+// 1 at the start) and "<name>.amax" ([cores, 1] fp32, the cast kernel's
+// per-core amax), and after each step updates s from the amax history.
+struct ScalingSite {
+  std::string name;  // "<matmul output>.a" / ".b", as the interpreter names them
+  isa::DType fp8 = isa::DType::fp8_e4m3;
+  std::int64_t history = 1024;
+  int cores = 1;
 };
 
 struct Launch {
@@ -51,6 +69,7 @@ struct Executable {
   std::string arch;
   // With CompileOptions::partial: the groups not lowered, and why.
   std::vector<std::pair<int, std::string>> unlowered;
+  std::vector<ScalingSite> scaling;  // delayed FP8 scaling's state, by site
 };
 
 struct CompileOptions {

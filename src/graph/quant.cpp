@@ -37,6 +37,12 @@ MatmulQuant matmul_quant(const Attrs& attrs) {
   q.b = parse_operand_quant(attr_string(attrs, "quant_b", ""));
   q.grad = parse_operand_quant(attr_string(attrs, "quant_grad", ""));
   q.policy = num::parse_scale_policy(attr_string(attrs, "quant_policy", "rceil"));
+  const std::string sc = attr_string(attrs, "quant_scaling", "current");
+  if (sc != "current" && sc != "delayed")
+    throw Error(fmt::format("quant_scaling '{}': expected current or delayed", sc));
+  q.delayed = sc == "delayed";
+  q.history = attr_int(attrs, "quant_history", 1024);
+  if (q.history < 1) throw Error(fmt::format("quant_history must be >= 1, got {}", q.history));
   return q;
 }
 
@@ -47,6 +53,37 @@ void set_matmul_quant(Attrs& attrs, const MatmulQuant& q) {
   const bool mx =
       q.a.kind == QuantKind::mx || q.b.kind == QuantKind::mx || q.grad.kind == QuantKind::mx;
   if (mx) attrs["quant_policy"] = std::string(num::policy_name(q.policy));
+  const bool fp8 = q.a.kind == QuantKind::fp8_tensor || q.b.kind == QuantKind::fp8_tensor ||
+                   q.grad.kind == QuantKind::fp8_tensor;
+  if (fp8 && q.delayed) {
+    attrs["quant_scaling"] = std::string("delayed");
+    attrs["quant_history"] = q.history;
+  }
+}
+
+float DelayedScaling::scale(const std::string& site) const {
+  const auto it = sites_.find(site);
+  return it == sites_.end() ? 1.0f : it->second.scale;
+}
+
+void DelayedScaling::record(const std::string& site, DType fp8, float amax, std::int64_t history) {
+  Site& s = sites_[site];
+  s.length = history, s.pending = true, s.fp8 = fp8;
+  s.amax = std::isnan(amax) || std::isnan(s.amax) ? std::nanf("") : std::max(s.amax, amax);
+}
+
+void DelayedScaling::update() {
+  for (auto& [name, s] : sites_) {
+    if (!s.pending) continue;
+    s.history.push_back(s.amax);
+    const auto excess = static_cast<std::int64_t>(s.history.size()) - s.length;
+    if (excess > 0) s.history.erase(s.history.begin(), s.history.begin() + excess);
+    float m = 0.0f;
+    bool nan = false;
+    for (float a : s.history) nan = nan || std::isnan(a), m = std::max(m, a);
+    if (!nan && m > 0.0f && std::isfinite(m)) s.scale = fp8_scale(s.fp8, m);
+    s.pending = false, s.amax = 0.0f;
+  }
 }
 
 float fp8_scale(DType fp8, float amax) {
@@ -54,9 +91,9 @@ float fp8_scale(DType fp8, float amax) {
   return static_cast<float>(isa::format_of(fp8)->max_finite()) / amax;
 }
 
-void fake_quantize(std::vector<double>& x, const Shape& shape, bool k_last, const OperandQuant& q,
-                   num::ScalePolicy policy, DType dtype) {
-  if (q.kind == QuantKind::none) return;
+float fake_quantize(std::vector<double>& x, const Shape& shape, bool k_last, const OperandQuant& q,
+                    num::ScalePolicy policy, DType dtype, std::optional<float> scale) {
+  if (q.kind == QuantKind::none) return 0.0f;
   const num::Format& hi = *isa::format_of(dtype);
   auto rounded = [&](double v) { return num::round_to(hi, static_cast<float>(v)); };
   if (q.kind == QuantKind::fp8_tensor) {
@@ -65,7 +102,7 @@ void fake_quantize(std::vector<double>& x, const Shape& shape, bool k_last, cons
       const float a = std::fabs(rounded(v));
       amax = std::isnan(a) || std::isnan(amax) ? std::nanf("") : std::max(amax, a);
     }
-    const float s = fp8_scale(q.fp8, amax);
+    const float s = scale ? *scale : fp8_scale(q.fp8, amax);
     const num::Format& f = *isa::format_of(q.fp8);
     for (double& v : x) {
       const float y = rounded(v) * s;  // FP32, as the engine scales
@@ -73,7 +110,7 @@ void fake_quantize(std::vector<double>& x, const Shape& shape, bool k_last, cons
               num::round_to(f, y, num::Rounding::nearest_even, num::Overflow::saturate)) /
           static_cast<double>(s);
     }
-    return;
+    return amax;
   }
   const num::MxFormat& f = num::mx_format(q.mx);
   const std::size_t r = shape.size();
@@ -98,6 +135,7 @@ void fake_quantize(std::vector<double>& x, const Shape& shape, bool k_last, cons
     for (std::int64_t k = 0; k < K; ++k)
       x[static_cast<std::size_t>(base + k * step)] = out[static_cast<std::size_t>(k)];
   }
+  return 0.0f;
 }
 
 }  // namespace tern::graph

@@ -17,10 +17,24 @@
 //                               with quant_policy's scales;
 //   quant_grad        the format autodiff gives the incoming gradient when it
 //                     is an operand of a backward matmul (fp8-hybrid: E5M2);
-//   quant_policy      MX scale policy: rceil (default), trn3, ocp-floor.
+//   quant_policy      MX scale policy: rceil (default), trn3, ocp-floor;
+//   quant_scaling     per-tensor FP8: current (default) or delayed;
+//   quant_history     delayed: the amax history length (default 1024, as
+//                     Transformer Engine).
 // Absent or "": the operand is used as it is.
+//
+// Delayed scaling (numerics.md section 5): each per-tensor operand of each
+// matmul is a site ("<matmul output name>.a" / ".b") with a scale s (1 at
+// the start) and an amax history (zeros). A step quantizes with s and
+// records the operand's amax; after the step the history takes the amax and
+// s = fp8_max / max(history) when that is finite and > 0 (else s stays).
+// The state lives outside the graph: in a DelayedScaling object (the
+// interpreter's, or the one a runtime Session keeps beside the device).
 #pragma once
 
+#include <cstdint>
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,7 +56,34 @@ struct OperandQuant {
 struct MatmulQuant {
   OperandQuant a, b, grad;
   num::ScalePolicy policy = num::ScalePolicy::rceil;
+  bool delayed = false;         // per-tensor FP8 operands: delayed scaling
+  std::int64_t history = 1024;  // its amax history length
   bool any() const { return a.kind != QuantKind::none || b.kind != QuantKind::none; }
+};
+
+// The state of delayed scaling: per site, the scale in use and the amax
+// history.
+class DelayedScaling {
+ public:
+  // The scale `site` quantizes with now (1 for a site not seen yet).
+  float scale(const std::string& site) const;
+  // Records this step's amax of `site` (an operand quantized to fp8, with
+  // an amax history of length `history`).
+  void record(const std::string& site, DType fp8, float amax, std::int64_t history);
+  // After a step: every recorded amax joins its history, scales update.
+  void update();
+  std::size_t sites() const { return sites_.size(); }
+
+ private:
+  struct Site {
+    float scale = 1.0f;
+    std::vector<float> history;  // oldest first, at most `length`
+    std::int64_t length = 1024;
+    bool pending = false;
+    float amax = 0.0f;
+    DType fp8 = DType::fp8_e4m3;
+  };
+  std::map<std::string, Site> sites_;
 };
 
 // Parses one format name ("" -> none). Throws tern::Error naming the value
@@ -58,8 +99,11 @@ void set_matmul_quant(Attrs& attrs, const MatmulQuant& q);
 // as the device holds it); for MX the contraction dim is the last axis when
 // k_last, else the second to last (its length a multiple of 32). Float64
 // results, exact (every quantized value is a float).
-void fake_quantize(std::vector<double>& x, const Shape& shape, bool k_last, const OperandQuant& q,
-                   num::ScalePolicy policy, DType dtype);
+// With `scale` (delayed scaling), fp8_tensor operands use it instead of
+// the current fp8_max / amax. Returns the operand's amax (fp8_tensor; 0
+// otherwise).
+float fake_quantize(std::vector<double>& x, const Shape& shape, bool k_last, const OperandQuant& q,
+                    num::ScalePolicy policy, DType dtype, std::optional<float> scale = {});
 
 // fp8_tensor's current-scaling factor fp8_max / amax in FP32 (1 when amax is
 // 0, Inf or NaN).

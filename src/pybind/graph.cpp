@@ -232,13 +232,17 @@ void bind_graph(py::module_& m) {
   m.def(
       "autocast",
       [](const Graph& g, const std::string& mode, const std::string& type,
-         const std::string& mx_policy) {
+         const std::string& mx_policy, const std::string& fp8_scaling, std::int64_t history) {
         const bool recipe =
             mode == "bf16" || mode == "fp8-hybrid" || mode == "mxfp8" || mode == "mxfp4";
-        return graph::autocast(
-            g, recipe ? graph::recipe(mode, mx_policy) : graph::parse_autocast(mode, type));
+        graph::AutocastOptions o =
+            recipe ? graph::recipe(mode, mx_policy) : graph::parse_autocast(mode, type);
+        if (fp8_scaling != "current" || history != 1024)
+          graph::set_fp8_scaling(o, fp8_scaling, history);
+        return graph::autocast(g, o);
       },
       py::arg("graph"), py::arg("mode"), py::arg("type") = "bf16", py::arg("mx_policy") = "rceil",
+      py::arg("fp8_scaling") = "current", py::arg("amax_history") = 1024,
       "the graph rewritten under an autocast mode (none, matmult, all) or a recipe (bf16, "
       "fp8-hybrid, mxfp8, mxfp4)");
   m.def(

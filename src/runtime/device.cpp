@@ -1,6 +1,7 @@
 #include "runtime/device.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <utility>
 
@@ -42,9 +43,44 @@ Session::Session(arch::ChipSpec chip, std::shared_ptr<const graph::Executable> e
                     exe_->unlowered.size(), exe_->unlowered.front().second));
   // Where each value's bytes live: its root (reshapes and views alias) at
   // its offset.
+  update_scaling();  // every site's scale and inverse at 1
   root_ = graph::storage_roots(exe_->graph, exe_->fusion);
   for (const graph::Buffer& b : exe_->plan.buffers) offset_[b.value] = b.offset;
   arena_.resize(static_cast<std::size_t>(exe_->plan.arena_bytes));
+}
+
+namespace {
+
+std::vector<std::uint8_t> f32_bytes(const std::vector<float>& x) {
+  std::vector<std::uint8_t> b(x.size() * 4);
+  std::memcpy(b.data(), x.data(), b.size());
+  return b;
+}
+
+}  // namespace
+
+// Delayed scaling: the amaxes the step's casts wrote join the histories
+// (graph::DelayedScaling, as the interpreter keeps them), and the next
+// step's scales and their inverses are written to the kept buffers.
+void Session::update_scaling() {
+  for (const graph::ScalingSite& site : exe_->scaling) {
+    const auto it = state_.find(site.name + ".amax");
+    if (it == state_.end()) continue;  // not run yet
+    float amax = 0.0f;
+    for (std::size_t i = 0; i + 4 <= it->second.size(); i += 4) {
+      float a;
+      std::memcpy(&a, it->second.data() + i, 4);
+      amax = std::isnan(a) || std::isnan(amax) ? std::nanf("") : std::max(amax, a);
+    }
+    scaling_.record(site.name, site.fp8, amax, site.history);
+  }
+  scaling_.update();
+  for (const graph::ScalingSite& site : exe_->scaling) {
+    const float sc = scaling_.scale(site.name);
+    state_[site.name + ".scale"] = f32_bytes({sc});
+    state_[site.name + ".inv"] = f32_bytes({1.0f / sc});
+    state_.erase(site.name + ".amax");
+  }
 }
 
 std::pair<std::uint8_t*, std::size_t> Session::bytes_of(int v) {
@@ -132,6 +168,14 @@ StepResult Session::step(const std::map<std::string, std::vector<float>>& feeds)
       sim_.write(tensor, std::vector<float>(static_cast<std::size_t>(t.elements()), value));
     }
     for (const graph::Binding& b : l.inputs) {
+      if (!b.state.empty()) {
+        const auto it = state_.find(b.state);
+        if (it == state_.end())
+          throw Error(fmt::format("launch {} ({}): kept buffer {} has no value", l.group, l.kernel,
+                                  b.state));
+        sim_.write_bytes(b.tensor, it->second);
+        continue;
+      }
       if (b.value < 0) {
         const auto it = temps.find(b.temp);
         if (it == temps.end())
@@ -151,6 +195,10 @@ StepResult Session::step(const std::map<std::string, std::vector<float>>& feeds)
     r.kernel_ns.push_back(st.latency_ns);
     r.time_ns += st.latency_ns;
     for (const graph::Binding& b : l.outputs) {
+      if (!b.state.empty()) {
+        state_[b.state] = sim_.read_bytes(b.tensor);
+        continue;
+      }
       if (b.value < 0) {
         temps[b.temp] = sim_.read_bytes(b.tensor);
         continue;
@@ -176,6 +224,7 @@ StepResult Session::step(const std::map<std::string, std::vector<float>>& feeds)
       std::memcpy(dst, tmp.data(), n);
     }
   }
+  update_scaling();
   ++steps_;
   return r;
 }

@@ -9,7 +9,8 @@
 // bound values from the arena into the program's HBM tensors, runs on the
 // simulator and copies the outputs back); after a step the graph's carried
 // outputs (graph::Graph::carry: updated weights, optimizer state) replace
-// their inputs, so a training loop only feeds the batch. The executable is
+// their inputs, so a training loop only feeds the batch, and delayed FP8
+// scaling's scales move on from the step's amaxes (graph/quant.h). The executable is
 // compiled once and reused by every step.
 //
 // Simulated time is the sum of the kernels' latencies (they run one after
@@ -26,6 +27,7 @@
 
 #include "arch/chip.h"
 #include "graph/lower.h"
+#include "graph/quant.h"
 #include "sim/simulator.h"
 
 namespace tern::runtime {
@@ -79,6 +81,11 @@ class Session {
   std::vector<std::uint8_t> arena_;
   std::set<int> written_;
   std::int64_t steps_ = 0;
+  // Buffers kept across steps (graph::Binding::state) and delayed FP8
+  // scaling's histories behind them.
+  std::map<std::string, std::vector<std::uint8_t>> state_;
+  graph::DelayedScaling scaling_;
+  void update_scaling();
 };
 
 // A device that runs an executable once with every input and param fed

@@ -239,6 +239,9 @@ expect_json 'not j["estimate"]["not_lowered"] and not any(l["kernel"] == "mx_qua
 expect_json 'sum(l["kernel"] == "fp8_scale" for k in j["estimate"]["kernels"] for l in k["launches"]) == 24' compile $small --autocast fp8-hybrid --json
 expect_json 'sum(l["kernel"] == "fp8_scale" for k in j["estimate"]["kernels"] for l in k["launches"]) == 24' compile $small --autocast all --autocast-type fp8_e4m3 --json
 expect_json 'not j["estimate"]["not_lowered"]' compile $small --autocast mxfp4 --json
+expect_json 'sum(l["detail"].endswith("delayed scaling") for k in j["estimate"]["kernels"] for l in k["launches"]) == 24 and not any(l["kernel"] == "fp8_scale" for k in j["estimate"]["kernels"] for l in k["launches"])' compile $small --autocast fp8-hybrid --fp8-scaling delayed --amax-history 16 --json
+expect_err "delayed scaling is for per-tensor FP8 operands" compile --model gpt2 --autocast mxfp8 --fp8-scaling delayed
+expect_err "FP8 scaling 'late': expected current or delayed" compile --model gpt2 --autocast fp8-hybrid --fp8-scaling late
 expect_ok "^graph gpt2: " compile --model gpt2 --layers 2 --dtype fp32 --autocast matmult --train
 expect_json 'j["params"] == 124475904' compile --model gpt2 --dtype fp32 --autocast all --train --json
 expect_json 'j["hbm"]["activations_bytes"] < 1.6 * 2**30' compile --model gpt2 --train --recompute selective --json

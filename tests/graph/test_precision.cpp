@@ -19,6 +19,7 @@
 #include "graph/lower.h"
 #include "graph/models.h"
 #include "graph/quant.h"
+#include "graph/text.h"
 #include "runtime/device.h"
 #include "util/error.h"
 #include "values.h"
@@ -283,6 +284,93 @@ StepErrors recipe_step(const AutocastOptions& opt) {
                   rel_l2(std::vector<float>(ge.begin(), ge.end()), gr));
   }
   return e;
+}
+
+// Delayed scaling in the interpreter: step 1 quantizes with scale 1 (no
+// history yet), step 2 with fp8_max over step 1's amax; sites are named
+// after the matmul; without a DelayedScaling it is an error.
+TEST(Quant, DelayedScalingUsesTheHistory) {
+  Graph g("d");
+  const int x = g.input("x", {4, 64}, DType::bf16), w = g.param("w", {64, 8}, DType::bf16);
+  AutocastOptions o = recipe("fp8-hybrid");
+  set_fp8_scaling(o, "delayed", 2);
+  Attrs at;
+  set_matmul_quant(at, o.quant);
+  const int y = g.add1(Op::matmul, {x, w}, at, "y");
+  g.mark_output(y);
+  std::mt19937 rng(3);
+  std::map<std::string, HostData> f;
+  for (const char* n : {"x", "w"}) {
+    const auto v = bf16_normal(static_cast<std::size_t>(elements(g.value(g.find(n)).shape)), rng,
+                               n[0] == 'x' ? 30.0f : 0.5f);
+    f[n] = HostData(v.begin(), v.end());
+  }
+  EXPECT_THROW(evaluate(g, f), Error);
+  DelayedScaling st;
+  auto manual = [&](float sx, float sw) {
+    HostData a = f["x"], b = f["w"];
+    fake_quantize(a, {4, 64}, true, o.quant.a, o.quant.policy, DType::bf16, sx);
+    fake_quantize(b, {64, 8}, false, o.quant.b, o.quant.policy, DType::bf16, sw);
+    HostData c(32, 0.0);
+    for (int i = 0; i < 4; ++i)
+      for (int k = 0; k < 64; ++k)
+        for (int j = 0; j < 8; ++j) c[i * 8 + j] += a[i * 64 + k] * b[k * 8 + j];
+    return c;
+  };
+  EXPECT_EQ(evaluate(g, f, &st)[static_cast<std::size_t>(y)], manual(1.0f, 1.0f));
+  float ax = 0, aw = 0;
+  for (double v : f["x"]) ax = std::max(ax, static_cast<float>(std::abs(v)));
+  for (double v : f["w"]) aw = std::max(aw, static_cast<float>(std::abs(v)));
+  EXPECT_EQ(st.scale("y.a"), 448.0f / ax);
+  EXPECT_EQ(evaluate(g, f, &st)[static_cast<std::size_t>(y)], manual(448.0f / ax, 448.0f / aw));
+  EXPECT_THROW(set_fp8_scaling(o, "late"), Error);
+  AutocastOptions mx = recipe("mxfp8");
+  EXPECT_THROW(set_fp8_scaling(mx, "delayed"), Error);
+}
+
+// fp8-hybrid with delayed scaling on the chip: the runtime keeps every
+// site's scale and history beside the device; three steps of the same
+// batch against the interpreter keeping its own state, and against BF16.
+TEST(Quant, DelayedScalingStepsOnTheChip) {
+  Gpt2Config c;
+  c.layers = 1, c.dim = 128, c.heads = 2, c.vocab = 97, c.seq = 64, c.batch = 2;
+  const Model m = gpt2(c);
+  auto step_graph = [&](const AutocastOptions& o) {
+    Model a{autocast(m.graph, o), -1, {}};
+    a.loss = a.graph.find("loss");
+    for (int p : m.params) a.params.push_back(a.graph.find(m.graph.value(p).name));
+    for (const auto& [p, d] : add_backward(a.graph, a.loss, a.params)) a.graph.mark_output(d);
+    return a;
+  };
+  AutocastOptions o = recipe("fp8-hybrid");
+  set_fp8_scaling(o, "delayed", 16);
+  const Model a = step_graph(o), plain = step_graph(recipe("bf16"));
+  const arch::ChipSpec chip = arch::load_chip("trn3");
+  const auto exe = std::make_shared<const Executable>(compile(a.graph, chip, {2}));
+  EXPECT_EQ(exe->scaling.size(), 24u);  // 12 quantized matmuls x 2 operands
+  runtime::Session s(chip, exe);
+  std::mt19937 rng(8);
+  std::map<std::string, std::vector<float>> feeds;
+  for (int p : a.params)
+    feeds[a.graph.value(p).name] =
+        bf16_normal(static_cast<std::size_t>(elements(a.graph.value(p).shape)), rng, 0.05f);
+  feeds["ids"] = tokens(rng, 128, c.vocab), feeds["targets"] = tokens(rng, 128, c.vocab);
+  std::map<std::string, HostData> hf;
+  for (const auto& [k, v] : feeds) hf[k] = HostData(v.begin(), v.end());
+  DelayedScaling host;
+  const double lr = evaluate(plain.graph, hf)[static_cast<std::size_t>(plain.loss)][0];
+  for (int step = 1; step <= 3; ++step) {
+    const auto r = s.step(step == 1 ? feeds : std::map<std::string, std::vector<float>>{});
+    const auto want = evaluate(a.graph, hf, &host);
+    const double got = r.outputs.at("loss")[0], le = want[static_cast<std::size_t>(a.loss)][0];
+    EXPECT_NEAR(got, le, 2e-3 * le) << "step " << step;
+    EXPECT_NEAR(got, lr, 2e-3 * lr) << "step " << step;
+    for (int p : a.params) {
+      const std::string gn = "grad." + a.graph.value(p).name;
+      EXPECT_LE(rel_l2(r.outputs.at(gn), want[static_cast<std::size_t>(a.graph.find(gn))]), 0.15)
+          << gn << " step " << step;
+    }
+  }
 }
 
 struct RecipeCase {
