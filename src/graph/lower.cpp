@@ -934,39 +934,40 @@ class Lowerer {
     } else {
       auto quantize = [&](const Operand& x, std::int64_t cols, DType fp8, const char* name) {
         const std::string y = tmp(l, std::string(name) + "_fp8");
+        // The scale: from this step's amax (an fp8_scale launch), or with
+        // delayed scaling from the steps before (kept by the runtime, which
+        // gets this step's amax from the cast for the next steps).
+        Binding scale("scale", -1);
+        Operand inv;
+        const std::string site = fmt::format("{}.{}", val(out(m)).name, name);
         if (q.delayed) {
-          // The scale of the steps before; this step's amax for the next.
-          const std::string site = fmt::format("{}.{}", val(out(m)).name, name);
           sites.push_back({site, fp8, q.history, cores_});
-          kernel::CastSpec c;
-          c.rows = s.k, c.cols = cols, c.in = DType::bf16, c.out = fp8, c.scaled = true;
-          c.amax = true, c.cores = cores_;
-          Launch cl = l;
-          cl.kernel = "cast", cl.detail = fmt::format("bf16 -> {} delayed scaling", isa::name(fp8));
-          cl.program = kernel::cast_kernel(chip_, c);
-          cl.inputs = {x.as("x"), Binding::kept("scale", site + ".scale")};
-          cl.outputs = {{"y", -1, y}, Binding::kept("amax", site + ".amax")};
-          ls.push_back(std::move(cl));
-          return std::make_pair(Operand{-1, y}, Operand{-1, {}, site + ".inv"});
+          scale = Binding::kept("scale", site + ".scale");
+          inv = Operand{-1, {}, site + ".inv"};
+        } else {
+          const std::string sc = tmp(l, std::string(name) + "_scale");
+          inv = Operand{-1, tmp(l, std::string(name) + "_inv")};
+          Launch sl = l;
+          sl.kernel = "fp8_scale", sl.detail = fmt::format("{} current scaling", isa::name(fp8));
+          sl.program = kernel::fp8_scale_kernel(chip_, {s.k, cols, DType::bf16, fp8});
+          sl.inputs = {x.as("x")};
+          sl.outputs = {{"scale", -1, sc}, {"inv_scale", -1, inv.temp}};
+          ls.push_back(std::move(sl));
+          scale = Binding("scale", -1, sc);
         }
-        const std::string sc = tmp(l, std::string(name) + "_scale"),
-                          inv = tmp(l, std::string(name) + "_inv");
-        Launch sl = l;
-        sl.kernel = "fp8_scale", sl.detail = fmt::format("{} current scaling", isa::name(fp8));
-        sl.program = kernel::fp8_scale_kernel(chip_, {s.k, cols, DType::bf16, fp8});
-        sl.inputs = {x.as("x")};
-        sl.outputs = {{"scale", -1, sc}, {"inv_scale", -1, inv}};
-        ls.push_back(std::move(sl));
         kernel::CastSpec c;
         c.rows = s.k, c.cols = cols, c.in = DType::bf16, c.out = fp8, c.scaled = true;
-        c.amax = false, c.cores = cores_;
+        c.amax = q.delayed, c.cores = cores_;
         Launch cl = l;
-        cl.kernel = "cast", cl.detail = fmt::format("bf16 -> {} scaled", isa::name(fp8));
+        cl.kernel = "cast";
+        cl.detail =
+            fmt::format("bf16 -> {} {}", isa::name(fp8), q.delayed ? "delayed scaling" : "scaled");
         cl.program = kernel::cast_kernel(chip_, c);
-        cl.inputs = {x.as("x"), {"scale", -1, sc}};
+        cl.inputs = {x.as("x"), scale};
         cl.outputs = {{"y", -1, y}};
+        if (q.delayed) cl.outputs.push_back(Binding::kept("amax", site + ".amax"));
         ls.push_back(std::move(cl));
-        return std::make_pair(Operand{-1, y}, Operand{-1, inv});
+        return std::make_pair(Operand{-1, y}, inv);
       };
       const auto [aq, ainv] = quantize(at, s.m, q.a.fp8, "a");
       const auto [bq, binv] = quantize(bk, s.n, q.b.fp8, "b");

@@ -233,31 +233,28 @@ struct StepErrors {
 
 // A 1-layer GPT-2 training step under `opt` on the chip; errors are the
 // loss's relative error and the largest rel_l2 over the gradients.
-StepErrors recipe_step(const AutocastOptions& opt) {
+// The 1-layer GPT-2 the recipe tests train, and its training step (forward
+// and backward) under `o`; steps under two options are the same graph but
+// for the matmuls' quantization, values named alike.
+Gpt2Config small_gpt2() {
   Gpt2Config c;
   c.layers = 1, c.dim = 128, c.heads = 2, c.vocab = 97, c.seq = 64, c.batch = 2;
+  return c;
+}
+Model training_step(const Model& m, const AutocastOptions& o) {
+  Model a{autocast(m.graph, o), -1, {}};
+  a.loss = a.graph.find("loss");
+  for (int p : m.params) a.params.push_back(a.graph.find(m.graph.value(p).name));
+  for (const auto& [p, d] : add_backward(a.graph, a.loss, a.params)) a.graph.mark_output(d);
+  return a;
+}
+
+StepErrors recipe_step(const AutocastOptions& opt) {
+  const Gpt2Config c = small_gpt2();
   const Model m = gpt2(c);
-  // The step under `opt`, and the same step in plain BF16 (no quantized
-  // operands; otherwise the same graph, values named alike).
-  auto step = [&](const AutocastOptions& o) {
-    Model a{autocast(m.graph, o), -1, {}};
-    a.loss = a.graph.find("loss");
-    for (int p : m.params) a.params.push_back(a.graph.find(m.graph.value(p).name));
-    for (const auto& [p, d] : add_backward(a.graph, a.loss, a.params)) a.graph.mark_output(d);
-    return a;
-  };
-  const Model a = step(opt), plain = step(recipe("bf16"));
+  const Model a = training_step(m, opt), plain = training_step(m, recipe("bf16"));
   std::mt19937 rng(8);
-  std::map<std::string, std::vector<float>> feeds;
-  for (int p : a.params) {
-    const Value& v = a.graph.value(p);
-    const auto n = static_cast<std::size_t>(elements(v.shape));
-    const bool ln = v.name.find("ln_") != std::string::npos;
-    feeds[v.name] = ln && v.name.back() == 'w' ? std::vector<float>(n, 1.0f)
-                                               : bf16_normal(n, rng, ln ? 0.02f : 0.05f);
-  }
-  feeds["ids"] = tokens(rng, c.batch * c.seq, c.vocab);
-  feeds["targets"] = tokens(rng, c.batch * c.seq, c.vocab);
+  const auto feeds = gpt2_feeds(a.graph, a.params, c.batch * c.seq, c.vocab, rng);
   const arch::ChipSpec chip = arch::load_chip("trn3");
   const Executable exe = compile(a.graph, chip, {2});
   EXPECT_TRUE(exe.unlowered.empty());
@@ -332,29 +329,17 @@ TEST(Quant, DelayedScalingUsesTheHistory) {
 // site's scale and history beside the device; three steps of the same
 // batch against the interpreter keeping its own state, and against BF16.
 TEST(Quant, DelayedScalingStepsOnTheChip) {
-  Gpt2Config c;
-  c.layers = 1, c.dim = 128, c.heads = 2, c.vocab = 97, c.seq = 64, c.batch = 2;
+  const Gpt2Config c = small_gpt2();
   const Model m = gpt2(c);
-  auto step_graph = [&](const AutocastOptions& o) {
-    Model a{autocast(m.graph, o), -1, {}};
-    a.loss = a.graph.find("loss");
-    for (int p : m.params) a.params.push_back(a.graph.find(m.graph.value(p).name));
-    for (const auto& [p, d] : add_backward(a.graph, a.loss, a.params)) a.graph.mark_output(d);
-    return a;
-  };
   AutocastOptions o = recipe("fp8-hybrid");
   set_fp8_scaling(o, "delayed", 16);
-  const Model a = step_graph(o), plain = step_graph(recipe("bf16"));
+  const Model a = training_step(m, o), plain = training_step(m, recipe("bf16"));
   const arch::ChipSpec chip = arch::load_chip("trn3");
   const auto exe = std::make_shared<const Executable>(compile(a.graph, chip, {2}));
   EXPECT_EQ(exe->scaling.size(), 24u);  // 12 quantized matmuls x 2 operands
   runtime::Session s(chip, exe);
   std::mt19937 rng(8);
-  std::map<std::string, std::vector<float>> feeds;
-  for (int p : a.params)
-    feeds[a.graph.value(p).name] =
-        bf16_normal(static_cast<std::size_t>(elements(a.graph.value(p).shape)), rng, 0.05f);
-  feeds["ids"] = tokens(rng, 128, c.vocab), feeds["targets"] = tokens(rng, 128, c.vocab);
+  const auto feeds = gpt2_feeds(a.graph, a.params, c.batch * c.seq, c.vocab, rng);
   std::map<std::string, HostData> hf;
   for (const auto& [k, v] : feeds) hf[k] = HostData(v.begin(), v.end());
   DelayedScaling host;

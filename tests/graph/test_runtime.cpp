@@ -184,19 +184,7 @@ TEST(Runtime, Gpt2TrainingStepMatchesTheInterpreter) {
   c.layers = 2, c.dim = 128, c.heads = 2, c.vocab = 97, c.seq = 64, c.batch = 2;
   Model m = gpt2(c);
   std::mt19937 rng(21);
-  std::map<std::string, std::vector<float>> feeds;
-  for (int p : m.params) {
-    const Value& v = m.graph.value(p);
-    const auto n = static_cast<std::size_t>(elements(v.shape));
-    const bool ln = v.name.find("ln_") != std::string::npos;
-    if (ln && v.name.back() == 'w')
-      feeds[v.name] = std::vector<float>(n, 1.0f);
-    else
-      feeds[v.name] = bf16_normal(n, rng, ln ? 0.02f : 0.05f);
-  }
-  feeds["ids"] = tokens(rng, c.batch * c.seq, c.vocab);
-  feeds["targets"] = tokens(rng, c.batch * c.seq, c.vocab);
-  check_training_step(m, feeds);
+  check_training_step(m, gpt2_feeds(m.graph, m.params, c.batch * c.seq, c.vocab, rng));
 }
 
 // A Llama training step (RMSNorm, RoPE, GQA flash attention, SwiGLU, untied
@@ -251,17 +239,7 @@ TEST(Runtime, AutocastGpt2TrainingStep) {
     EXPECT_EQ(bf16_matmuls, 5);  // c_attn, attn c_proj, c_fc, mlp c_proj, the head
     EXPECT_EQ(fp32_norm_inputs, 3);
     std::mt19937 rng(8);
-    std::map<std::string, std::vector<float>> feeds;
-    for (int p : a.params) {
-      const Value& v = a.graph.value(p);
-      const auto n = static_cast<std::size_t>(elements(v.shape));
-      const bool ln = v.name.find("ln_") != std::string::npos;
-      feeds[v.name] = ln && v.name.back() == 'w' ? std::vector<float>(n, 1.0f)
-                                                 : bf16_normal(n, rng, ln ? 0.02f : 0.05f);
-    }
-    feeds["ids"] = tokens(rng, c.batch * c.seq, c.vocab);
-    feeds["targets"] = tokens(rng, c.batch * c.seq, c.vocab);
-    check_training_step(a, feeds);
+    check_training_step(a, gpt2_feeds(a.graph, a.params, c.batch * c.seq, c.vocab, rng));
   }
   EXPECT_THROW(parse_autocast("matmult", "fp8_e5m2"), Error);  // E4M3 is the FP8 type
   EXPECT_THROW(parse_autocast("most", "bf16"), Error);

@@ -45,22 +45,15 @@ TEST(Training, AdamWStepsOnTheChipFollowTheInterpreter) {
     s.write(name, x);
     host[name] = HostData(x.begin(), x.end());
   };
-  for (int p : m.params) {
-    const Value& v = m.graph.value(p);
-    const auto n = static_cast<std::size_t>(elements(v.shape));
-    const bool ln = v.name.find("ln_") != std::string::npos;
-    put(v.name, ln && v.name.back() == 'w' ? std::vector<float>(n, 1.0f)
-                                           : bf16_normal(n, rng, ln ? 0.02f : 0.05f));
-  }
+  // One batch, over and over: the loss must fall.
+  for (const auto& [name, x] : gpt2_feeds(m.graph, m.params, c.batch * c.seq, c.vocab, rng))
+    put(name, x);
   for (const auto& [master, param] : oi.master) put(master, s.read(param));
   for (const std::string& z : oi.zeros)
     put(z, std::vector<float>(
                static_cast<std::size_t>(elements(m.graph.value(m.graph.find(z)).shape)), 0.0f));
   std::map<std::string, HostData> start_weights;
   for (int p : m.params) start_weights[m.graph.value(p).name] = host[m.graph.value(p).name];
-  const auto ids = tokens(rng, c.batch * c.seq, c.vocab),
-             tg = tokens(rng, c.batch * c.seq, c.vocab);
-  put("ids", ids), put("targets", tg);  // one batch, over and over: the loss must fall
 
   std::vector<double> chip_loss, host_loss;
   for (int step = 1; step <= 4; ++step) {
@@ -177,11 +170,7 @@ TEST(Training, CompileCacheAndLogicalCores) {
   other.mark_output(other.scale(other.find("loss"), 2.0));
   EXPECT_NE(cache.get(other, chip, o1), e1);
   std::mt19937 rng(2);
-  std::map<std::string, std::vector<float>> feeds;
-  for (int p : m.params)
-    feeds[m.graph.value(p).name] =
-        bf16_normal(static_cast<std::size_t>(elements(m.graph.value(p).shape)), rng, 0.05f);
-  feeds["ids"] = tokens(rng, 128, c.vocab), feeds["targets"] = tokens(rng, 128, c.vocab);
+  const auto feeds = gpt2_feeds(m.graph, m.params, c.batch * c.seq, c.vocab, rng);
   runtime::Device dev(chip);
   const auto r1 = dev.run(*e1, feeds), r2 = dev.run(*e2, feeds);
   EXPECT_EQ(r1.outputs, r2.outputs);

@@ -3,7 +3,9 @@
 #pragma once
 
 #include <cmath>
+#include <map>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "graph/eval.h"
@@ -34,6 +36,26 @@ inline std::vector<float> tokens(std::mt19937& rng, std::int64_t n, std::int64_t
   std::vector<float> t(static_cast<std::size_t>(n));
   for (float& x : t) x = static_cast<float>(tok(rng));
   return t;
+}
+
+// Feeds for a GPT-2 graph (graph/models.h): its params (LayerNorm weights
+// 1, LayerNorm biases N(0, 0.02), the rest N(0, 0.05), in BF16) and a
+// batch of `n` token ids and targets below `vocab`.
+inline std::map<std::string, std::vector<float>> gpt2_feeds(const Graph& g,
+                                                            const std::vector<int>& params,
+                                                            std::int64_t n, std::int64_t vocab,
+                                                            std::mt19937& rng) {
+  std::map<std::string, std::vector<float>> feeds;
+  for (int p : params) {
+    const Value& v = g.value(p);
+    const auto count = static_cast<std::size_t>(elements(v.shape));
+    const bool ln = v.name.find("ln_") != std::string::npos;
+    feeds[v.name] = ln && v.name.back() == 'w' ? std::vector<float>(count, 1.0f)
+                                               : bf16_normal(count, rng, ln ? 0.02f : 0.05f);
+  }
+  feeds["ids"] = tokens(rng, n, vocab);
+  feeds["targets"] = tokens(rng, n, vocab);
+  return feeds;
 }
 
 }  // namespace tern::graph
