@@ -73,7 +73,8 @@ graph::Model build(const Args& a) {
   throw Error(fmt::format("unknown --model '{}' (gpt2, llama)", a.model));
 }
 
-void run(const Args& a) {
+void run(Args a) {
+  if (a.report) a.estimate = true;  // the report includes the time estimate (issue 6)
   const bool is_recipe = a.autocast == "bf16" || a.autocast == "fp8-hybrid" ||
                          a.autocast == "mxfp8" || a.autocast == "mxfp4";
   graph::AutocastOptions ac = is_recipe ? graph::recipe(a.autocast, a.mx_policy)
@@ -154,6 +155,8 @@ void run(const Args& a) {
       else
         est.push_back({l.group, kg.kernel, kg.detail.empty() ? l.detail : kg.detail, ns, {}});
       est.back().launches.push_back({l.kernel, l.detail, ns});
+      // The group's own kernel describes it (not the transposes before it).
+      if (kg.detail.empty() && l.kernel == kg.kernel) est.back().detail = l.detail;
       est_total += ns;
     }
     if (a.progress && !a.json) std::fprintf(stderr, "\r%40s\r", "");
@@ -319,7 +322,9 @@ void add_compile_command(CLI::App& app) {
                   "matmuls; NeuronCore-v3+)")
       ->capture_default_str();
   cmd->add_option("--emit", a->emit, "Write the compiled graph's text form to this file");
-  cmd->add_flag("--report", a->report, "Print the fusion report and the largest tensors");
+  cmd->add_flag("--report", a->report,
+                "Print the fusion report (each op, its kernel, why an op runs alone), the largest "
+                "tensors and the per-kernel time estimate (--estimate)");
   cmd->add_flag("--estimate", a->estimate,
                 "Simulate every lowered kernel (timing only) and print the per-kernel times");
   cmd->add_flag("!--no-progress", a->progress, "No progress line on stderr");
