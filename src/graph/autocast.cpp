@@ -50,15 +50,15 @@ std::vector<bool> lm_heads(const Graph& g) {
   std::vector<bool> head(g.nodes().size(), false);
   for (std::size_t i = 0; i < g.nodes().size(); ++i) {
     if (g.nodes()[i].op != Op::matmul) continue;
-    std::vector<int> todo{g.nodes()[i].outputs[0]};
-    while (!todo.empty() && !head[i]) {
-      const int v = todo.back();
-      todo.pop_back();
+    std::vector<int> frontier{g.nodes()[i].outputs[0]};
+    while (!frontier.empty() && !head[i]) {
+      const int v = frontier.back();
+      frontier.pop_back();
       for (int u : users[static_cast<std::size_t>(v)]) {
         const Op op = g.nodes()[static_cast<std::size_t>(u)].op;
         if (op == Op::cross_entropy) head[i] = true;
         if (op == Op::reshape || op == Op::transpose || op == Op::cast)
-          todo.push_back(g.nodes()[static_cast<std::size_t>(u)].outputs[0]);
+          frontier.push_back(g.nodes()[static_cast<std::size_t>(u)].outputs[0]);
       }
     }
   }
