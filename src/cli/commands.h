@@ -10,5 +10,6 @@ void add_info_command(CLI::App& app);
 void add_num_command(CLI::App& app);
 void add_sim_commands(CLI::App& app);  // run, bench
 void add_compile_command(CLI::App& app);
+void add_data_command(CLI::App& app);
 
 }  // namespace tern::cli

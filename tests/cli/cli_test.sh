@@ -256,5 +256,15 @@ printf 'graph noloss {\n  %%x = param : [2, 3] float32\n  %%y = relu %%x : [2, 3
 expect_err "--train: graph noloss has no scalar output" compile "$tmp/noloss.tgraph" --train
 expect_err "cannot read $tmp/missing.tgraph" compile "$tmp/missing.tgraph"
 
+# tern data: a text file into llm.c token shards (issue 7)
+expect_ok "Usage|Options" data --help
+printf 'to be, or not to be: that is the question\n' >"$tmp/t.txt"
+expect_json 'j["vocab"] == 16 and j["train_tokens"] == 37 and j["val_tokens"] == 5' data "$tmp/t.txt" --out "$tmp/tshards" --json
+expect_ok "train.bin +37 tokens" data "$tmp/t.txt" --out "$tmp/tshards"
+[ -s "$tmp/tshards/train.bin" ] && [ -s "$tmp/tshards/tokenizer.json" ] && ok || bad "tern data wrote no shards"
+expect_err "cannot read $tmp/none.txt" data "$tmp/none.txt"
+expect_err "not supported: tokenizer 'gpt2'" data "$tmp/t.txt" --tokenizer gpt2
+expect_err "--val-fraction must be in [0, 1), got 1.5" data "$tmp/t.txt" --val-fraction 1.5
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
