@@ -4,8 +4,10 @@
 // of never-written memory are caught (poison).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -50,6 +52,16 @@ class Sram {
   bool tracks_written() const { return written_ != nullptr; }
   int partitions() const { return partitions_; }
   std::int64_t bytes_per_partition() const { return bytes_; }
+  // Nothing written again in bytes [0, used) of every partition (a new
+  // program's fresh memory; `used` is the high-water mark of the programs
+  // run since the last reset, so the flags past it are still clear). The
+  // data bytes keep their old values: reads of never-written bytes are
+  // errors, so they are never seen.
+  void forget_writes(std::int64_t used) {
+    if (!written_) return;
+    const auto n = static_cast<std::size_t>(std::min(used, bytes_));
+    for (int p = 0; p < partitions_; ++p) std::memset(written_row(p), 0, n);
+  }
 
  private:
   int partitions_ = 0;

@@ -70,8 +70,12 @@ void Simulator::load(const isa::Program& p) {
   }
   hbm_ = Hbm();
   for (const auto& t : p.tensors) hbm_.add(t.name, t.address, t.bytes());
-  sbuf_.clear();
-  psum_.clear();
+  // A new program starts with fresh SBUF and PSUM: the memories are kept
+  // (reallocating 32 MiB a core per launch was half of a small model's
+  // training step) and their written flags cleared where runs wrote.
+  for (Sram& m : sbuf_) m.forget_writes(sbuf_used_ + 1);
+  for (Sram& m : psum_) m.forget_writes(psum_used_ + 1);
+  sbuf_used_ = psum_used_ = 0;
   program_ = p;
   loaded_ = true;
 }
@@ -1118,6 +1122,9 @@ RunStats Simulator::run(const Options& opt) {
       if (ap.mem == Mem::sbuf) st.sbuf_high_water = std::max(st.sbuf_high_water, ap.max_byte());
       if (ap.mem == Mem::psum) st.psum_high_water = std::max(st.psum_high_water, ap.max_byte());
     }
+    // Before the instruction runs (it may throw): what the next load clears.
+    sbuf_used_ = std::max(sbuf_used_, st.sbuf_high_water);
+    psum_used_ = std::max(psum_used_, st.psum_high_water);
     try {
       impl.tensor_state(c, in);
       if (data) impl.execute(c, in);

@@ -202,6 +202,39 @@ TEST(Rules, ReadOfNeverWrittenMemory) {
   expect_error(trn3(), h.finish(), {"the DMA source reads never-written hbm memory"});
 }
 
+// Each program starts with fresh SBUF and PSUM even on one simulator that
+// ran another before (the memories are kept between loads, their written
+// flags cleared): what the first program wrote is never-written for the
+// second.
+TEST(Rules, ANewProgramDoesNotSeeTheLastOnesWrites) {
+  kernel::Builder a(trn3());
+  const auto s1 = a.sbuf(128, 64, DType::fp32), s2 = a.sbuf(128, 64, DType::fp32);
+  const auto p1 = a.psum(128, 512);
+  a.memset(s1, 1.0f);
+  a.memset(p1, 2.0f);
+  a.tensor_copy(s2, s1);
+  sim::Simulator sim(trn3());
+  sim.load(a.finish());
+  sim.run();
+  kernel::Builder b(trn3());
+  const auto t1 = b.sbuf(128, 64, DType::fp32), t2 = b.sbuf(128, 64, DType::fp32);
+  b.tensor_copy(t2, t1);  // the same addresses the first program wrote
+  sim.load(b.finish());
+  try {
+    sim.run();
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("reads never-written sbuf memory"), std::string::npos)
+        << e.what();
+  }
+  kernel::Builder c(trn3());
+  const auto w = c.sbuf(128, 128, DType::bf16), x = c.sbuf(128, 512, DType::bf16);
+  c.memset(w, 1.0f), c.memset(x, 1.0f);
+  c.matmul(c.psum(128, 512), w, x, /*accumulate=*/true);  // onto the PSUM written before
+  sim.load(c.finish());
+  EXPECT_THROW(sim.run(), Error);
+}
+
 TEST(Rules, Deadlock) {
   isa::Program p = program(trn3());
   auto a = ins(Engine::vector, Opcode::memset, {sbuf(0, 128, 0, 8)});
