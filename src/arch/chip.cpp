@@ -9,6 +9,7 @@
 
 #include "arch/toml_reader.h"
 #include "util/error.h"
+#include "util/file.h"
 
 #ifndef TERN_SOURCE_DATA_DIR
 #define TERN_SOURCE_DATA_DIR ""
@@ -79,6 +80,7 @@ ChipSpec load_chip_file(const std::filesystem::path& file) {
 
   ChipSpec c;
   c.source = file;
+  c.source_text = read_file(file);
   c.name = r.string("chip.name");
   c.display_name = r.string("chip.display_name");
   c.core_generation = r.string("chip.core_generation");

@@ -63,6 +63,7 @@ struct CostSpec {
 
 struct ChipSpec {
   std::filesystem::path source;  // the file it was loaded from
+  std::string source_text;       // its text at load time (a compile cache's key)
   std::string name, display_name, core_generation;
   int core_version = 0;
   int cores = 0;

@@ -1193,12 +1193,10 @@ std::string CompileOptions::key() const {
 
 std::shared_ptr<const Executable> CompileCache::get(const Graph& g, const arch::ChipSpec& chip,
                                                     const CompileOptions& opt) {
-  // The chip by name and by the text of the arch file it came from (an
-  // edited file under the same name is another chip).
-  std::string arch_text;
-  if (!chip.source.empty() && std::filesystem::exists(chip.source))
-    arch_text = read_file(chip.source);
-  const std::string key = fmt::format("{}\n{}\n{}\n{}", opt.key(), chip.name, arch_text, print(g));
+  // The chip by name and by the text of the arch file it was loaded from
+  // (an edited file under the same name is another chip).
+  const std::string key =
+      fmt::format("{}\n{}\n{}\n{}", opt.key(), chip.name, chip.source_text, print(g));
   if (const auto it = cache_.find(key); it != cache_.end()) {
     ++hits_;
     return it->second;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include <fmt/format.h>
 
@@ -39,9 +40,18 @@ std::vector<int> storage_roots(const Graph& g, const FusionReport& f) {
       for (int v : g.nodes()[n].inputs)
         last_read[static_cast<std::size_t>(v)] =
             std::max(last_read[static_cast<std::size_t>(v)], f.group_of[n]);
+    // Not in place when the old value is still wanted after the step (a
+    // graph output, the source of another carry) or read through a view
+    // (whose readers the check above does not see).
+    std::set<int> kept(g.outputs().begin(), g.outputs().end());
+    for (const auto& [out, in] : g.carries()) kept.insert(out);
+    std::set<int> viewed;
+    for (const Node& n : g.nodes())
+      if (n.op == Op::reshape) viewed.insert(n.inputs[0]);
+    for (const auto& [v, target] : f.alias) viewed.insert(target);
     for (const auto& [out, in] : g.carries()) {
       const int prod = g.value(out).node;
-      if (g.node(prod).op != Op::adamw) continue;
+      if (g.node(prod).op != Op::adamw || kept.contains(in) || viewed.contains(in)) continue;
       if (last_read[static_cast<std::size_t>(in)] <= f.group_of[static_cast<std::size_t>(prod)])
         in_place[out] = in;
     }

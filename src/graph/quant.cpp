@@ -1,6 +1,8 @@
 #include "graph/quant.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -88,7 +90,10 @@ void DelayedScaling::update() {
 
 float fp8_scale(DType fp8, float amax) {
   if (!(amax > 0.0f) || !std::isfinite(amax)) return 1.0f;
-  return static_cast<float>(isa::format_of(fp8)->max_finite()) / amax;
+  // A tiny amax (E4M3 below ~1.3e-36) would overflow the quotient to Inf,
+  // and 0 * Inf is NaN: clamp to the largest float, as Transformer Engine.
+  return std::min(static_cast<float>(isa::format_of(fp8)->max_finite()) / amax,
+                  std::numeric_limits<float>::max());
 }
 
 float fake_quantize(std::vector<double>& x, const Shape& shape, bool k_last, const OperandQuant& q,
@@ -114,8 +119,10 @@ float fake_quantize(std::vector<double>& x, const Shape& shape, bool k_last, con
   }
   const num::MxFormat& f = num::mx_format(q.mx);
   const std::size_t r = shape.size();
+  if (r < (k_last ? 1u : 2u))
+    throw Error(fmt::format("{} quantization of a rank-{} operand", q.name, r));
   const std::int64_t K = shape[k_last ? r - 1 : r - 2];
-  if (K % static_cast<std::int64_t>(num::kMxBlock) != 0)
+  if (K < 1 || K % static_cast<std::int64_t>(num::kMxBlock) != 0)
     throw Error(
         fmt::format("{} quantization needs the contraction dim to be a multiple of {}, got {}",
                     q.name, num::kMxBlock, K));

@@ -342,8 +342,9 @@ struct CastSpec {
 isa::Program cast_kernel(const arch::ChipSpec& chip, const CastSpec& spec);
 
 // Per-tensor FP8 current scaling: "x" [rows, cols] (fp32, bf16, fp16) ->
-// "scale" [1, 1] fp32 s = fp8_max / amax (FP32 division; amax = max |x|;
-// amax 0 or Inf gives s = 1) and "inv_scale" [1, 1] = 1 / s: the scale of
+// "scale" [1, 1] fp32 s = fp8_max / amax (FP32 division, at most the largest
+// float; amax = max |x|; amax 0 or Inf gives s = 1) and "inv_scale" [1, 1] =
+// 1 / s: the scale of
 // cast_kernel's scaled cast and the matmul epilogue's dequant factor. One
 // core: the tensor's amax must be whole before the division (the cores of
 // a kernel do not synchronize).

@@ -165,6 +165,8 @@ isa::Program fp8_scale_kernel(const arch::ChipSpec& chip, const Fp8ScaleSpec& s)
   b.memset(one, 1.0f);
   b.tensor_tensor(raw, num, amax, AluOp::divide);
   b.select(sc, ok, raw, one);
+  // A tiny amax overflows the quotient to Inf (0 * Inf = NaN): clamp.
+  b.tensor_scalar(sc, sc, AluOp::min, std::numeric_limits<float>::max());
   b.tensor_tensor(inv, one, sc, AluOp::divide);
   b.dma_copy(scale_h, sc);
   b.dma_copy(inv_h, inv);

@@ -2,6 +2,7 @@
 
 #include <bit>
 #include <cmath>
+#include <limits>
 #include <optional>
 #include <random>
 #include <stdexcept>
@@ -817,7 +818,9 @@ std::vector<KernelEntry> make_registry() {
       float amax = 0.0f;
       for (float v : input(in, "x")) amax = std::max(amax, std::fabs(v));
       const float fmax = static_cast<float>(isa::format_of(p.dtype("fp8"))->max_finite());
-      const float s = amax > 0.0f && std::isfinite(amax) ? fmax / amax : 1.0f;
+      const float s = amax > 0.0f && std::isfinite(amax)
+                          ? std::min(fmax / amax, std::numeric_limits<float>::max())
+                          : 1.0f;
       return NamedData{{"scale", {s}}, {"inv_scale", {1.0f / s}}};
     };
     e.describe = [](const Params& p) {

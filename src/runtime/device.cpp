@@ -128,6 +128,15 @@ std::vector<float> Session::read(const std::string& name) const {
   const graph::Graph& g = exe_->graph;
   const int v = g.find(name);
   if (v < 0) throw Error(fmt::format("graph {} has no value %{}", g.name(), name));
+  // Other values' bytes may have been reused by later buffers of the step.
+  const graph::Op op = g.node(g.value(v).node).op;
+  const bool kept = op == graph::Op::input || op == graph::Op::param ||
+                    std::find(g.outputs().begin(), g.outputs().end(), v) != g.outputs().end();
+  if (!kept)
+    throw Error(
+        fmt::format("%{} is not kept in device memory (only inputs, params and graph "
+                    "outputs can be read)",
+                    name));
   const graph::Value& val = g.value(v);
   const auto [p, n] = bytes_of(v);
   if (!p)
@@ -142,6 +151,14 @@ std::vector<float> Session::read(const std::string& name) const {
 }
 
 StepResult Session::step(const std::map<std::string, std::vector<float>>& feeds) {
+  // Every feed checked before any is written: a bad one changes nothing.
+  for (const auto& [name, x] : feeds) {
+    const graph::Value& val = exe_->graph.value(leaf(name));
+    if (static_cast<std::int64_t>(x.size()) != graph::elements(val.shape))
+      throw Error(fmt::format("feed %{} {} needs {} values, got {}", val.name,
+                              graph::shape_string(val.shape), graph::elements(val.shape),
+                              x.size()));
+  }
   for (const auto& [name, x] : feeds) write(name, x);
   const graph::Graph& g = exe_->graph;
   for (const graph::Node& n : g.nodes())
@@ -216,14 +233,14 @@ StepResult Session::step(const std::map<std::string, std::vector<float>>& feeds)
   // The carries, after the outputs are read: the next step's weights and
   // optimizer state (through a copy: a carried output may share bytes with
   // another input's value only when the plan says so).
+  // All sources first, then the destinations: carries may swap values.
+  std::vector<std::pair<int, std::vector<std::uint8_t>>> moved;
   for (const auto& [out, in] : g.carries()) {
     const auto [src, n] = bytes_of(out);
     const auto [dst, m] = bytes_of(in);
-    if (src && dst && n == m) {
-      const std::vector<std::uint8_t> tmp(src, src + n);
-      std::memcpy(dst, tmp.data(), n);
-    }
+    if (src && dst && n == m && src != dst) moved.emplace_back(in, std::vector(src, src + n));
   }
+  for (const auto& [in, bytes] : moved) std::memcpy(bytes_of(in).first, bytes.data(), bytes.size());
   update_scaling();
   ++steps_;
   return r;

@@ -64,7 +64,9 @@ class Session {
   // Device -> host: an input, param or graph output (after a step).
   std::vector<float> read(const std::string& name) const;
   // Writes `feeds`, runs one step, then applies the carries. Throws naming
-  // an input or param that was never written.
+  // a bad feed (before writing any) or an input or param that was never
+  // written. A step that fails in a kernel leaves the device state
+  // undefined (in-place updates may have happened): start a new Session.
   StepResult step(const std::map<std::string, std::vector<float>>& feeds = {});
   std::int64_t steps() const { return steps_; }
 

@@ -38,7 +38,7 @@ BatchLoader::BatchLoader(std::vector<std::uint16_t> tokens, int batch, int seq, 
         fmt::format("data loader: {} tokens hold {} windows of {} + 1 tokens, fewer than "
                     "a batch of {}",
                     n, windows_, seq, batch));
-  state_.seed = seed;
+  state_.seed = seed, state_.windows = windows_, state_.shuffle = shuffle;
   order_epoch();
 }
 
@@ -76,6 +76,12 @@ void BatchLoader::restore(const LoaderState& s) {
   if (s.seed != state_.seed)
     throw Error(fmt::format("data loader: the saved position is for seed {}, this loader's is {}",
                             s.seed, state_.seed));
+  if (s.windows != windows_ || s.shuffle != shuffle_)
+    throw Error(
+        fmt::format("data loader: the saved position is in {} windows ({}), this "
+                    "loader has {} ({})",
+                    s.windows, s.shuffle ? "shuffled" : "in order", windows_,
+                    shuffle_ ? "shuffled" : "in order"));
   if (s.epoch < 0 || s.next < 0 || s.next > windows_)
     throw Error(
         fmt::format("data loader: position (epoch {}, window {}) is outside the {} "

@@ -15,6 +15,10 @@ namespace tern::train {
 struct LoaderState {
   std::uint64_t seed = 0;
   std::int64_t epoch = 0, next = 0;  // the next window of the epoch's order
+  // What the position is a position in: restoring into a loader over other
+  // data or with another order is an error.
+  std::int64_t windows = 0;
+  bool shuffle = true;
   bool operator==(const LoaderState&) const = default;
 };
 

@@ -45,8 +45,9 @@ std::vector<std::uint16_t> read_shard(const std::filesystem::path& path) {
   if (header[1] != kShardVersion)
     throw NotSupported(fmt::format("{}: token shard version {} (version {}: uint16 tokens, is)",
                                    name, header[1], kShardVersion));
+  if (header[2] < 0) throw Error(fmt::format("{}: the header says {} tokens", name, header[2]));
   const auto count = static_cast<std::size_t>(header[2]);
-  if (header[2] < 0 || bytes.size() != kHeaderBytes + count * 2)
+  if (bytes.size() != kHeaderBytes + count * 2)
     throw Error(
         fmt::format("{}: the header says {} tokens ({} bytes), the file has {} bytes "
                     "(truncated or padded)",

@@ -34,17 +34,23 @@ CharTokenizer CharTokenizer::from_json(std::string_view json, const std::string&
   try {
     const nlohmann::json j = nlohmann::json::parse(json);
     if (j.at("kind").get<std::string>() != "char")
-      throw Error(fmt::format("{}: not a char tokenizer (kind '{}')", source,
-                              j.at("kind").get<std::string>()));
+      throw Error(fmt::format("not a char tokenizer (kind '{}')", j.at("kind").get<std::string>()));
+    const nlohmann::json& list = j.at("chars");
+    if (!list.is_array()) throw Error("'chars' must be a list of bytes");
     std::string chars;
-    for (const auto& b : j.at("chars")) {
+    for (const auto& b : list) {
       const int v = b.get<int>();
-      if (v < 0 || v > 255) throw Error(fmt::format("{}: byte {} out of range", source, v));
+      if (v < 0 || v > 255) throw Error(fmt::format("byte {} out of range", v));
       chars.push_back(static_cast<char>(v));
     }
+    if (j.contains("vocab") && j.at("vocab").get<std::size_t>() != chars.size())
+      throw Error(fmt::format("'vocab' says {}, 'chars' has {}", j.at("vocab").get<std::size_t>(),
+                              chars.size()));
     return CharTokenizer(std::move(chars));
   } catch (const nlohmann::json::exception& e) {
     throw Error(fmt::format("{}: not a tokenizer file: {}", source, e.what()));
+  } catch (const Error& e) {
+    throw Error(fmt::format("{}: {}", source, e.what()));
   }
 }
 

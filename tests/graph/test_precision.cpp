@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <map>
 #include <random>
 
@@ -83,6 +84,14 @@ TEST(Quant, FakeQuantizeIsTheNumLibrarysQuantization) {
   EXPECT_THROW(fake_quantize(odd, {2, 40}, true, mx, num::ScalePolicy::rceil, DType::bf16), Error);
   EXPECT_THROW(parse_operand_quant("fp8"), Error);
   EXPECT_EQ(fp8_scale(DType::fp8_e4m3, INFINITY), 1.0f);
+  // A tiny amax: 448 / 1e-37 overflows FP32; the scale is clamped (no Inf,
+  // so zeros stay zeros, not NaN).
+  EXPECT_EQ(fp8_scale(DType::fp8_e4m3, 1e-37f), std::numeric_limits<float>::max());
+  std::vector<double> tiny{0.0, 1e-37, 0.0, 0.0};
+  fake_quantize(tiny, {2, 2}, true, parse_operand_quant("fp8_e4m3"), num::ScalePolicy::rceil,
+                DType::fp32);
+  for (double q : tiny) EXPECT_FALSE(std::isnan(q));
+  EXPECT_EQ(tiny[0], 0.0);
 }
 
 // One quantized matmul (+ bias) on the chip against the interpreter's

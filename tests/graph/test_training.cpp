@@ -180,6 +180,43 @@ TEST(Training, CompileCacheAndLogicalCores) {
   EXPECT_THROW(compile(m.graph, arch::load_chip("trn1"), o2), NotSupported);
 }
 
+// Carries apply together (a swap works); reads are limited to what the
+// device keeps; a bad feed changes nothing; a param that is also a graph
+// output is not updated in place (the output is the value before the step).
+TEST(Training, SessionSemantics) {
+  const arch::ChipSpec chip = arch::load_chip("trn3");
+  Graph g("swap");
+  const int a = g.param("a", {128, 4}, DType::fp32), b = g.param("b", {128, 4}, DType::fp32);
+  const int na = g.scale(b, 1.0), nb = g.scale(a, 1.0);
+  const int mid = g.scale(a, 3.0), sum = g.add(mid, b);
+  g.mark_output(sum);
+  g.carry(na, a), g.carry(nb, b);
+  runtime::Session s(chip, std::make_shared<const Executable>(compile(g, chip, {1})));
+  s.fill("a", 1.0f), s.fill("b", 2.0f);
+  s.step();
+  EXPECT_EQ(s.read("a"), std::vector<float>(512, 2.0f));
+  EXPECT_EQ(s.read("b"), std::vector<float>(512, 1.0f));
+  EXPECT_THROW(s.read(g.value(mid).name), Error);  // an intermediate
+  EXPECT_THROW(s.step({{"a", std::vector<float>(512, 9.0f)}, {"b", {1.0f}}}), Error);
+  EXPECT_EQ(s.read("a"), std::vector<float>(512, 2.0f));  // the bad feed changed nothing
+
+  Graph h("p_out");
+  const int p = h.param("p", {128, 8}, DType::fp32);
+  const int loss = h.cross_entropy(h.matmul(h.input("x", {4, 128}, DType::fp32), p),
+                                   h.input("t", {4}, DType::int32));
+  h.mark_output(loss);
+  h.mark_output(p);  // the weights before the step
+  const auto grads = add_backward(h, loss, {p});
+  add_adamw(h, grads);
+  runtime::Session t(chip, std::make_shared<const Executable>(compile(h, chip, {1})));
+  t.fill("p", 0.5f), t.fill("p.adam_m", 0.0f), t.fill("p.adam_v", 0.0f);
+  t.fill("x", 1.0f), t.write("t", {0.0f, 1.0f, 2.0f, 3.0f});
+  t.write("adamw.scalars", runtime::adamw_scalars(0.1, 0.0, 0.9, 0.999, 1));
+  const auto r = t.step();
+  EXPECT_EQ(r.outputs.at("p"), std::vector<float>(1024, 0.5f));
+  EXPECT_NE(t.read("p"), std::vector<float>(1024, 0.5f));  // updated for the next step
+}
+
 TEST(Training, CarryErrors) {
   Graph g("c");
   const int x = g.param("x", {4}, DType::fp32), y = g.input("y", {4}, DType::bf16);

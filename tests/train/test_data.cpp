@@ -45,6 +45,19 @@ TEST(CharTokenizer, VocabularyEncodeDecodeJson) {
             std::string::npos);
   EXPECT_NE(message([] { CharTokenizer::from_json("{\"kind\": 3}", "x.json"); }).find("x.json"),
             std::string::npos);
+  EXPECT_NE(message([] {
+              CharTokenizer::from_json(R"({"kind": "char", "chars": 65})", "y.json");
+            }).find("y.json: 'chars' must be a list"),
+            std::string::npos);
+  EXPECT_NE(message([] {
+              CharTokenizer::from_json(R"({"kind": "char", "vocab": 3, "chars": [97, 98]})",
+                                       "z.json");
+            }).find("z.json: 'vocab' says 3, 'chars' has 2"),
+            std::string::npos);
+  EXPECT_NE(message([] {
+              CharTokenizer::from_json(R"({"kind": "char", "chars": [98, 97]})", "w.json");
+            }).find("w.json: char tokenizer"),
+            std::string::npos);
   EXPECT_THROW(CharTokenizer::from_text(""), Error);
   EXPECT_THROW(CharTokenizer("ba"), Error);  // not increasing
 }
@@ -136,6 +149,10 @@ TEST(BatchLoader, RestoringThePositionRepeatsTheBatches) {
   for (int i = 0; i < 30; ++i) EXPECT_EQ(b.next().ids, want[static_cast<std::size_t>(i)].ids) << i;
   BatchLoader other(ramp(1000), 4, 16, 43);
   EXPECT_THROW(other.restore(at), Error);  // another seed
+  BatchLoader ordered(ramp(1000), 4, 16, 42, /*shuffle=*/false);
+  EXPECT_THROW(ordered.restore(at), Error);  // another order
+  BatchLoader longer(ramp(2000), 4, 16, 42);
+  EXPECT_THROW(longer.restore(at), Error);  // other data
   LoaderState past = at;
   past.next = 1000;
   EXPECT_THROW(b.restore(past), Error);
