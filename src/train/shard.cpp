@@ -27,7 +27,8 @@ void write_shard(const std::filesystem::path& path, std::span<const std::uint16_
   const std::int32_t header[3] = {kShardMagic, kShardVersion,
                                   static_cast<std::int32_t>(tokens.size())};
   std::memcpy(bytes.data(), header, sizeof header);
-  std::memcpy(bytes.data() + kHeaderBytes, tokens.data(), tokens.size() * 2);
+  if (!tokens.empty())  // an empty span's data() may be null
+    std::memcpy(bytes.data() + kHeaderBytes, tokens.data(), tokens.size() * 2);
   write_file_atomic(path, bytes);
 }
 
@@ -53,7 +54,7 @@ std::vector<std::uint16_t> read_shard(const std::filesystem::path& path) {
                     "(truncated or padded)",
                     name, header[2], kHeaderBytes + count * 2, bytes.size()));
   std::vector<std::uint16_t> tokens(count);
-  std::memcpy(tokens.data(), bytes.data() + kHeaderBytes, count * 2);
+  if (count > 0) std::memcpy(tokens.data(), bytes.data() + kHeaderBytes, count * 2);
   return tokens;
 }
 
