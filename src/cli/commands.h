@@ -11,5 +11,6 @@ void add_num_command(CLI::App& app);
 void add_sim_commands(CLI::App& app);  // run, bench
 void add_compile_command(CLI::App& app);
 void add_data_command(CLI::App& app);
+void add_train_command(CLI::App& app);
 
 }  // namespace tern::cli
