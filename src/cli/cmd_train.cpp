@@ -19,7 +19,12 @@ namespace tern::cli {
 
 namespace {
 
-void run(const train::TrainConfig& c, bool json) {
+struct Eval {
+  std::int64_t every = 0;  // steps between validations (0: only at the end)
+  int batches = 4;
+};
+
+void run(const train::TrainConfig& c, bool json, const Eval& ev) {
   if (!json && ::isatty(2))  // a progress line for people at a terminal
     std::fprintf(stderr, "compiling the training step (%s, %s)...\r", c.recipe.c_str(),
                  c.arch.c_str());
@@ -52,6 +57,14 @@ void run(const train::TrainConfig& c, bool json) {
           static_cast<long long>(m.step), static_cast<long long>(c.steps), m.loss, m.lr, m.wall_ms,
           tokens / (m.wall_ms / 1e3), m.sim_ns / 1e6);
     }
+    if ((ev.every > 0 && s % ev.every == 0) || s == c.steps) {
+      const double v = t.validate(ev.batches);
+      if (json)
+        std::printf("%s\n", nlohmann::json{{"step", s}, {"val_loss", v}}.dump().c_str());
+      else
+        std::printf("step %4lld/%lld | val loss %.4f (%d batches of held-out text)\n",
+                    static_cast<long long>(s), static_cast<long long>(c.steps), v, ev.batches);
+    }
     std::fflush(stdout);
   }
   if (!json)
@@ -64,6 +77,7 @@ void run(const train::TrainConfig& c, bool json) {
 void add_train_command(CLI::App& app) {
   auto c = std::make_shared<train::TrainConfig>();
   auto json = std::make_shared<bool>(false);
+  auto ev = std::make_shared<Eval>();
   CLI::App* cmd = app.add_subcommand(
       "train", "Train a GPT-style model on char-level text on a simulated chip (docs/train.md)");
   cmd->add_option("--text", c->text, "Training text (char tokenizer)")->capture_default_str();
@@ -85,8 +99,12 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--warmup", c->warmup, "Linear warmup steps")->capture_default_str();
   cmd->add_option("--weight-decay", c->weight_decay, "AdamW weight decay")->capture_default_str();
   cmd->add_option("--seed", c->seed, "Weights and batch order")->capture_default_str();
+  cmd->add_option("--eval-every", ev->every, "Validation loss every N steps (0: at the end only)")
+      ->capture_default_str();
+  cmd->add_option("--eval-batches", ev->batches, "Held-out batches a validation averages")
+      ->capture_default_str();
   cmd->add_flag("--json", *json, "One JSON line a step");
-  cmd->callback([c, json] { run(*c, *json); });
+  cmd->callback([c, json, ev] { run(*c, *json, *ev); });
 }
 
 }  // namespace tern::cli

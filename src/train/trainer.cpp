@@ -37,6 +37,7 @@ Trainer::Trainer(const TrainConfig& c) : c_(c), tok_(CharTokenizer::from_text(re
   const auto tokens = tok_.encode(text);
   const auto n_train =
       static_cast<std::size_t>(static_cast<double>(tokens.size()) * (1.0 - c.val_fraction));
+  val_tokens_.assign(tokens.begin() + static_cast<std::ptrdiff_t>(n_train), tokens.end());
   train_ = std::make_unique<BatchLoader>(
       std::vector<std::uint16_t>(tokens.begin(),
                                  tokens.begin() + static_cast<std::ptrdiff_t>(n_train)),
@@ -46,6 +47,7 @@ Trainer::Trainer(const TrainConfig& c) : c_(c), tok_(CharTokenizer::from_text(re
   mc.layers = c.layers, mc.dim = c.dim, mc.heads = c.heads, mc.vocab = tok_.vocab();
   mc.seq = c.seq, mc.batch = c.batch;
   const graph::Model m = graph::gpt2(mc);
+  for (int p : m.params) param_names_.push_back(m.graph.value(p).name);
   graph::Model a{graph::autocast(m.graph, graph::recipe(c.recipe)), -1, {}};
   a.loss = a.graph.find("loss");
   for (int p : m.params) a.params.push_back(a.graph.find(m.graph.value(p).name));
@@ -56,6 +58,10 @@ Trainer::Trainer(const TrainConfig& c) : c_(c), tok_(CharTokenizer::from_text(re
   o.cores = c.cores;
   exe_ = std::make_shared<const graph::Executable>(graph::compile(a.graph, chip, o));
   session_ = std::make_unique<runtime::Session>(chip, exe_);
+  // The forward pass alone, under the same recipe, for validation.
+  graph::Graph eval = graph::autocast(m.graph, graph::recipe(c.recipe));
+  eval_exe_ = std::make_shared<const graph::Executable>(graph::compile(eval, chip, o));
+  eval_ = std::make_unique<runtime::Session>(chip, eval_exe_);
 
   // GPT-2's initialization: weights normal(0, init_std), LayerNorm weights
   // 1, biases 0; masters start as the weights, moments at 0.
@@ -81,6 +87,22 @@ Trainer::~Trainer() = default;
 
 const graph::Executable& Trainer::executable() const {
   return *exe_;
+}
+
+double Trainer::validate(int batches) {
+  if (batches < 1) throw Error(fmt::format("validate: batches must be >= 1, got {}", batches));
+  for (const std::string& p : param_names_) eval_->write(p, session_->read(p));
+  BatchLoader val(val_tokens_, static_cast<int>(c_.batch), static_cast<int>(c_.seq), c_.seed,
+                  /*shuffle=*/false);
+  double sum = 0;
+  for (int i = 0; i < batches; ++i) {
+    const Batch b = val.next();
+    const runtime::StepResult r =
+        eval_->step({{"ids", std::vector<float>(b.ids.begin(), b.ids.end())},
+                     {"targets", std::vector<float>(b.targets.begin(), b.targets.end())}});
+    sum += r.outputs.at("loss")[0];
+  }
+  return sum / batches;
 }
 
 StepMetrics Trainer::step() {

@@ -3,8 +3,7 @@
 // for a simulated chip under a precision recipe and run step after step by
 // a runtime Session, with warmup + cosine learning-rate schedule.
 // Not yet (issue 7): Llama models from a config, gradient clipping and
-// accumulation, monitors and fallback policies, checkpoints, validation
-// loss, `tern train` / `tern sample`.
+// accumulation, monitors and fallback policies, checkpoints, `tern sample`.
 #pragma once
 
 #include <cstdint>
@@ -57,6 +56,11 @@ class Trainer {
   explicit Trainer(const TrainConfig& c);
   ~Trainer();
   StepMetrics step();
+  // The mean loss over the first `batches` batches of the held-out text
+  // (the same batches every time, in order), with the current weights: a
+  // forward-only program under the same recipe, its own Session, the
+  // weights copied over from the training Session.
+  double validate(int batches);
   const TrainConfig& config() const { return c_; }
   const CharTokenizer& tokenizer() const { return tok_; }
   const graph::Executable& executable() const;
@@ -66,6 +70,10 @@ class Trainer {
   TrainConfig c_;
   CharTokenizer tok_;
   std::unique_ptr<BatchLoader> train_;
+  std::vector<std::uint16_t> val_tokens_;
+  std::vector<std::string> param_names_;
+  std::shared_ptr<const graph::Executable> eval_exe_;
+  std::unique_ptr<runtime::Session> eval_;
   std::shared_ptr<const graph::Executable> exe_;
   std::unique_ptr<runtime::Session> session_;
   std::int64_t step_ = 0, params_ = 0;

@@ -270,6 +270,7 @@ expect_err "--val-fraction must be in [0, 1), got 1.5" data "$tmp/t.txt" --val-f
 DATA=$(cd "$(dirname "$0")/../../data" && pwd)
 expect_ok "Usage|Options" train --help
 expect_ok "step +2/2 \| loss 4\.[0-9]+" train --text "$DATA/tinyshakespeare.txt" --steps 2 --layers 1 --batch 2 --seq 64 --recipe bf16
+expect_ok "step +2/2 \| val loss 4\.[0-9]+ \(1 batches" train --text "$DATA/tinyshakespeare.txt" --steps 2 --layers 1 --batch 2 --seq 64 --recipe bf16 --eval-batches 1
 expect_err "unknown precision recipe 'fp4'" train --text "$DATA/tinyshakespeare.txt" --recipe fp4
 expect_err "cannot read $tmp/none.txt" train --text "$tmp/none.txt"
 

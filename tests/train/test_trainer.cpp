@@ -40,6 +40,13 @@ TEST(Trainer, LossFallsAndRunsRepeat) {
     EXPECT_EQ(la, lb);                   // deterministic, bit for bit
     EXPECT_NEAR(la.front(), 4.17, 0.1);  // ln 65 at initialization
     EXPECT_LT(la.back(), la.front() - 0.5) << la.back();
+    // Validation: the same batches each time, the same number for the twin
+    // run, and below the untrained loss (what was learned carries over to
+    // held-out text).
+    const double v = a.validate(2);
+    EXPECT_EQ(v, a.validate(2));
+    EXPECT_EQ(v, b.validate(2));
+    EXPECT_LT(v, la.front() - 0.3);
   }
 }
 
