@@ -14,6 +14,7 @@
 #include "graph/lower.h"
 #include "train/trainer.h"
 #include "util/error.h"
+#include "util/file.h"
 
 namespace tern::cli {
 
@@ -22,6 +23,7 @@ namespace {
 struct Eval {
   std::int64_t every = 0;  // steps between validations (0: only at the end)
   int batches = 4;
+  std::string metrics;  // a JSONL file of every step's metrics ("" none)
 };
 
 void run(const train::TrainConfig& c, bool json, const Eval& ev) {
@@ -40,17 +42,28 @@ void run(const train::TrainConfig& c, bool json, const Eval& ev) {
         static_cast<long long>(c.seq), c.recipe.c_str(), c.arch.c_str(), e.launches.size(),
         e.fusion.rate());
   const double tokens = static_cast<double>(c.batch * c.seq);
+  // The metrics file is rewritten atomically after every step (a reader
+  // never sees half a line; a killed run leaves the steps done so far).
+  std::string metrics;
+  auto record = [&](const nlohmann::json& j) {
+    if (json) std::printf("%s\n", j.dump().c_str());
+    if (!ev.metrics.empty()) {
+      metrics += j.dump() + "\n";
+      write_file_atomic(ev.metrics, metrics);
+    }
+  };
   double first = 0, last = 0;
   for (std::int64_t s = 1; s <= c.steps; ++s) {
     const train::StepMetrics m = t.step();
     if (s == 1) first = m.loss;
     last = m.loss;
-    if (json) {
-      nlohmann::json j{{"step", m.step},     {"loss", m.loss},
-                       {"lr", m.lr},         {"wall_ms", m.wall_ms},
-                       {"sim_ns", m.sim_ns}, {"tokens_per_s", tokens / (m.wall_ms / 1e3)}};
-      std::printf("%s\n", j.dump().c_str());
-    } else {
+    record({{"step", m.step},
+            {"loss", m.loss},
+            {"lr", m.lr},
+            {"wall_ms", m.wall_ms},
+            {"sim_ns", m.sim_ns},
+            {"tokens_per_s", tokens / (m.wall_ms / 1e3)}});
+    if (!json) {
       std::printf(
           "step %4lld/%lld | loss %.4f | lr %.2e | %7.1f ms | %7.0f tok/s | simulated "
           "%.3f ms/step\n",
@@ -59,9 +72,8 @@ void run(const train::TrainConfig& c, bool json, const Eval& ev) {
     }
     if ((ev.every > 0 && s % ev.every == 0) || s == c.steps) {
       const double v = t.validate(ev.batches);
-      if (json)
-        std::printf("%s\n", nlohmann::json{{"step", s}, {"val_loss", v}}.dump().c_str());
-      else
+      record({{"step", s}, {"val_loss", v}});
+      if (!json)
         std::printf("step %4lld/%lld | val loss %.4f (%d batches of held-out text)\n",
                     static_cast<long long>(s), static_cast<long long>(c.steps), v, ev.batches);
     }
@@ -103,6 +115,8 @@ void add_train_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--eval-batches", ev->batches, "Held-out batches a validation averages")
       ->capture_default_str();
+  cmd->add_option("--metrics", ev->metrics,
+                  "Write every step's metrics (and validation losses) to this JSONL file");
   cmd->add_flag("--json", *json, "One JSON line a step");
   cmd->callback([c, json, ev] { run(*c, *json, *ev); });
 }

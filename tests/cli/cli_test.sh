@@ -271,6 +271,8 @@ DATA=$(cd "$(dirname "$0")/../../data" && pwd)
 expect_ok "Usage|Options" train --help
 expect_ok "step +2/2 \| loss 4\.[0-9]+" train --text "$DATA/tinyshakespeare.txt" --steps 2 --layers 1 --batch 2 --seq 64 --recipe bf16
 expect_ok "step +2/2 \| val loss 4\.[0-9]+ \(1 batches" train --text "$DATA/tinyshakespeare.txt" --steps 2 --layers 1 --batch 2 --seq 64 --recipe bf16 --eval-batches 1
+run train --text "$DATA/tinyshakespeare.txt" --steps 2 --layers 1 --batch 2 --seq 64 --recipe bf16 --metrics "$tmp/m.jsonl" --eval-batches 1
+if [ "$(wc -l <"$tmp/m.jsonl")" -eq 3 ] && grep -q '"val_loss"' "$tmp/m.jsonl"; then ok; else bad "tern train --metrics wrote: $(cat "$tmp/m.jsonl" 2>&1)"; fi
 expect_err "unknown precision recipe 'fp4'" train --text "$DATA/tinyshakespeare.txt" --recipe fp4
 expect_err "cannot read $tmp/none.txt" train --text "$tmp/none.txt"
 
