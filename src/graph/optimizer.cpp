@@ -13,6 +13,11 @@ OptimizerInputs add_adamw(Graph& g, const std::map<int, int>& grads, const AdamW
     throw Error(fmt::format("graph {} already has %{} (an optimizer step was added before)",
                             g.name(), in.scalars));
   const int scalars = g.input(in.scalars, {5}, DType::fp32);
+  int no_decay = -1;
+  if (c.no_decay_group) {
+    in.scalars_no_decay = "adamw.scalars_no_decay";
+    no_decay = g.input(in.scalars_no_decay, {5}, DType::fp32);
+  }
   for (const auto& [p, d] : grads) {
     const Value pv = g.value(p);
     if (g.node(pv.node).op != Op::param)
@@ -26,7 +31,8 @@ OptimizerInputs add_adamw(Graph& g, const std::map<int, int>& grads, const AdamW
     const int v = g.input(pv.name + ".adam_v", pv.shape, DType::fp32);
     if (!own) in.master[pv.name + ".master"] = pv.name;
     in.zeros.push_back(pv.name + ".adam_m"), in.zeros.push_back(pv.name + ".adam_v");
-    const auto out = g.add(Op::adamw, {master, d, m, v, scalars},
+    const int sc = no_decay >= 0 && pv.shape.size() < 2 ? no_decay : scalars;
+    const auto out = g.add(Op::adamw, {master, d, m, v, sc},
                            {{"beta1", c.beta1},
                             {"beta2", c.beta2},
                             {"eps", c.eps},

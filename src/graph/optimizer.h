@@ -24,11 +24,16 @@ namespace tern::graph {
 
 struct AdamWConfig {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // torch.optim.AdamW's defaults
+  // Weight-decay groups as GPT-2 / nanoGPT train: params of rank >= 2
+  // (matrices, embeddings) read %adamw.scalars, the others (biases, norm
+  // weights) %adamw.scalars_no_decay, fed with weight decay 0.
+  bool no_decay_group = false;
 };
 
 // What a runtime must write before the first step.
 struct OptimizerInputs {
   std::string scalars;                        // "adamw.scalars"
+  std::string scalars_no_decay;               // "" or "adamw.scalars_no_decay"
   std::map<std::string, std::string> master;  // master input -> the param it starts from
   std::vector<std::string> zeros;             // moments: start at 0
 };

@@ -52,7 +52,9 @@ Trainer::Trainer(const TrainConfig& c) : c_(c), tok_(CharTokenizer::from_text(re
   a.loss = a.graph.find("loss");
   for (int p : m.params) a.params.push_back(a.graph.find(m.graph.value(p).name));
   const auto grads = graph::add_backward(a.graph, a.loss, a.params);
-  const graph::OptimizerInputs oi = graph::add_adamw(a.graph, grads, {c.beta1, c.beta2, 1e-8});
+  graph::AdamWConfig ac;
+  ac.beta1 = c.beta1, ac.beta2 = c.beta2, ac.no_decay_group = true;  // no decay: biases, norms
+  const graph::OptimizerInputs oi = graph::add_adamw(a.graph, grads, ac);
   const arch::ChipSpec chip = arch::load_chip(c.arch);
   graph::CompileOptions o;
   o.cores = c.cores;
@@ -111,11 +113,11 @@ StepMetrics Trainer::step() {
   m.lr = learning_rate(c_, m.step);
   const Batch b = train_->next();
   const auto t0 = std::chrono::steady_clock::now();
-  const runtime::StepResult r =
-      session_->step({{"ids", std::vector<float>(b.ids.begin(), b.ids.end())},
-                      {"targets", std::vector<float>(b.targets.begin(), b.targets.end())},
-                      {"adamw.scalars",
-                       runtime::adamw_scalars(m.lr, c_.weight_decay, c_.beta1, c_.beta2, m.step)}});
+  const runtime::StepResult r = session_->step(
+      {{"ids", std::vector<float>(b.ids.begin(), b.ids.end())},
+       {"targets", std::vector<float>(b.targets.begin(), b.targets.end())},
+       {"adamw.scalars", runtime::adamw_scalars(m.lr, c_.weight_decay, c_.beta1, c_.beta2, m.step)},
+       {"adamw.scalars_no_decay", runtime::adamw_scalars(m.lr, 0.0, c_.beta1, c_.beta2, m.step)}});
   m.wall_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   m.loss = r.outputs.at("loss")[0];

@@ -31,6 +31,8 @@ struct TrainConfig {
   std::string recipe = "mxfp8";  // bf16, fp8-hybrid, mxfp8, mxfp4 (graph/autocast.h)
   std::string arch = "trn3";
   int cores = 0;  // per kernel (0: all)
+  // AdamW; weight decay on matrices and embeddings only (not biases and
+  // LayerNorm weights), as GPT-2 / nanoGPT.
   double lr = 1e-3, min_lr = 1e-4, weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95;
   std::int64_t warmup = 10, steps = 100;  // schedule length (cosine to min_lr at `steps`)
   std::uint64_t seed = 1337;              // weights and batch order

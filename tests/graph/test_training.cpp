@@ -217,6 +217,33 @@ TEST(Training, SessionSemantics) {
   EXPECT_NE(t.read("p"), std::vector<float>(1024, 0.5f));  // updated for the next step
 }
 
+// Weight-decay groups: biases and norm weights read the no-decay scalars;
+// fusion makes one multi-tensor kernel a group.
+TEST(Training, WeightDecayGroups) {
+  Gpt2Config c;
+  c.layers = 1, c.dim = 128, c.heads = 2, c.vocab = 97, c.seq = 64, c.batch = 2;
+  Model m = gpt2(c);
+  const auto grads = add_backward(m.graph, m.loss, m.params);
+  AdamWConfig ac;
+  ac.no_decay_group = true;
+  const OptimizerInputs oi = add_adamw(m.graph, grads, ac);
+  ASSERT_EQ(oi.scalars_no_decay, "adamw.scalars_no_decay");
+  const int nd = m.graph.find(oi.scalars_no_decay);
+  int decayed = 0, not_decayed = 0;
+  for (const Node& n : m.graph.nodes())
+    if (n.op == Op::adamw) {
+      const bool matrix = m.graph.value(n.inputs[0]).shape.size() >= 2;
+      EXPECT_EQ(n.inputs[4] == nd, !matrix) << m.graph.value(n.outputs[3]).name;
+      (matrix ? decayed : not_decayed) += 1;
+    }
+  EXPECT_EQ(decayed, 6);       // wte, wpe, c_attn.w, attn c_proj.w, c_fc.w, mlp c_proj.w
+  EXPECT_EQ(not_decayed, 10);  // 4 biases, 3 LayerNorms' weights and biases
+  const Executable e = compile(m.graph, arch::load_chip("trn3"), {2});
+  int launches = 0;
+  for (const Launch& l : e.launches) launches += l.kernel == "adamw";
+  EXPECT_EQ(launches, 2);
+}
+
 TEST(Training, CarryErrors) {
   Graph g("c");
   const int x = g.param("x", {4}, DType::fp32), y = g.input("y", {4}, DType::bf16);
