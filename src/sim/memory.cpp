@@ -35,6 +35,25 @@ Region& Hbm::by_name(const std::string& name) {
   throw Error(fmt::format("no HBM tensor named '{}'", name));
 }
 
+const std::uint8_t* find_unwritten(const std::uint8_t* flags, std::size_t len, std::uint8_t mark) {
+  const std::uint64_t all = 0x0101010101010101ull * mark;
+  std::size_t i = 0;
+  // 64 bytes a step without a branch inside (the compiler vectorizes it);
+  // the byte loop below finds the first stale flag in the block.
+  for (; i + 64 <= len; i += 64) {
+    std::uint64_t diff = 0;
+    for (std::size_t j = 0; j < 64; j += 8) {
+      std::uint64_t w;
+      std::memcpy(&w, flags + i + j, 8);
+      diff |= w ^ all;
+    }
+    if (diff) break;
+  }
+  for (; i < len; ++i)
+    if (flags[i] != mark) return flags + i;
+  return nullptr;
+}
+
 Bytes zeroed_bytes(std::size_t n) {
   auto* p = static_cast<std::uint8_t*>(std::calloc(n, 1));
   if (!p) throw Error(fmt::format("cannot allocate {} bytes of simulated SRAM", n));

@@ -16,6 +16,10 @@
 
 namespace tern::sim {
 
+// The first of `len` written flags that is not `mark` (never written in the
+// current run), or nullptr: memchr's job for "flag != mark", 8 bytes a step.
+const std::uint8_t* find_unwritten(const std::uint8_t* flags, std::size_t len, std::uint8_t mark);
+
 // Zero-filled bytes from calloc: the OS hands out zero pages lazily, so a
 // 32 MiB SBUF or a 64 MiB HBM tensor costs only the pages a run touches.
 struct FreeBytes {
@@ -52,15 +56,13 @@ class Sram {
   bool tracks_written() const { return written_ != nullptr; }
   int partitions() const { return partitions_; }
   std::int64_t bytes_per_partition() const { return bytes_; }
-  // Nothing written again in bytes [0, used) of every partition (a new
-  // program's fresh memory; `used` is the high-water mark of the programs
-  // run since the last reset, so the flags past it are still clear). The
-  // data bytes keep their old values: reads of never-written bytes are
-  // errors, so they are never seen.
-  void forget_writes(std::int64_t used) {
-    if (!written_) return;
-    const auto n = static_cast<std::size_t>(std::min(used, bytes_));
-    for (int p = 0; p < partitions_; ++p) std::memset(written_row(p), 0, n);
+  // Every byte never written again (the flags cleared). Runs use a mark
+  // instead (Simulator: a byte is written when its flag equals the current
+  // mark), so this is needed only when the mark wraps around.
+  void clear_written() {
+    if (written_)
+      std::memset(written_.get(), 0,
+                  static_cast<std::size_t>(partitions_) * static_cast<std::size_t>(bytes_));
   }
 
  private:

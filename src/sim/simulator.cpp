@@ -72,10 +72,14 @@ void Simulator::load(const isa::Program& p) {
   for (const auto& t : p.tensors) hbm_.add(t.name, t.address, t.bytes());
   // A new program starts with fresh SBUF and PSUM: the memories are kept
   // (reallocating 32 MiB a core per launch was half of a small model's
-  // training step) and their written flags cleared where runs wrote.
-  for (Sram& m : sbuf_) m.forget_writes(sbuf_used_ + 1);
-  for (Sram& m : psum_) m.forget_writes(psum_used_ + 1);
-  sbuf_used_ = psum_used_ = 0;
+  // training step) and a new mark makes every earlier write stale without
+  // touching the flags (clearing them was a fifth of a training step); only
+  // when the 8-bit mark wraps are the flags cleared.
+  if (++mark_ == 0) {
+    mark_ = 1;
+    for (Sram& m : sbuf_) m.clear_written();
+    for (Sram& m : psum_) m.clear_written();
+  }
   program_ = p;
   loaded_ = true;
 }
@@ -86,7 +90,7 @@ void Simulator::write_bytes(const std::string& tensor, std::span<const std::uint
     throw Error(fmt::format("tensor '{}' holds {} bytes, got {}", tensor, r.size, bytes.size()));
   }
   std::copy(bytes.begin(), bytes.end(), r.data.get());
-  std::memset(r.written.get(), 1, static_cast<std::size_t>(r.size));
+  std::memset(r.written.get(), mark_, static_cast<std::size_t>(r.size));
 }
 
 void Simulator::write(const std::string& tensor, std::span<const float> values) {
@@ -189,13 +193,13 @@ struct Simulator::Impl {
       if (written) {
         if (run) {
           const std::size_t len = offs.size() * static_cast<std::size_t>(sz);
-          if (const void* z = std::memchr(written + offs.front(), 0, len)) {
+          if (const void* z = find_unwritten(written + offs.front(), len, s.mark_)) {
             uninitialized(what, ap, r, static_cast<const std::uint8_t*>(z) - written);
           }
         } else {
           for (std::size_t i = 0; i < offs.size(); ++i)
             for (int b = 0; b < sz; ++b)
-              if (!written[offs[i] + b]) uninitialized(what, ap, r, offs[i] + b);
+              if (written[offs[i] + b] != s.mark_) uninitialized(what, ap, r, offs[i] + b);
         }
       }
       float* out = v.data() + static_cast<std::size_t>(r) * offs.size();
@@ -226,9 +230,9 @@ struct Simulator::Impl {
       }
       if (written) {
         if (run) {
-          std::memset(written + offs.front(), 1, offs.size() * static_cast<std::size_t>(sz));
+          std::memset(written + offs.front(), s.mark_, offs.size() * static_cast<std::size_t>(sz));
         } else {
-          for (auto o : offs) std::memset(written + o, 1, static_cast<std::size_t>(sz));
+          for (auto o : offs) std::memset(written + o, s.mark_, static_cast<std::size_t>(sz));
         }
       }
     }
@@ -326,19 +330,21 @@ struct Simulator::Impl {
     const int sz = isa::size_bytes(ap.dtype);
     if (contiguous(offs, sz)) {
       const std::size_t len = offs.size() * static_cast<std::size_t>(sz);
-      if (const void* z = std::memchr(written + offs.front(), 0, len)) {
+      if (const void* z = find_unwritten(written + offs.front(), len, s.mark_)) {
         uninitialized(what, ap, r, static_cast<const std::uint8_t*>(z) - written);
       }
       return;
     }
     for (auto o : offs)
       for (int b = 0; b < sz; ++b)
-        if (!written[o + b]) uninitialized(what, ap, r, o + b);
+        if (written[o + b] != s.mark_) uninitialized(what, ap, r, o + b);
   }
 
   void mark_written(std::uint8_t* written, const std::vector<std::int64_t>& offs, int sz) {
     if (!written) return;
-    for (auto o : offs) std::memset(written + o, 1, static_cast<std::size_t>(sz));
+    // Element by element (sizes 1 to 4: a call to memset each costs more).
+    for (auto o : offs)
+      for (int b = 0; b < sz; ++b) written[o + b] = s.mark_;
   }
 
   // Same-type DMA: element bytes move unchanged (NaN payloads, x4 packing).
@@ -353,7 +359,7 @@ struct Simulator::Impl {
       auto [db, dw] = row(core, dst, r);
       if (runs) {  // one block per row
         std::memcpy(db + dof.front(), sb + so.front(), len);
-        if (dw) std::memset(dw + dof.front(), 1, len);
+        if (dw) std::memset(dw + dof.front(), s.mark_, len);
         continue;
       }
       for (std::size_t i = 0; i < so.size(); ++i)
@@ -480,7 +486,7 @@ struct Simulator::Impl {
           for (int r = 0; r < d.partitions; ++r) {
             std::uint8_t* w = ps.written_row(d.start_partition + r) + first;
             if (in.accumulate) {
-              if (const void* z = std::memchr(w, 0, static_cast<std::size_t>(n) * 4)) {
+              if (const void* z = find_unwritten(w, static_cast<std::size_t>(n) * 4, s.mark_)) {
                 uninitialized("accumulate=True onto PSUM", d, r,
                               static_cast<const std::uint8_t*>(z) - w + first);
               }
@@ -493,7 +499,7 @@ struct Simulator::Impl {
           matmul_accumulate(st.w.data(), m.data(), n, acc, ps.bytes_per_partition() / 4, st.k, st.m,
                             n, fp32, threads);
           for (int r = 0; r < d.partitions; ++r) {
-            std::memset(ps.written_row(d.start_partition + r) + first, 1,
+            std::memset(ps.written_row(d.start_partition + r) + first, s.mark_,
                         static_cast<std::size_t>(n) * 4);
           }
           break;
@@ -721,7 +727,7 @@ struct Simulator::Impl {
             std::memcpy(db + dof[static_cast<std::size_t>(r)], sb + so[i],
                         static_cast<std::size_t>(sz));
             if (dw)
-              std::memset(dw + dof[static_cast<std::size_t>(r)], 1, static_cast<std::size_t>(sz));
+              std::memset(dw + dof[static_cast<std::size_t>(r)], s.mark_, static_cast<std::size_t>(sz));
           }
         }
         break;
@@ -809,7 +815,7 @@ struct Simulator::Impl {
         }
         if (dw)
           for (std::size_t e = 0; e < F; ++e)
-            std::memset(dw + doff[e], 1, static_cast<std::size_t>(dsz));
+            std::memset(dw + doff[e], s.mark_, static_cast<std::size_t>(dsz));
       }
     }
   }
@@ -926,8 +932,11 @@ RunStats Simulator::run(const Options& opt) {
   const int ncores = static_cast<int>(p.cores.size());
   const bool data = opt.mode != Mode::timing;
   if (data) {
-    sbuf_.resize(ncores);
-    psum_.resize(ncores);
+    // Never shrunk: a later program with more cores reuses the memories.
+    if (static_cast<int>(sbuf_.size()) < ncores) {
+      sbuf_.resize(static_cast<std::size_t>(ncores));
+      psum_.resize(static_cast<std::size_t>(ncores));
+    }
     for (int c = 0; c < ncores; ++c) {
       if (sbuf_[c].partitions() == 0) {
         sbuf_[c] = Sram(chip_.sbuf_partitions, chip_.sbuf_partition_bytes.value(), true);
@@ -1122,9 +1131,6 @@ RunStats Simulator::run(const Options& opt) {
       if (ap.mem == Mem::sbuf) st.sbuf_high_water = std::max(st.sbuf_high_water, ap.max_byte());
       if (ap.mem == Mem::psum) st.psum_high_water = std::max(st.psum_high_water, ap.max_byte());
     }
-    // Before the instruction runs (it may throw): what the next load clears.
-    sbuf_used_ = std::max(sbuf_used_, st.sbuf_high_water);
-    psum_used_ = std::max(psum_used_, st.psum_high_water);
     try {
       impl.tensor_state(c, in);
       if (data) impl.execute(c, in);

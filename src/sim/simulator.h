@@ -97,9 +97,9 @@ class Simulator {
   isa::Program program_;
   Hbm hbm_;
   std::vector<Sram> sbuf_, psum_;
-  // The highest SBUF / PSUM byte any run touched since the memories were
-  // last made fresh (load() clears the written flags up to there).
-  std::int64_t sbuf_used_ = 0, psum_used_ = 0;
+  // Written flags: a byte was written by the loaded program when its flag
+  // equals mark_ (load() moves the mark on: fresh memory in O(1)).
+  std::uint8_t mark_ = 1;
   bool loaded_ = false;
 };
 
