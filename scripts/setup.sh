@@ -13,6 +13,7 @@ packages=(
   libfmt-dev libcli11-dev nlohmann-json3-dev libtomlplusplus-dev libhwy-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev    # the baseline of the simulator's matmul benchmark
+  zlib1g-dev         # checkpoint checksums (CRC-32)
   libmpfr-dev        # test oracle for the number formats
   python3            # /usr/bin/python3: JSON checks in the CLI tests
   python3-jsonschema # trace schema check

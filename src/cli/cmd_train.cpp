@@ -1,7 +1,11 @@
-// tern train: trains a small GPT-style model on char-level text on a
-// simulated chip (issue 7, first part: the loop; checkpoints, monitors and
-// validation come next).
+// tern train: trains a GPT-2- or Llama-style model on char-level text on a
+// simulated chip (docs/train.md): precision recipes, numeric-health
+// policies, checkpoints and resume, a progress line, metrics file.
+#include <algorithm>
+#include <cmath>
+#include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <string>
 
@@ -10,6 +14,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "arch/chip.h"
 #include "cli/commands.h"
 #include "graph/lower.h"
 #include "train/trainer.h"
@@ -20,66 +25,130 @@ namespace tern::cli {
 
 namespace {
 
-struct Eval {
-  std::int64_t every = 0;  // steps between validations (0: only at the end)
-  int batches = 4;
-  std::string metrics;  // a JSONL file of every step's metrics ("" none)
+struct Options {
+  std::string config;               // a TOML file of TrainConfig keys
+  std::vector<std::string> faults;  // --inject
+  std::int64_t every = 0;           // validation every N steps (0: only at the end)
+  int batches = 4;                  // held-out batches a validation averages
+  std::int64_t log_every = 1;       // progress line every N steps
+  std::string metrics;              // JSONL of every step's metrics ("" none)
+  bool json = false;
 };
 
-void run(const train::TrainConfig& c, bool json, const Eval& ev) {
-  if (!json && ::isatty(2))  // a progress line for people at a terminal
+void run(train::TrainConfig c, const Options& o) {
+  for (const std::string& f : o.faults) c.faults.push_back(train::parse_fault(f));
+  const bool tty = !o.json && ::isatty(2);
+  if (tty)
     std::fprintf(stderr, "compiling the training step (%s, %s)...\r", c.recipe.c_str(),
                  c.arch.c_str());
   train::Trainer t(c);
+  if (tty) std::fprintf(stderr, "%60s\r", "");
+  for (const std::string& n : t.notes()) std::fprintf(stderr, "note: %s\n", n.c_str());
   const graph::Executable& e = t.executable();
-  if (!json)
+  const arch::ChipSpec chip = arch::load_chip(c.arch);
+  // MFU against the chip's dense peaks (tensor engines of every core):
+  // model FLOPs of the step / (simulated step time x peak).
+  const double peak_bf16 = chip.tensor_peak_per_chip("bf16").value();
+  const double peak_mx = chip.supports("mxfp8") ? chip.tensor_peak_per_chip("mxfp8").value() : 0;
+  const double fusion = e.fusion.rate();
+  const double hbm = static_cast<double>(e.plan.total() + t.update_executable().plan.total());
+  if (!o.json)
     std::printf(
-        "model: GPT, %lld layers, dim %lld, %lld heads, vocab %d (char), %lld parameters; "
-        "batch %lld x %lld; recipe %s on %s; %zu kernels a step, fusion rate %.3f\n",
-        static_cast<long long>(c.layers), static_cast<long long>(c.dim),
+        "model: %s, %lld layers, dim %lld, %lld heads, vocab %d (char), %lld parameters; batch "
+        "%lld x %lld x %lld accum; recipe %s on %s; %zu + %zu kernels a step, fusion rate %.3f, "
+        "HBM %.1f MiB\n",
+        c.model.c_str(), static_cast<long long>(c.layers), static_cast<long long>(c.dim),
         static_cast<long long>(c.heads), t.tokenizer().vocab(),
         static_cast<long long>(t.parameters()), static_cast<long long>(c.batch),
-        static_cast<long long>(c.seq), c.recipe.c_str(), c.arch.c_str(), e.launches.size(),
-        e.fusion.rate());
-  const double tokens = static_cast<double>(c.batch * c.seq);
+        static_cast<long long>(c.seq), static_cast<long long>(c.accum), t.recipe().c_str(),
+        c.arch.c_str(), e.launches.size(), t.update_executable().launches.size(), fusion,
+        hbm / (1 << 20));
+  const double tokens = static_cast<double>(c.batch * c.seq * c.accum);
   // The metrics file is rewritten atomically after every step (a reader
-  // never sees half a line; a killed run leaves the steps done so far).
+  // never sees half a line; a killed run leaves the steps done so far); a
+  // resumed run continues the file it finds.
   std::string metrics;
+  if (!o.metrics.empty() && !c.resume.empty() && std::filesystem::exists(o.metrics)) {
+    metrics = read_file(o.metrics);
+    // Lines of steps after the checkpoint are dropped: they are redone.
+    std::string kept;
+    std::size_t pos = 0;
+    while (pos < metrics.size()) {
+      const std::size_t nl = metrics.find('\n', pos);
+      const std::string line = metrics.substr(pos, nl - pos);
+      pos = nl == std::string::npos ? metrics.size() : nl + 1;
+      try {
+        if (nlohmann::json::parse(line).value("step", std::int64_t{0}) <= t.steps_done())
+          kept += line + "\n";
+      } catch (const nlohmann::json::exception&) {
+      }
+    }
+    metrics = kept;
+  }
   auto record = [&](const nlohmann::json& j) {
-    if (json) std::printf("%s\n", j.dump().c_str());
-    if (!ev.metrics.empty()) {
+    if (o.json) std::printf("%s\n", j.dump().c_str());
+    if (!o.metrics.empty()) {
       metrics += j.dump() + "\n";
-      write_file_atomic(ev.metrics, metrics);
+      write_file_atomic(o.metrics, metrics);
     }
   };
-  double first = 0, last = 0;
-  for (std::int64_t s = 1; s <= c.steps; ++s) {
+  double first = NAN, last = NAN, ema_tps = 0;
+  while (t.steps_done() < c.steps) {
     const train::StepMetrics m = t.step();
-    if (s == 1) first = m.loss;
+    for (const std::string& a : m.actions) {
+      if (!o.json) std::printf("step %lld: %s\n", static_cast<long long>(m.step), a.c_str());
+      record({{"step", m.step}, {"action", a}});
+    }
+    if (t.steps_done() < m.step) continue;  // rolled back
+    if (std::isnan(first)) first = m.loss;
     last = m.loss;
+    const double tps = tokens / (m.wall_ms / 1e3);
+    ema_tps = ema_tps == 0 ? tps : 0.9 * ema_tps + 0.1 * tps;
+    const double flops = t.flops_per_step();
+    const double mfu_bf16 = flops / (m.sim_ns * 1e-9) / peak_bf16;
+    const double mfu_mx = peak_mx > 0 ? flops / (m.sim_ns * 1e-9) / peak_mx : 0;
     record({{"step", m.step},
             {"loss", m.loss},
+            {"grad_norm", m.grad_norm},
+            {"clip_scale", m.clip_scale},
             {"lr", m.lr},
+            {"updated", m.updated},
+            {"retries", m.retries},
             {"wall_ms", m.wall_ms},
+            {"tokens_per_s", tps},
             {"sim_ns", m.sim_ns},
-            {"tokens_per_s", tokens / (m.wall_ms / 1e3)}});
-    if (!json) {
+            {"mfu_bf16", mfu_bf16},
+            {"mfu_mxfp8", mfu_mx},
+            {"fusion_rate", t.executable().fusion.rate()},
+            {"hbm_bytes", hbm},
+            {"recipe", t.recipe()}});
+    if (!o.json && (m.step % o.log_every == 0 || m.step == c.steps)) {
       std::printf(
-          "step %4lld/%lld | loss %.4f | lr %.2e | %7.1f ms | %7.0f tok/s | simulated "
-          "%.3f ms/step\n",
-          static_cast<long long>(m.step), static_cast<long long>(c.steps), m.loss, m.lr, m.wall_ms,
-          tokens / (m.wall_ms / 1e3), m.sim_ns / 1e6);
+          "step %5lld/%lld | loss %.4f | norm %6.3f | lr %.2e | %6.0f ms | %6.0f tok/s | sim "
+          "%.3f ms | MFU %.1f%% bf16, %.1f%% mxfp8\n",
+          static_cast<long long>(m.step), static_cast<long long>(c.steps), m.loss, m.grad_norm,
+          m.lr, m.wall_ms, ema_tps, m.sim_ns / 1e6, 100 * mfu_bf16, 100 * mfu_mx);
     }
-    if ((ev.every > 0 && s % ev.every == 0) || s == c.steps) {
-      const double v = t.validate(ev.batches);
-      record({{"step", s}, {"val_loss", v}});
-      if (!json)
-        std::printf("step %4lld/%lld | val loss %.4f (%d batches of held-out text)\n",
-                    static_cast<long long>(s), static_cast<long long>(c.steps), v, ev.batches);
+    if (c.ckpt_every > 0 && (t.steps_done() % c.ckpt_every == 0 || t.steps_done() == c.steps)) {
+      const std::string f = t.save_checkpoint();
+      record({{"step", t.steps_done()}, {"checkpoint", f}});
+    }
+    if ((o.every > 0 && t.steps_done() % o.every == 0) || t.steps_done() == c.steps) {
+      const double v = t.validate(o.batches);
+      record({{"step", t.steps_done()}, {"val_loss", v}});
+      if (!o.json)
+        std::printf("step %5lld/%lld | val loss %.4f (%d batches of held-out text)\n",
+                    static_cast<long long>(t.steps_done()), static_cast<long long>(c.steps), v,
+                    o.batches);
     }
     std::fflush(stdout);
+    for (const train::Fault& f : c.faults)
+      if (f.kind == train::Fault::Kind::kill && f.step == t.steps_done()) {
+        std::fflush(nullptr);
+        std::raise(SIGKILL);  // an abrupt death, as a crashed host (tests of resume)
+      }
   }
-  if (!json)
+  if (!o.json)
     std::printf("loss %.4f -> %.4f over %lld steps\n", first, last,
                 static_cast<long long>(c.steps));
 }
@@ -88,19 +157,33 @@ void run(const train::TrainConfig& c, bool json, const Eval& ev) {
 
 void add_train_command(CLI::App& app) {
   auto c = std::make_shared<train::TrainConfig>();
-  auto json = std::make_shared<bool>(false);
-  auto ev = std::make_shared<Eval>();
+  auto o = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand(
-      "train", "Train a GPT-style model on char-level text on a simulated chip (docs/train.md)");
+      "train",
+      "Train a GPT-2- or Llama-style model on char-level text on a simulated chip "
+      "(docs/train.md)");
+  cmd->add_option("--config", o->config,
+                  "A TOML file of settings (docs/train.md); flags given here override it");
   cmd->add_option("--text", c->text, "Training text (char tokenizer)")->capture_default_str();
+  cmd->add_option("--model", c->model, "gpt2 or llama")->capture_default_str();
   cmd->add_option("--layers", c->layers, "Transformer layers")->capture_default_str();
   cmd->add_option("--dim", c->dim, "Model width (head dim dim / heads: 64 or 128)")
       ->capture_default_str();
   cmd->add_option("--heads", c->heads, "Attention heads")->capture_default_str();
-  cmd->add_option("--batch", c->batch, "Sequences a step")->capture_default_str();
-  cmd->add_option("--seq", c->seq, "Tokens a sequence")->capture_default_str();
-  cmd->add_option("--recipe", c->recipe, "Precision: bf16, fp8-hybrid, mxfp8, mxfp4")
+  cmd->add_option("--kv-heads", c->kv_heads, "Llama: key/value heads (0: heads)")
       ->capture_default_str();
+  cmd->add_option("--ffn", c->ffn, "Llama: SwiGLU width (0: 8/3 dim rounded up to 64)")
+      ->capture_default_str();
+  cmd->add_option("--batch", c->batch, "Sequences a micro-batch")->capture_default_str();
+  cmd->add_option("--seq", c->seq, "Tokens a sequence")->capture_default_str();
+  cmd->add_option("--accum", c->accum, "Micro-batches a step (gradient accumulation)")
+      ->capture_default_str();
+  cmd->add_option("--recipe", c->recipe, "Precision: fp32, bf16, fp8-hybrid, mxfp8, mxfp4")
+      ->capture_default_str();
+  cmd->add_option("--mx-policy", c->mx_policy, "MX scale rule: trn3, rceil, ocp-floor")
+      ->capture_default_str();
+  cmd->add_flag("--stochastic-rounding", c->stochastic_rounding,
+                "Engines round their outputs stochastically (seeded)");
   cmd->add_option("--arch", c->arch, "Chip")->capture_default_str();
   cmd->add_option("--cores", c->cores, "NeuronCores a kernel uses (0: all)")->capture_default_str();
   cmd->add_option("--steps", c->steps, "Optimizer steps (the schedule's length)")
@@ -110,15 +193,57 @@ void add_train_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--warmup", c->warmup, "Linear warmup steps")->capture_default_str();
   cmd->add_option("--weight-decay", c->weight_decay, "AdamW weight decay")->capture_default_str();
-  cmd->add_option("--seed", c->seed, "Weights and batch order")->capture_default_str();
-  cmd->add_option("--eval-every", ev->every, "Validation loss every N steps (0: at the end only)")
+  cmd->add_option("--clip", c->clip, "Clip the global gradient norm to this (0: off)")
       ->capture_default_str();
-  cmd->add_option("--eval-batches", ev->batches, "Held-out batches a validation averages")
+  cmd->add_option("--seed", c->seed, "Weights, batch order, rounding streams")
       ->capture_default_str();
-  cmd->add_option("--metrics", ev->metrics,
+  cmd->add_option("--nan-policy", c->nan_policy,
+                  "On NaN/Inf: skip, fallback-layer, fallback-global, rollback, stop")
+      ->capture_default_str();
+  cmd->add_option("--nan-rate", c->nan_rate,
+                  "Non-finite gradient elements tolerated (fraction; 0: none)")
+      ->capture_default_str();
+  cmd->add_option("--spike-z", c->spike_z, "Log a gradient-norm spike above this z-score (0: off)")
+      ->capture_default_str();
+  cmd->add_option("--retries", c->retries, "Retries of a failed step before a rollback")
+      ->capture_default_str();
+  cmd->add_option("--ckpt-dir", c->ckpt_dir, "Checkpoint directory");
+  cmd->add_option("--ckpt-every", c->ckpt_every, "Checkpoint every N steps (0: none)")
+      ->capture_default_str();
+  cmd->add_option("--keep-last", c->keep_last, "Checkpoints kept")->capture_default_str();
+  cmd->add_option("--resume", c->resume,
+                  "Continue from a checkpoint file, or a directory's newest good one");
+  cmd->add_option("--inject", o->faults,
+                  "Inject a fault (tests): nan@STEP[:PARAM], fail@STEP[xCOUNT], kill@STEP");
+  cmd->add_option("--eval-every", o->every, "Validation loss every N steps (0: at the end only)")
+      ->capture_default_str();
+  cmd->add_option("--eval-batches", o->batches, "Held-out batches a validation averages")
+      ->capture_default_str();
+  cmd->add_option("--log-every", o->log_every, "Progress line every N steps")
+      ->capture_default_str();
+  cmd->add_option("--metrics", o->metrics,
                   "Write every step's metrics (and validation losses) to this JSONL file");
-  cmd->add_flag("--json", *json, "One JSON line a step");
-  cmd->callback([c, json, ev] { run(*c, *json, *ev); });
+  cmd->add_flag("--json", o->json, "One JSON line a step");
+  cmd->callback([c, o, cmd] {
+    train::TrainConfig cfg = *c;
+    if (!o->config.empty()) {
+      // The file's settings, then every flag given on the command line
+      // ("--kv-heads" sets the key kv_heads).
+      train::TrainConfig file;
+      train::load_config_file(file, o->config);
+      nlohmann::json merged = train::to_json(file);
+      const nlohmann::json flags = train::to_json(*c);
+      for (const CLI::Option* opt : cmd->get_options()) {
+        if (opt->count() == 0 || opt->get_lnames().empty()) continue;
+        std::string key = opt->get_lnames().front();
+        std::replace(key.begin(), key.end(), '-', '_');
+        if (flags.contains(key)) merged[key] = flags.at(key);
+      }
+      cfg = train::config_from_json(merged);
+    }
+    if (o->log_every < 1) throw Error("--log-every must be >= 1");
+    run(cfg, *o);
+  });
 }
 
 }  // namespace tern::cli

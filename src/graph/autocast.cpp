@@ -154,6 +154,7 @@ Graph autocast(const Graph& g, const AutocastOptions& opt) {
         // Under "all", the ops kept high take their inputs back up.
         const DType want = low ? opt.type : g.value(n.inputs[i]).dtype;
         if (n.op == Op::attention_backward && i == 5) continue;  // lse stays fp32
+        if (n.op == Op::rope && i > 0) continue;                 // cos / sin tables stay fp32
         ins[i] = as(ins[i], want);
       }
     }
@@ -161,10 +162,17 @@ Graph autocast(const Graph& g, const AutocastOptions& opt) {
     for (int v : n.outputs) names.push_back(g.value(v).name);
     Attrs attrs = n.attrs;
     const std::size_t ni = static_cast<std::size_t>(&n - g.nodes().data());
+    auto is_param = [&](int v) { return g.node(g.value(v).node).op == Op::param; };
+    auto kept_high = [&] {
+      for (int v : n.inputs)
+        if (is_param(v))
+          for (const std::string& p : opt.keep_high)
+            if (g.value(v).name.starts_with(p)) return true;
+      return false;
+    };
     if (opt.quant.any() && n.op == Op::matmul && g.value(n.inputs[1]).shape.size() == 2 &&
-        !head[ni]) {
+        !head[ni] && !kept_high()) {
       MatmulQuant q = opt.quant;
-      auto is_param = [&](int v) { return g.node(g.value(v).node).op == Op::param; };
       if (opt.mxfp4_weights) {
         const OperandQuant w = parse_operand_quant("mxfp4");
         if (is_param(n.inputs[0])) q.a = w;

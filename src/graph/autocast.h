@@ -30,6 +30,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "graph/ir.h"
 #include "graph/quant.h"
@@ -42,6 +43,9 @@ struct AutocastOptions {
   std::string recipe;          // "" or the recipe's name
   MatmulQuant quant;           // the linear layers' operands (none: plain casts)
   bool mxfp4_weights = false;  // mxfp4: params as MXFP4, the rest as `quant`
+  // Matmuls with a param operand whose name starts with one of these stay
+  // unquantized (the trainer's per-layer fallback to bf16: "h.3.").
+  std::vector<std::string> keep_high;
 };
 
 // Parses "none|matmult|all" and "bf16|fp16|fp8_e4m3" (errors name the

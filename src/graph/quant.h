@@ -74,7 +74,7 @@ class DelayedScaling {
   void update();
   std::size_t sites() const { return sites_.size(); }
 
- private:
+  // The whole state (checkpoints save and restore it).
   struct Site {
     float scale = 1.0f;
     std::vector<float> history;  // oldest first, at most `length`
@@ -83,6 +83,10 @@ class DelayedScaling {
     float amax = 0.0f;
     DType fp8 = DType::fp8_e4m3;
   };
+  const std::map<std::string, Site>& state() const { return sites_; }
+  void restore(std::map<std::string, Site> s) { sites_ = std::move(s); }
+
+ private:
   std::map<std::string, Site> sites_;
 };
 

@@ -150,7 +150,8 @@ std::vector<float> Session::read(const std::string& name) const {
   return x;
 }
 
-StepResult Session::step(const std::map<std::string, std::vector<float>>& feeds) {
+StepResult Session::step(const std::map<std::string, std::vector<float>>& feeds,
+                         const StepOptions& options) {
   // Every feed checked before any is written: a bad one changes nothing.
   for (const auto& [name, x] : feeds) {
     const graph::Value& val = exe_->graph.value(leaf(name));
@@ -207,7 +208,14 @@ StepResult Session::step(const std::map<std::string, std::vector<float>>& feeds)
                                 g.value(b.value).name));
       sim_.write_bytes(b.tensor, std::span<const std::uint8_t>(p, n));
     }
-    const sim::RunStats st = sim_.run({});
+    sim::Options so;
+    so.stochastic_rounding = options.stochastic_rounding;
+    // splitmix64 of (seed, launch): independent streams per launch.
+    std::uint64_t z = options.seed + 0x9e3779b97f4a7c15ull * (r.events.size() + 1);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    so.seed = z ^ (z >> 31);
+    const sim::RunStats st = sim_.run(so);
     r.events.push_back({l.group, l.kernel, l.detail, r.time_ns, st.latency_ns});
     r.kernel_ns.push_back(st.latency_ns);
     r.time_ns += st.latency_ns;

@@ -49,6 +49,21 @@ struct StepResult {
   std::vector<std::pair<std::string, double>> by_kernel() const;
 };
 
+// How a step rounds: stochastic rounding of the engines' output casts, its
+// stream from `seed` (each launch of the step draws from its own stream).
+struct StepOptions {
+  bool stochastic_rounding = false;
+  std::uint64_t seed = 0;
+};
+
+// What a Session keeps besides the graph's inputs and params: the kept
+// buffers (delayed FP8 scaling's scales and amaxes) and the scaling
+// histories. Checkpoints save it; restoring it continues bit-exactly.
+struct KeptState {
+  std::map<std::string, std::vector<std::uint8_t>> buffers;
+  graph::DelayedScaling scaling;
+};
+
 class Session {
  public:
   // Throws tern::Error for an executable built for another chip or one
@@ -67,8 +82,14 @@ class Session {
   // a bad feed (before writing any) or an input or param that was never
   // written. A step that fails in a kernel leaves the device state
   // undefined (in-place updates may have happened): start a new Session.
-  StepResult step(const std::map<std::string, std::vector<float>>& feeds = {});
+  StepResult step(const std::map<std::string, std::vector<float>>& feeds = {},
+                  const StepOptions& options = {});
   std::int64_t steps() const { return steps_; }
+  KeptState kept_state() const { return {state_, scaling_}; }
+  void restore_kept_state(const KeptState& s) {
+    state_ = s.buffers;
+    scaling_ = s.scaling;
+  }
 
  private:
   std::pair<std::uint8_t*, std::size_t> bytes_of(int v);

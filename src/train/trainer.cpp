@@ -2,10 +2,14 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
 #include <numbers>
+#include <numeric>
 #include <random>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "arch/chip.h"
 #include "graph/autocast.h"
@@ -14,6 +18,7 @@
 #include "graph/models.h"
 #include "graph/optimizer.h"
 #include "runtime/device.h"
+#include "train/checkpoint.h"
 #include "util/error.h"
 #include "util/file.h"
 
@@ -27,102 +32,537 @@ double learning_rate(const TrainConfig& c, std::int64_t step) {
   return c.min_lr + 0.5 * (c.lr - c.min_lr) * (1.0 + std::cos(std::numbers::pi * t));
 }
 
+namespace {
+
+std::int64_t llama_ffn(const TrainConfig& c) {
+  if (c.ffn > 0) return c.ffn;
+  const std::int64_t f = (8 * c.dim + 2) / 3;  // 8/3 dim, as Llama's SwiGLU
+  return (f + 63) / 64 * 64;
+}
+
+graph::Model make_model(const TrainConfig& c, int vocab) {
+  const isa::DType dt = c.recipe == "fp32" ? isa::DType::fp32 : isa::DType::bf16;
+  if (c.model == "llama") {
+    graph::LlamaConfig lc;
+    lc.layers = c.layers, lc.dim = c.dim, lc.heads = c.heads;
+    lc.kv_heads = c.kv_heads > 0 ? c.kv_heads : c.heads;
+    lc.ffn = llama_ffn(c), lc.vocab = vocab, lc.seq = c.seq, lc.batch = c.batch, lc.dtype = dt;
+    return graph::llama(lc);
+  }
+  graph::Gpt2Config gc;
+  gc.layers = c.layers, gc.dim = c.dim, gc.heads = c.heads, gc.vocab = vocab;
+  gc.seq = c.seq, gc.batch = c.batch, gc.dtype = dt;
+  return graph::gpt2(gc);
+}
+
+std::string layer_prefix(const TrainConfig& c, std::int64_t layer) {
+  return fmt::format("{}{}.", c.model == "llama" ? "layers." : "h.", layer);
+}
+
+// The layer a param belongs to, or -1 (embeddings, final norm, head).
+std::int64_t layer_of(const TrainConfig& c, const std::string& name) {
+  for (std::int64_t l = 0; l < c.layers; ++l)
+    if (name.starts_with(layer_prefix(c, l))) return l;
+  return -1;
+}
+
+// Norm weights start at 1 (LayerNorm / RMSNorm gains), other vectors
+// (biases) at 0, matrices normal(0, init_std).
+bool is_norm_weight(const std::string& name) {
+  return (name.find("ln_") != std::string::npos && name.ends_with(".w")) || name.ends_with("norm");
+}
+
+// Independent streams for stochastic rounding: (seed, step, micro-batch).
+std::uint64_t stream_seed(std::uint64_t seed, std::int64_t step, std::int64_t micro) {
+  return seed * 0x9e3779b97f4a7c15ull + static_cast<std::uint64_t>(step) * 1000003ull +
+         static_cast<std::uint64_t>(micro);
+}
+
+// An injected device fault: what a retry handles.
+struct InjectedFault : Error {
+  using Error::Error;
+};
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
 Trainer::Trainer(const TrainConfig& c) : c_(c), tok_(CharTokenizer::from_text(read_file(c.text))) {
-  if (c.warmup < 0 || c.steps < 1 || !(c.lr > 0) || c.min_lr < 0 || c.min_lr > c.lr)
-    throw Error(
-        fmt::format("train: need steps >= 1, warmup >= 0 and 0 <= min_lr <= lr, got "
-                    "steps {}, warmup {}, lr {}, min_lr {}",
-                    c.steps, c.warmup, c.lr, c.min_lr));
-  const std::string text = read_file(c.text);
+  train::validate(c_);
+  const std::string text = read_file(c_.text);
   const auto tokens = tok_.encode(text);
   const auto n_train =
-      static_cast<std::size_t>(static_cast<double>(tokens.size()) * (1.0 - c.val_fraction));
+      static_cast<std::size_t>(static_cast<double>(tokens.size()) * (1.0 - c_.val_fraction));
   val_tokens_.assign(tokens.begin() + static_cast<std::ptrdiff_t>(n_train), tokens.end());
   train_ = std::make_unique<BatchLoader>(
       std::vector<std::uint16_t>(tokens.begin(),
                                  tokens.begin() + static_cast<std::ptrdiff_t>(n_train)),
-      static_cast<int>(c.batch), static_cast<int>(c.seq), c.seed);
-
-  graph::Gpt2Config mc;
-  mc.layers = c.layers, mc.dim = c.dim, mc.heads = c.heads, mc.vocab = tok_.vocab();
-  mc.seq = c.seq, mc.batch = c.batch;
-  const graph::Model m = graph::gpt2(mc);
-  for (int p : m.params) param_names_.push_back(m.graph.value(p).name);
-  graph::Model a{graph::autocast(m.graph, graph::recipe(c.recipe)), -1, {}};
-  a.loss = a.graph.find("loss");
-  for (int p : m.params) a.params.push_back(a.graph.find(m.graph.value(p).name));
-  const auto grads = graph::add_backward(a.graph, a.loss, a.params);
-  graph::AdamWConfig ac;
-  ac.beta1 = c.beta1, ac.beta2 = c.beta2, ac.no_decay_group = true;  // no decay: biases, norms
-  const graph::OptimizerInputs oi = graph::add_adamw(a.graph, grads, ac);
-  const arch::ChipSpec chip = arch::load_chip(c.arch);
-  graph::CompileOptions o;
-  o.cores = c.cores;
-  exe_ = std::make_shared<const graph::Executable>(graph::compile(a.graph, chip, o));
-  session_ = std::make_unique<runtime::Session>(chip, exe_);
-  // The forward pass alone, under the same recipe, for validation.
-  graph::Graph eval = graph::autocast(m.graph, graph::recipe(c.recipe));
-  eval_exe_ = std::make_shared<const graph::Executable>(graph::compile(eval, chip, o));
-  eval_ = std::make_unique<runtime::Session>(chip, eval_exe_);
-
-  // GPT-2's initialization: weights normal(0, init_std), LayerNorm weights
-  // 1, biases 0; masters start as the weights, moments at 0.
-  std::mt19937_64 rng(c.seed);
-  std::normal_distribution<float> normal(0.0f, c.init_std);
-  for (int p : a.params) {
-    const graph::Value& v = a.graph.value(p);
-    const auto n = static_cast<std::size_t>(graph::elements(v.shape));
-    params_ += static_cast<std::int64_t>(n);
-    std::vector<float> x(n, 0.0f);
-    const bool bias = v.shape.size() == 1;
-    if (v.name.find("ln_") != std::string::npos && v.name.back() == 'w')
-      std::fill(x.begin(), x.end(), 1.0f);
-    else if (!bias)
-      for (float& e : x) e = normal(rng);
-    session_->write(v.name, x);
+      static_cast<int>(c_.batch), static_cast<int>(c_.seq), c_.seed);
+  if (c_.model == "llama") {
+    // RoPE tables: angle(pos, i) = pos * 10000^(-2i / head_dim) (Llama).
+    const std::int64_t hd = c_.dim / c_.heads, half = hd / 2;
+    for (std::int64_t p = 0; p < c_.seq; ++p)
+      for (std::int64_t i = 0; i < half; ++i) {
+        const double a = static_cast<double>(p) *
+                         std::pow(10000.0, -2.0 * static_cast<double>(i) / static_cast<double>(hd));
+        rope_cos_.push_back(static_cast<float>(std::cos(a)));
+        rope_sin_.push_back(static_cast<float>(std::sin(a)));
+      }
   }
-  for (const auto& [master, param] : oi.master) session_->write(master, session_->read(param));
-  for (const std::string& z : oi.zeros) session_->fill(z, 0.0f);
+  recipe_ = c_.recipe;
+  if (!c_.resume.empty()) {
+    restore(c_.resume);
+  } else {
+    build();
+    init_weights();
+  }
 }
 
 Trainer::~Trainer() = default;
 
 const graph::Executable& Trainer::executable() const {
-  return *exe_;
+  return *grad_exe_;
+}
+const graph::Executable& Trainer::update_executable() const {
+  return *update_exe_;
+}
+
+void Trainer::build() {
+  const graph::Model m = make_model(c_, tok_.vocab());
+  param_names_.clear();
+  for (int p : m.params) param_names_.push_back(m.graph.value(p).name);
+  graph::Graph fwd = m.graph;
+  if (recipe_ != "fp32") {
+    graph::AutocastOptions ao = graph::recipe(recipe_, c_.mx_policy);
+    for (std::int64_t l : bf16_layers_) ao.keep_high.push_back(layer_prefix(c_, l));
+    fwd = graph::autocast(m.graph, ao);
+  }
+  const arch::ChipSpec chip = arch::load_chip(c_.arch);
+  graph::CompileOptions o;
+  o.cores = c_.cores;
+
+  // grad: forward + backward, gradients summed into FP32 accumulators.
+  graph::Graph g = fwd;
+  std::vector<int> params;
+  for (const std::string& n : param_names_) params.push_back(g.find(n));
+  const auto grads = graph::add_backward(g, g.find("loss"), params);
+  acc_names_.clear(), sumsq_names_.clear();
+  params_ = 0;
+  for (int p : params) {
+    const graph::Value pv = g.value(p);
+    params_ += graph::elements(pv.shape);
+    const int acc = g.input(pv.name + ".grad_acc", pv.shape, isa::DType::fp32);
+    int gr = grads.at(p);
+    if (g.value(gr).dtype != isa::DType::fp32) gr = g.cast(gr, isa::DType::fp32);
+    const int next = g.add(acc, gr);
+    g.rename(next, pv.name + ".grad_acc.next");
+    g.mark_output(next);
+    g.carry(next, acc);
+    const int sq = g.sum(g.mul(next, next), {});
+    g.rename(sq, pv.name + ".grad_sumsq");
+    g.mark_output(sq);
+    acc_names_.push_back(pv.name + ".grad_acc");
+    sumsq_names_.push_back(pv.name + ".grad_sumsq");
+  }
+  grad_exe_ = std::make_shared<const graph::Executable>(graph::compile(g, chip, o));
+  grad_ = std::make_unique<runtime::Session>(chip, grad_exe_);
+
+  // update: AdamW over the accumulated gradients.
+  graph::Graph u("update");
+  std::map<int, int> ug;
+  for (int p : params) {
+    const graph::Value& pv = g.value(p);
+    const int up = u.param(pv.name, pv.shape, pv.dtype);
+    ug[up] = u.input(pv.name + ".grad_acc", pv.shape, isa::DType::fp32);
+  }
+  graph::AdamWConfig ac;
+  ac.beta1 = c_.beta1, ac.beta2 = c_.beta2, ac.no_decay_group = true;
+  const graph::OptimizerInputs oi = graph::add_adamw(u, ug, ac);
+  master_of_ = oi.master;
+  moment_names_ = oi.zeros;
+  update_exe_ = std::make_shared<const graph::Executable>(graph::compile(u, chip, o));
+  update_ = std::make_unique<runtime::Session>(chip, update_exe_);
+
+  // eval: the forward pass alone, for validation and sampling.
+  eval_exe_ = std::make_shared<const graph::Executable>(graph::compile(fwd, chip, o));
+  eval_ = std::make_unique<runtime::Session>(chip, eval_exe_);
+  for (const std::string& a : acc_names_) grad_->fill(a, 0.0f);
+}
+
+void Trainer::init_weights() {
+  // GPT-2's initialization: weights normal(0, init_std), norm weights 1,
+  // biases 0; masters start as the weights, moments at 0.
+  std::mt19937_64 rng(c_.seed);
+  std::normal_distribution<float> normal(0.0f, c_.init_std);
+  const graph::Graph& u = update_exe_->graph;
+  for (const std::string& name : param_names_) {
+    const graph::Value& v = u.value(u.find(name));
+    std::vector<float> x(static_cast<std::size_t>(graph::elements(v.shape)), 0.0f);
+    if (is_norm_weight(name))
+      std::fill(x.begin(), x.end(), 1.0f);
+    else if (v.shape.size() > 1)
+      for (float& e : x) e = normal(rng);
+    update_->write(name, x);
+  }
+  for (const auto& [master, param] : master_of_) update_->write(master, update_->read(param));
+  for (const std::string& z : moment_names_) update_->fill(z, 0.0f);
+  push_weights();
+}
+
+void Trainer::push_weights() {
+  for (const std::string& p : param_names_) grad_->write(p, update_->read(p));
+}
+
+std::map<std::string, std::vector<float>> Trainer::model_inputs(const Batch& b) const {
+  std::map<std::string, std::vector<float>> f{
+      {"ids", std::vector<float>(b.ids.begin(), b.ids.end())},
+      {"targets", std::vector<float>(b.targets.begin(), b.targets.end())}};
+  if (c_.model == "llama") f["cos"] = rope_cos_, f["sin"] = rope_sin_;
+  return f;
+}
+
+std::vector<float> Trainer::param(const std::string& name) const {
+  return update_->read(name);
+}
+
+double Trainer::flops_per_step() const {
+  const double per_token =
+      6.0 * static_cast<double>(params_) + 12.0 * static_cast<double>(c_.layers * c_.dim * c_.seq);
+  return per_token * static_cast<double>(c_.batch * c_.seq * c_.accum);
 }
 
 double Trainer::validate(int batches) {
   if (batches < 1) throw Error(fmt::format("validate: batches must be >= 1, got {}", batches));
-  for (const std::string& p : param_names_) eval_->write(p, session_->read(p));
+  for (const std::string& p : param_names_) eval_->write(p, update_->read(p));
   BatchLoader val(val_tokens_, static_cast<int>(c_.batch), static_cast<int>(c_.seq), c_.seed,
                   /*shuffle=*/false);
   double sum = 0;
   for (int i = 0; i < batches; ++i) {
-    const Batch b = val.next();
-    const runtime::StepResult r =
-        eval_->step({{"ids", std::vector<float>(b.ids.begin(), b.ids.end())},
-                     {"targets", std::vector<float>(b.targets.begin(), b.targets.end())}});
+    const runtime::StepResult r = eval_->step(model_inputs(val.next()));
     sum += r.outputs.at("loss")[0];
   }
   return sum / batches;
 }
 
 StepMetrics Trainer::step() {
-  StepMetrics m;
-  m.step = ++step_;
-  m.lr = learning_rate(c_, m.step);
-  const Batch b = train_->next();
+  const std::int64_t s = step_ + 1;
   const auto t0 = std::chrono::steady_clock::now();
-  const runtime::StepResult r = session_->step(
-      {{"ids", std::vector<float>(b.ids.begin(), b.ids.end())},
-       {"targets", std::vector<float>(b.targets.begin(), b.targets.end())},
-       {"adamw.scalars", runtime::adamw_scalars(m.lr, c_.weight_decay, c_.beta1, c_.beta2, m.step)},
-       {"adamw.scalars_no_decay", runtime::adamw_scalars(m.lr, 0.0, c_.beta1, c_.beta2, m.step)}});
-  m.wall_ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  m.loss = r.outputs.at("loss")[0];
-  m.sim_ns = r.time_ns;
+  const LoaderState start = train_->state();
+  int retries = 0;
+  std::vector<std::string> actions;
+  for (;;) {
+    int fails_left = 0;
+    try {
+      StepMetrics m = attempt(s, start, fails_left);
+      if (fails_left < 0) {  // a policy redid the step (fallback): again
+        actions.insert(actions.end(), m.actions.begin(), m.actions.end());
+        continue;
+      }
+      m.retries = retries;
+      actions.insert(actions.end(), m.actions.begin(), m.actions.end());
+      m.actions = actions;
+      m.wall_ms = ms_since(t0);
+      return m;
+    } catch (const InjectedFault& e) {
+      // The grad program failed: nothing was updated, the accumulators are
+      // reset and the step's batches drawn again.
+      for (const std::string& a : acc_names_) grad_->fill(a, 0.0f);
+      train_->restore(start);
+      if (retries < c_.retries) {
+        ++retries;
+        actions.push_back(
+            fmt::format("step {} failed ({}); retry {} of {}", s, e.what(), retries, c_.retries));
+        continue;
+      }
+      if (c_.ckpt_every == 0 || list_checkpoints(c_.ckpt_dir).empty())
+        throw Error(
+            fmt::format("step {} failed {} times ({}) and there is no checkpoint to roll "
+                        "back to",
+                        s, retries + 1, e.what()));
+      std::vector<std::string> notes;
+      auto good = latest_good(c_.ckpt_dir, notes);
+      if (!good)
+        throw Error(fmt::format("step {} failed and no checkpoint in {} loads", s, c_.ckpt_dir));
+      restore_checkpoint(good->second);
+      actions.insert(actions.end(), notes.begin(), notes.end());
+      actions.push_back(fmt::format("step {} failed {} times ({}); rolled back to {} (step {})", s,
+                                    retries + 1, e.what(), good->first.string(), step_));
+      StepMetrics m;
+      m.step = s, m.updated = false, m.retries = retries, m.actions = actions;
+      m.wall_ms = ms_since(t0);
+      return m;
+    }
+  }
+}
+
+StepMetrics Trainer::attempt(std::int64_t s, const LoaderState& start, int& redo) {
+  StepMetrics m;
+  m.step = s;
+  m.lr = learning_rate(c_, s);
+  redo = 0;
+  for (const Fault& f : c_.faults)
+    if (f.kind == Fault::Kind::fail && f.step == s && fails_done_[s] < f.count) {
+      ++fails_done_[s];
+      throw InjectedFault(fmt::format("injected device fault {} of {}", fails_done_[s], f.count));
+    }
+  // The batches: a step whose batches were found bad (rollback) draws them
+  // and takes the next ones instead.
+  train_->restore(start);
+  if (skip_batches_.contains(s))
+    for (std::int64_t i = 0; i < c_.accum; ++i) train_->next();
+  for (const Fault& f : c_.faults)
+    if (f.kind == Fault::Kind::nan && f.step == s && !nans_done_.contains(s)) {
+      nans_done_.insert(s);
+      const std::string p = f.param.empty() ? layer_prefix(c_, c_.layers - 1) +
+                                                  (c_.model == "llama" ? "w_down" : "mlp.c_proj.w")
+                                            : f.param;
+      const auto it = std::find(param_names_.begin(), param_names_.end(), p);
+      if (it == param_names_.end())
+        throw Error(fmt::format("fault nan@{}:{}: the model has no param {}", s, p, p));
+      std::vector<float> acc = grad_->read(p + ".grad_acc");
+      acc[0] = std::nanf("");
+      grad_->write(p + ".grad_acc", acc);
+      m.actions.push_back(fmt::format("injected a NaN into the gradient of {} at step {}", p, s));
+    }
+  double loss = 0;
+  runtime::StepResult r;
+  for (std::int64_t i = 0; i < c_.accum; ++i) {
+    r = grad_->step(model_inputs(train_->next()),
+                    {c_.stochastic_rounding, stream_seed(c_.seed, s, i)});
+    loss += r.outputs.at("loss")[0];
+    m.sim_ns += r.time_ns;
+  }
+  m.loss = loss / static_cast<double>(c_.accum);
+  double sumsq = 0;
+  for (const std::string& n : sumsq_names_) sumsq += r.outputs.at(n)[0];
+  // The accumulators hold the sum of accum micro-batch means.
+  m.grad_norm = std::sqrt(sumsq) / static_cast<double>(c_.accum);
+
+  // Numeric health: count the non-finite gradient elements by layer.
+  std::map<std::int64_t, std::int64_t> bad_by_layer;
+  if (!std::isfinite(sumsq)) {
+    for (std::size_t i = 0; i < acc_names_.size(); ++i) {
+      std::int64_t n = 0;
+      for (float x : grad_->read(acc_names_[i])) n += std::isfinite(x) ? 0 : 1;
+      if (n) bad_by_layer[layer_of(c_, param_names_[i])] += n;
+      m.nonfinite += n;
+    }
+  }
+  const bool bad = !std::isfinite(m.loss) ||
+                   static_cast<double>(m.nonfinite) > c_.nan_rate * static_cast<double>(params_) ||
+                   (m.nonfinite > 0 && c_.nan_rate == 0);
+  if (bad) {
+    const std::string why = fmt::format(
+        "step {}: {} non-finite gradient elements ({:.2e} of {}), loss {}", s, m.nonfinite,
+        static_cast<double>(m.nonfinite) / static_cast<double>(params_), params_, m.loss);
+    for (const std::string& a : acc_names_) grad_->fill(a, 0.0f);
+    std::string policy = c_.nan_policy;
+    // The offending layer: the last one with bad gradients (a fault in
+    // layer L's backward reaches the layers below it, not above); a bad
+    // loss points at the forward pass: no single layer.
+    std::int64_t layer = -1;
+    if (std::isfinite(m.loss) && !bad_by_layer.empty()) layer = bad_by_layer.rbegin()->first;
+    if (policy == "fallback-layer" && (layer < 0 || bf16_layers_.contains(layer)))
+      policy = "fallback-global";
+    if (policy == "fallback-global" && (recipe_ == "bf16" || recipe_ == "fp32")) {
+      m.actions.push_back(why +
+                          fmt::format("; the recipe is already {}: skipped the update", recipe_));
+      policy = "done";
+    }
+    if (policy == "stop") throw Error(why + " (nan_policy stop)");
+    if (policy == "skip") m.actions.push_back(why + "; skipped the update");
+    if (policy == "fallback-layer" || policy == "fallback-global") {
+      if (policy == "fallback-layer") {
+        bf16_layers_.insert(layer);
+        m.actions.push_back(why + fmt::format("; layer {} falls back to bf16, step redone", layer));
+      } else {
+        m.actions.push_back(why +
+                            fmt::format("; recipe {} falls back to bf16, step redone", recipe_));
+        recipe_ = "bf16";
+      }
+      const runtime::KeptState kept = grad_->kept_state();
+      std::map<std::string, std::vector<float>> state;
+      for (const std::string& p : param_names_) state[p] = update_->read(p);
+      for (const auto& [master, p] : master_of_) state[master] = update_->read(master);
+      for (const std::string& z : moment_names_) state[z] = update_->read(z);
+      build();
+      for (const auto& [name, x] : state) update_->write(name, x);
+      grad_->restore_kept_state(kept);
+      push_weights();
+      train_->restore(start);
+      redo = -1;
+      return m;
+    }
+    if (policy == "rollback") {
+      std::vector<std::string> notes;
+      auto good = latest_good(c_.ckpt_dir, notes);
+      if (!good)
+        throw Error(why + fmt::format("; no checkpoint in {} to roll back to", c_.ckpt_dir));
+      skip_batches_.insert(s);
+      restore_checkpoint(good->second);
+      m.actions.insert(m.actions.end(), notes.begin(), notes.end());
+      m.actions.push_back(why + fmt::format("; rolled back to {} (step {}), the batch skipped",
+                                            good->first.string(), step_));
+      m.updated = false;
+      return m;
+    }
+    m.updated = false;
+    step_ = s;
+    return m;
+  }
+
+  // Spikes: the norm's z-score against the last spike_window steps.
+  if (c_.spike_z > 0 && norms_.size() >= 10) {
+    const double n = static_cast<double>(norms_.size());
+    const double mean = std::accumulate(norms_.begin(), norms_.end(), 0.0) / n;
+    double var = 0;
+    for (double x : norms_) var += (x - mean) * (x - mean);
+    const double sd = std::sqrt(var / n);
+    if (sd > 0 && (m.grad_norm - mean) / sd > c_.spike_z) {
+      m.spike = true;
+      m.actions.push_back(
+          fmt::format("step {}: gradient norm spike {:.4g} (z = {:.1f} over the "
+                      "last {} steps)",
+                      s, m.grad_norm, (m.grad_norm - mean) / sd, norms_.size()));
+    }
+  }
+  norms_.push_back(m.grad_norm);
+  while (static_cast<std::int64_t>(norms_.size()) > c_.spike_window) norms_.pop_front();
+
+  // Clipping (torch.nn.utils.clip_grad_norm_: max_norm / (norm + 1e-6),
+  // at most 1) and the mean over micro-batches, folded into the scalars.
+  if (c_.clip > 0 && m.grad_norm > c_.clip) m.clip_scale = c_.clip / (m.grad_norm + 1e-6);
+  const double g = m.clip_scale / static_cast<double>(c_.accum);
+  ++opt_step_;
+  auto scalars = [&](double wd) {
+    std::vector<float> k = runtime::adamw_scalars(m.lr, wd, c_.beta1, c_.beta2, opt_step_);
+    if (g != 1.0) {
+      k[1] = static_cast<float>(static_cast<double>(k[1]) * g);
+      k[2] = static_cast<float>(static_cast<double>(k[2]) * g * g);
+    }
+    return k;
+  };
+  std::map<std::string, std::vector<float>> feeds{{"adamw.scalars", scalars(c_.weight_decay)},
+                                                  {"adamw.scalars_no_decay", scalars(0.0)}};
+  for (const std::string& a : acc_names_) feeds[a] = grad_->read(a);
+  const runtime::StepResult u = update_->step(feeds);
+  m.sim_ns += u.time_ns;
+  for (const std::string& a : acc_names_) grad_->fill(a, 0.0f);
+  push_weights();
+  step_ = s;
   return m;
+}
+
+// ------------------------------------------------------------ checkpoints
+
+std::string Trainer::save_checkpoint() {
+  if (c_.ckpt_dir.empty()) throw Error("save_checkpoint: no ckpt_dir configured");
+  Checkpoint ck;
+  for (const std::string& p : param_names_) ck.tensors["param/" + p] = update_->read(p);
+  for (const auto& [master, p] : master_of_) ck.tensors["param/" + master] = update_->read(master);
+  for (const std::string& z : moment_names_) ck.tensors["param/" + z] = update_->read(z);
+  const runtime::KeptState kept = grad_->kept_state();
+  for (const auto& [name, bytes] : kept.buffers) {
+    std::vector<float> x(bytes.size() / 4);
+    if (bytes.size() % 4) throw Error(fmt::format("kept buffer {} is not FP32", name));
+    std::memcpy(x.data(), bytes.data(), bytes.size());
+    ck.tensors["kept/" + name] = std::move(x);
+  }
+  nlohmann::json scaling = nlohmann::json::object();
+  for (const auto& [name, site] : kept.scaling.state())
+    scaling[name] = {{"scale", site.scale},   {"history", site.history},
+                     {"length", site.length}, {"pending", site.pending},
+                     {"amax", site.amax},     {"fp8", std::string(isa::name(site.fp8))}};
+  const LoaderState ls = train_->state();
+  ck.meta = {{"step", step_},
+             {"opt_step", opt_step_},
+             {"config", to_json(c_)},
+             {"recipe", recipe_},
+             {"bf16_layers", bf16_layers_},
+             {"skip_batches", skip_batches_},
+             {"norms", std::vector<double>(norms_.begin(), norms_.end())},
+             {"loader",
+              {{"seed", ls.seed},
+               {"epoch", ls.epoch},
+               {"next", ls.next},
+               {"windows", ls.windows},
+               {"shuffle", ls.shuffle}}},
+             {"scaling", scaling}};
+  const std::filesystem::path file = checkpoint_path(c_.ckpt_dir, step_);
+  train::save_checkpoint(file, ck);
+  prune_checkpoints(c_.ckpt_dir, c_.keep_last);
+  return file.string();
+}
+
+void Trainer::restore(const std::string& where) {
+  std::filesystem::path file = where;
+  Checkpoint ck;
+  if (std::filesystem::is_directory(where)) {
+    auto good = latest_good(where, notes_);
+    if (!good) throw Error(fmt::format("--resume {}: no checkpoint there loads", where));
+    file = good->first;
+    ck = std::move(good->second);
+  } else {
+    ck = load_checkpoint(where);
+  }
+  // The model, the data and its order must be the checkpoint's.
+  const TrainConfig was = config_from_json(ck.meta.at("config"));
+  for (const char* key : {"model", "layers", "dim", "heads", "kv_heads", "ffn", "batch", "seq",
+                          "accum", "seed", "text"}) {
+    const nlohmann::json a = to_json(was).at(key), b = to_json(c_).at(key);
+    if (a != b)
+      throw Error(
+          fmt::format("--resume {}: the checkpoint has {} = {}, this run {} (the model and "
+                      "its data must match)",
+                      file.string(), key, a.dump(), b.dump()));
+  }
+  if (was.recipe == c_.recipe) {  // fallbacks carry over
+    recipe_ = ck.meta.at("recipe").get<std::string>();
+    bf16_layers_ = ck.meta.at("bf16_layers").get<std::set<std::int64_t>>();
+  } else {
+    notes_.push_back(
+        fmt::format("recipe {} of the checkpoint changes to {}", was.recipe, c_.recipe));
+  }
+  build();
+  restore_checkpoint(ck);
+  notes_.push_back(fmt::format("resumed from {} (step {})", file.string(), step_));
+}
+
+void Trainer::restore_checkpoint(const Checkpoint& ck) {
+  const nlohmann::json& meta = ck.meta;
+  for (const auto& [name, x] : ck.tensors)
+    if (name.starts_with("param/")) update_->write(name.substr(6), x);
+  runtime::KeptState kept;
+  for (const auto& [name, x] : ck.tensors)
+    if (name.starts_with("kept/")) {
+      std::vector<std::uint8_t> b(x.size() * 4);
+      std::memcpy(b.data(), x.data(), b.size());
+      kept.buffers[name.substr(5)] = std::move(b);
+    }
+  std::map<std::string, graph::DelayedScaling::Site> sites;
+  for (const auto& [name, j] : meta.at("scaling").items()) {
+    graph::DelayedScaling::Site s;
+    s.scale = j.at("scale"), s.history = j.at("history").get<std::vector<float>>();
+    s.length = j.at("length"), s.pending = j.at("pending"), s.amax = j.at("amax");
+    s.fp8 = isa::parse_dtype(j.at("fp8").get<std::string>());
+    sites[name] = std::move(s);
+  }
+  kept.scaling.restore(std::move(sites));
+  grad_->restore_kept_state(kept);
+  for (const std::string& a : acc_names_) grad_->fill(a, 0.0f);
+  step_ = meta.at("step"), opt_step_ = meta.at("opt_step");
+  const auto& n = meta.at("norms");
+  norms_.assign(n.begin(), n.end());
+  for (std::int64_t s : meta.at("skip_batches").get<std::set<std::int64_t>>())
+    skip_batches_.insert(s);
+  const auto& l = meta.at("loader");
+  LoaderState ls;
+  ls.seed = l.at("seed"), ls.epoch = l.at("epoch"), ls.next = l.at("next");
+  ls.windows = l.at("windows"), ls.shuffle = l.at("shuffle");
+  train_->restore(ls);
+  push_weights();
 }
 
 }  // namespace tern::train

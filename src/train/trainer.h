@@ -1,16 +1,35 @@
-// The training loop (issue 7, first part): a GPT-2-style model on char-level
-// text, its whole training step (forward, backward, AdamW) compiled once
-// for a simulated chip under a precision recipe and run step after step by
-// a runtime Session, with warmup + cosine learning-rate schedule.
-// Not yet (issue 7): Llama models from a config, gradient clipping and
-// accumulation, monitors and fallback policies, checkpoints, `tern sample`.
+// The training loop (issue 7): a GPT-2- or Llama-style model on char-level
+// text, trained on a simulated chip under a precision recipe.
+//
+// A step is two compiled programs on two runtime Sessions, as a framework
+// runs them on the device:
+//   grad    forward + backward of one micro-batch; each gradient is added
+//           into an FP32 accumulator kept on the device (carried), and the
+//           program also outputs the loss and each accumulator's sum of
+//           squares (the global gradient norm without reading gradients
+//           back). Run `accum` times a step.
+//   update  AdamW over the accumulators (multi-tensor kernels; matrices and
+//           embeddings decayed, biases and norm weights not), warmup +
+//           cosine schedule. Clipping and the 1 / accum average are folded
+//           into the step's runtime scalars: m += (1 - b1) * (c * g) becomes
+//           m += ((1 - b1) * c) * g and v's term takes c^2 (kernel/adamw;
+//           it differs from scaling the gradient first by at most a rounding
+//           of each product).
+// Between them the host checks the loss and the norm (numeric health,
+// TrainConfig's policies) and decides: update, clip, skip, fall back to
+// bf16 (recompiling), roll back to a checkpoint, or retry a failed step.
+// The updated weights go back to the grad program's Session each step.
 #pragma once
 
 #include <cstdint>
+#include <deque>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "train/config.h"
 #include "train/loader.h"
 #include "train/tokenizer.h"
 
@@ -23,22 +42,6 @@ class Session;
 
 namespace tern::train {
 
-struct TrainConfig {
-  std::string text = "data/tinyshakespeare.txt";  // the corpus (char tokenizer)
-  double val_fraction = 0.1;                      // held out, the text's last part
-  std::int64_t layers = 2, dim = 128, heads = 2;  // GPT-2 style (head dim 64 or 128)
-  std::int64_t batch = 8, seq = 128;
-  std::string recipe = "mxfp8";  // bf16, fp8-hybrid, mxfp8, mxfp4 (graph/autocast.h)
-  std::string arch = "trn3";
-  int cores = 0;  // per kernel (0: all)
-  // AdamW; weight decay on matrices and embeddings only (not biases and
-  // LayerNorm weights), as GPT-2 / nanoGPT.
-  double lr = 1e-3, min_lr = 1e-4, weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95;
-  std::int64_t warmup = 10, steps = 100;  // schedule length (cosine to min_lr at `steps`)
-  std::uint64_t seed = 1337;              // weights and batch order
-  float init_std = 0.02f;                 // GPT-2's initialization
-};
-
 // The learning rate of step `step` (from 1): linear warmup over `warmup`
 // steps to lr, then cosine decay to min_lr at `steps` (and min_lr after).
 double learning_rate(const TrainConfig& c, std::int64_t step);
@@ -46,39 +49,84 @@ double learning_rate(const TrainConfig& c, std::int64_t step);
 struct StepMetrics {
   std::int64_t step = 0;
   double loss = 0, lr = 0;
-  double sim_ns = 0;   // the step's simulated time on the chip
-  double wall_ms = 0;  // host time of the simulation
+  double grad_norm = 0;              // global L2 norm of the step's mean gradient, before clipping
+  double clip_scale = 1;             // what clipping multiplied the gradient by (1: none)
+  double sim_ns = 0;                 // simulated time: every micro-batch's program and the update
+  double wall_ms = 0;                // host time of the simulation (the whole step)
+  bool updated = true;               // false: the health policy skipped the update
+  bool spike = false;                // the norm's z-score over the recent steps exceeded spike_z
+  int retries = 0;                   // failed attempts before this one succeeded
+  std::int64_t nonfinite = 0;        // NaN/Inf gradient elements seen (before any action)
+  std::vector<std::string> actions;  // what policies and recovery did, for the log
 };
 
 class Trainer {
  public:
-  // Reads and tokenizes the text, builds and compiles the step, initializes
-  // the weights (normal(0, init_std); LayerNorm weights 1, biases 0) and
-  // the optimizer state. Throws tern::Error naming what is wrong.
+  // Reads and tokenizes the text, builds and compiles the programs,
+  // initializes the weights (normal(0, init_std); norm weights 1, biases 0)
+  // and the optimizer state, or restores them from c.resume. Throws
+  // tern::Error naming what is wrong.
   explicit Trainer(const TrainConfig& c);
   ~Trainer();
+
+  // One optimizer step (accum micro-batches). Throws tern::Error when the
+  // stop policy fires or recovery is impossible (no checkpoint to roll back
+  // to), naming the step and the cause.
   StepMetrics step();
   // The mean loss over the first `batches` batches of the held-out text
-  // (the same batches every time, in order), with the current weights: a
-  // forward-only program under the same recipe, its own Session, the
-  // weights copied over from the training Session.
+  // (the same batches every time) with the current weights: a forward-only
+  // program under the current recipe.
   double validate(int batches);
+  // Writes the state after the current step to ckpt_dir (atomically; keeps
+  // the last keep_last). Returns the file.
+  std::string save_checkpoint();
+
+  std::int64_t steps_done() const { return step_; }
   const TrainConfig& config() const { return c_; }
   const CharTokenizer& tokenizer() const { return tok_; }
-  const graph::Executable& executable() const;
+  const graph::Executable& executable() const;  // the grad program
+  const graph::Executable& update_executable() const;
   std::int64_t parameters() const { return params_; }
+  // Model FLOPs of a training step: (6 N + 12 L h s) per token (PaLM; N
+  // the parameters, embeddings included), x batch x seq x accum.
+  double flops_per_step() const;
+  // The recipe in force (fallback-global turns it to bf16) and the layers
+  // kept in bf16 by fallback-layer.
+  const std::string& recipe() const { return recipe_; }
+  const std::set<std::int64_t>& bf16_layers() const { return bf16_layers_; }
+  // Messages from construction (a corrupt checkpoint passed over, ...).
+  const std::vector<std::string>& notes() const { return notes_; }
+  // A param's current values (tests, sampling).
+  std::vector<float> param(const std::string& name) const;
 
  private:
+  void build();  // compiles grad, update and eval programs for recipe_ / bf16_layers_
+  void init_weights();
+  void push_weights();  // update session -> grad session
+  void restore(const std::string& file_or_dir);
+  void restore_checkpoint(const struct Checkpoint& ck);
+  std::map<std::string, std::vector<float>> model_inputs(const Batch& b) const;
+  StepMetrics attempt(std::int64_t step, const LoaderState& start, int& fails_left);
+
   TrainConfig c_;
   CharTokenizer tok_;
   std::unique_ptr<BatchLoader> train_;
   std::vector<std::uint16_t> val_tokens_;
   std::vector<std::string> param_names_;
-  std::shared_ptr<const graph::Executable> eval_exe_;
-  std::unique_ptr<runtime::Session> eval_;
-  std::shared_ptr<const graph::Executable> exe_;
-  std::unique_ptr<runtime::Session> session_;
-  std::int64_t step_ = 0, params_ = 0;
+  std::vector<float> rope_cos_, rope_sin_;  // Llama's tables [seq, head_dim / 2]
+  std::string recipe_;
+  std::set<std::int64_t> bf16_layers_;
+  std::shared_ptr<const graph::Executable> grad_exe_, update_exe_, eval_exe_;
+  std::unique_ptr<runtime::Session> grad_, update_, eval_;
+  std::vector<std::string> acc_names_, sumsq_names_;
+  std::map<std::string, std::string> master_of_;  // master input -> param
+  std::vector<std::string> moment_names_;
+  std::int64_t step_ = 0, opt_step_ = 0, params_ = 0;
+  std::set<std::int64_t> skip_batches_;  // steps whose batches are skipped (after a rollback)
+  std::deque<double> norms_;             // recent gradient norms (spike detection)
+  std::vector<std::string> notes_;
+  std::map<std::int64_t, int> fails_done_;  // injected failures already raised, by step
+  std::set<std::int64_t> nans_done_;        // injected NaNs already raised
 };
 
 }  // namespace tern::train
