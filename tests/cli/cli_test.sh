@@ -275,6 +275,36 @@ run train --text "$DATA/tinyshakespeare.txt" --steps 2 --layers 1 --batch 2 --se
 if [ "$(wc -l <"$tmp/m.jsonl")" -eq 3 ] && grep -q '"val_loss"' "$tmp/m.jsonl"; then ok; else bad "tern train --metrics wrote: $(cat "$tmp/m.jsonl" 2>&1)"; fi
 expect_err "unknown precision recipe 'fp4'" train --text "$DATA/tinyshakespeare.txt" --recipe fp4
 expect_err "cannot read $tmp/none.txt" train --text "$tmp/none.txt"
+expect_err "train config: nan_policy 'pray' is not one of" train --text "$DATA/tinyshakespeare.txt" --nan-policy pray
+expect_err "fault 'boom@2': unknown kind 'boom'" train --text "$DATA/tinyshakespeare.txt" --inject boom@2
+printf 'layers = 1\nbatch = 2\nseq = 64\nrecipe = "bf16"\nsteps = 9\n' >"$tmp/t.toml"
+expect_ok "model: gpt2, 1 layers.*batch 2 x 64 x 1 accum; recipe bf16" train --text "$DATA/tinyshakespeare.txt" --config "$tmp/t.toml" --steps 2
+printf 'layers = "one"\n' >"$tmp/bad.toml"
+expect_err "$tmp/bad.toml: 'layers' must be a number" train --config "$tmp/bad.toml"
+
+# Kill a run mid-way, resume from its checkpoints: the same losses bit for
+# bit as the uninterrupted run; a truncated checkpoint is passed over.
+tt="--text $DATA/tinyshakespeare.txt --layers 1 --batch 2 --seq 64 --cores 2 --steps 6 --json"
+# shellcheck disable=SC2086
+run train $tt
+cp "$tmp/out" "$tmp/full.jsonl"
+# shellcheck disable=SC2086
+run train $tt --ckpt-dir "$tmp/ck" --ckpt-every 2 --inject kill@5
+if [ $rc -eq 137 ] && [ -s "$tmp/ck/step-00000004.ckpt" ]; then ok; else bad "kill@5 exited $rc: $(ls "$tmp/ck")"; fi
+# shellcheck disable=SC2086
+run train $tt --ckpt-dir "$tmp/ck" --ckpt-every 2 --resume "$tmp/ck"
+cp "$tmp/out" "$tmp/resumed.jsonl"
+losses='import json,sys
+def l(f): return {j["step"]: j["loss"] for j in map(json.loads, open(f)) if "loss" in j}
+a, b = l(sys.argv[1]), l(sys.argv[2])
+sys.exit(0 if sorted(b) == [5, 6] and all(a[s] == b[s] for s in b) else 1)'
+if "$PY" -c "$losses" "$tmp/full.jsonl" "$tmp/resumed.jsonl" && grep -q "resumed from .*step-00000004.ckpt (step 4)" "$tmp/err"; then ok; else bad "resume: $(cat "$tmp/err") $(cat "$tmp/resumed.jsonl")"; fi
+head -c 1000 "$tmp/ck/step-00000006.ckpt" >"$tmp/half" && mv "$tmp/half" "$tmp/ck/step-00000006.ckpt"
+# shellcheck disable=SC2086
+run train $tt --ckpt-dir "$tmp/ck" --resume "$tmp/ck"
+if [ $rc -eq 0 ] && grep -q "step-00000006.ckpt: truncated" "$tmp/err" && grep -q "resumed from .*step-00000004" "$tmp/err"; then ok; else bad "truncated checkpoint: $(cat "$tmp/err")"; fi
+# shellcheck disable=SC2086
+expect_ok "step 3: injected a NaN.*|step 3: step 3: 1 non-finite gradient elements .*skipped the update" train ${tt% --json} --inject nan@3
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
