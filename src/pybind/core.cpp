@@ -23,6 +23,7 @@ using namespace tern;
 
 namespace tern {
 void bind_graph(py::module_& m);  // graph.cpp
+void bind_train(py::module_& m);  // train.cpp
 }  // namespace tern
 
 namespace {
@@ -54,6 +55,7 @@ PYBIND11_MODULE(_core, m) {
     }
   });
   bind_graph(m);
+  bind_train(m);
 
   py::class_<arch::ChipSpec>(m, "Chip")
       .def_readonly("name", &arch::ChipSpec::name)

@@ -188,6 +188,7 @@ void Trainer::build() {
   // eval: the forward pass alone, for validation and sampling.
   eval_exe_ = std::make_shared<const graph::Executable>(graph::compile(fwd, chip, o));
   eval_ = std::make_unique<runtime::Session>(chip, eval_exe_);
+  logits_.reset();
   for (const std::string& a : acc_names_) grad_->fill(a, 0.0f);
 }
 
@@ -247,6 +248,53 @@ double Trainer::validate(int batches) {
 }
 
 StepMetrics Trainer::step() {
+  return run_step(nullptr);
+}
+
+Batch Trainer::checked(const Batch& b) const {
+  const auto n = static_cast<std::size_t>(c_.batch * c_.seq);
+  if (b.ids.size() != n || b.targets.size() != n)
+    throw Error(fmt::format("a batch needs {} x {} = {} ids and targets, got {} and {}", c_.batch,
+                            c_.seq, n, b.ids.size(), b.targets.size()));
+  for (std::int32_t t : b.ids)
+    if (t < 0 || t >= tok_.vocab())
+      throw Error(fmt::format("token id {} is outside the vocabulary [0, {})", t, tok_.vocab()));
+  return b;
+}
+
+StepMetrics Trainer::step(const std::vector<Batch>& micro) {
+  if (static_cast<std::int64_t>(micro.size()) != c_.accum)
+    throw Error(fmt::format("step: {} micro-batches given, accum is {}", micro.size(), c_.accum));
+  for (const Batch& b : micro) checked(b);
+  return run_step(&micro);
+}
+
+void Trainer::set_param(const std::string& name, const std::vector<float>& values) {
+  if (std::find(param_names_.begin(), param_names_.end(), name) == param_names_.end())
+    throw Error(fmt::format("the model has no param {}", name));
+  update_->write(name, values);
+  for (const auto& [master, p] : master_of_)
+    if (p == name) update_->write(master, update_->read(name));
+  grad_->write(name, update_->read(name));
+}
+
+std::vector<float> Trainer::logits(const Batch& b) {
+  checked(b);
+  if (!logits_) {
+    graph::Graph f = eval_exe_->graph;
+    f.mark_output(f.find("logits"));
+    const arch::ChipSpec chip = arch::load_chip(c_.arch);
+    graph::CompileOptions o;
+    o.cores = c_.cores;
+    logits_exe_ = std::make_shared<const graph::Executable>(graph::compile(f, chip, o));
+    logits_ = std::make_unique<runtime::Session>(chip, logits_exe_);
+  }
+  for (const std::string& p : param_names_) logits_->write(p, update_->read(p));
+  return logits_->step(model_inputs(b)).outputs.at("logits");
+}
+
+StepMetrics Trainer::run_step(const std::vector<Batch>* given) {
+  given_ = given;
   const std::int64_t s = step_ + 1;
   const auto t0 = std::chrono::steady_clock::now();
   const LoaderState start = train_->state();
@@ -329,7 +377,7 @@ StepMetrics Trainer::attempt(std::int64_t s, const LoaderState& start, int& redo
   double loss = 0;
   runtime::StepResult r;
   for (std::int64_t i = 0; i < c_.accum; ++i) {
-    r = grad_->step(model_inputs(train_->next()),
+    r = grad_->step(model_inputs(given_ ? (*given_)[static_cast<std::size_t>(i)] : train_->next()),
                     {c_.stochastic_rounding, stream_seed(c_.seed, s, i)});
     loss += r.outputs.at("loss")[0];
     m.sim_ns += r.time_ns;
@@ -447,6 +495,15 @@ StepMetrics Trainer::attempt(std::int64_t s, const LoaderState& start, int& redo
   std::map<std::string, std::vector<float>> feeds{{"adamw.scalars", scalars(c_.weight_decay)},
                                                   {"adamw.scalars_no_decay", scalars(0.0)}};
   for (const std::string& a : acc_names_) feeds[a] = grad_->read(a);
+  if (keep_grads_) {
+    grads_.clear();
+    for (std::size_t i = 0; i < acc_names_.size(); ++i) {
+      std::vector<float> x = feeds[acc_names_[i]];
+      for (float& e : x)
+        e = static_cast<float>(static_cast<double>(e) / static_cast<double>(c_.accum));
+      grads_[param_names_[i]] = std::move(x);
+    }
+  }
   const runtime::StepResult u = update_->step(feeds);
   m.sim_ns += u.time_ns;
   for (const std::string& a : acc_names_) grad_->fill(a, 0.0f);

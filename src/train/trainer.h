@@ -73,6 +73,10 @@ class Trainer {
   // stop policy fires or recovery is impossible (no checkpoint to roll back
   // to), naming the step and the cause.
   StepMetrics step();
+  // A step on given batches (accum micro-batches of [batch, seq] ids and
+  // targets) instead of the loader's: reference checks, custom data.
+  // Throws naming the expected shape.
+  StepMetrics step(const std::vector<Batch>& micro);
   // The mean loss over the first `batches` batches of the held-out text
   // (the same batches every time) with the current weights: a forward-only
   // program under the current recipe.
@@ -96,8 +100,18 @@ class Trainer {
   const std::set<std::int64_t>& bf16_layers() const { return bf16_layers_; }
   // Messages from construction (a corrupt checkpoint passed over, ...).
   const std::vector<std::string>& notes() const { return notes_; }
-  // A param's current values (tests, sampling).
+  // A param's current values (row-major, decoded to FP32).
   std::vector<float> param(const std::string& name) const;
+  // Sets a param (and its FP32 master) before training or between steps.
+  // Throws naming an unknown param or a wrong size.
+  void set_param(const std::string& name, const std::vector<float>& values);
+  const std::vector<std::string>& param_names() const { return param_names_; }
+  // Keep each step's mean gradient (before clipping) for gradients().
+  void keep_gradients(bool on) { keep_grads_ = on; }
+  const std::map<std::string, std::vector<float>>& gradients() const { return grads_; }
+  // The logits [batch, seq, vocab] of a batch with the current weights (a
+  // forward program with the logits as output, compiled on first use).
+  std::vector<float> logits(const Batch& b);
 
  private:
   void build();  // compiles grad, update and eval programs for recipe_ / bf16_layers_
@@ -107,6 +121,8 @@ class Trainer {
   void restore_checkpoint(const struct Checkpoint& ck);
   std::map<std::string, std::vector<float>> model_inputs(const Batch& b) const;
   StepMetrics attempt(std::int64_t step, const LoaderState& start, int& fails_left);
+  StepMetrics run_step(const std::vector<Batch>* given);
+  Batch checked(const Batch& b) const;
 
   TrainConfig c_;
   CharTokenizer tok_;
@@ -125,6 +141,11 @@ class Trainer {
   std::set<std::int64_t> skip_batches_;  // steps whose batches are skipped (after a rollback)
   std::deque<double> norms_;             // recent gradient norms (spike detection)
   std::vector<std::string> notes_;
+  bool keep_grads_ = false;
+  std::map<std::string, std::vector<float>> grads_;
+  const std::vector<Batch>* given_ = nullptr;  // step(micro)'s batches
+  std::shared_ptr<const graph::Executable> logits_exe_;
+  std::unique_ptr<runtime::Session> logits_;
   std::map<std::int64_t, int> fails_done_;  // injected failures already raised, by step
   std::set<std::int64_t> nans_done_;        // injected NaNs already raised
 };
