@@ -17,6 +17,7 @@
 #include "arch/chip.h"
 #include "cli/commands.h"
 #include "graph/lower.h"
+#include "train/checkpoint.h"
 #include "train/trainer.h"
 #include "util/error.h"
 #include "util/file.h"
@@ -243,6 +244,57 @@ void add_train_command(CLI::App& app) {
     }
     if (o->log_every < 1) throw Error("--log-every must be >= 1");
     run(cfg, *o);
+  });
+}
+
+void add_sample_command(CLI::App& app) {
+  struct Opts {
+    std::string ckpt, prompt = "\n";
+    int tokens = 200;
+    double temperature = 0.8;
+    std::uint64_t seed = 1;
+    bool json = false;
+  };
+  auto o = std::make_shared<Opts>();
+  CLI::App* cmd = app.add_subcommand(
+      "sample", "Generate text from a training checkpoint on the simulated chip (docs/train.md)");
+  cmd->add_option("--ckpt", o->ckpt, "A checkpoint file, or a directory (its newest good one)")
+      ->required();
+  cmd->add_option("--prompt", o->prompt, "Text to continue")->capture_default_str();
+  cmd->add_option("--tokens", o->tokens, "Characters to generate")->capture_default_str();
+  cmd->add_option("--temperature", o->temperature, "Sampling temperature (0: greedy)")
+      ->capture_default_str();
+  cmd->add_option("--seed", o->seed, "Sampling seed")->capture_default_str();
+  cmd->add_flag("--json", o->json, "Print {prompt, text, step} as JSON");
+  cmd->callback([o] {
+    // The run's own config (model, data, recipe), resumed from the file.
+    std::filesystem::path file = o->ckpt;
+    std::vector<std::string> notes;
+    train::Checkpoint ck;
+    if (std::filesystem::is_directory(file)) {
+      auto good = train::latest_good(file, notes);
+      if (!good) throw Error(fmt::format("--ckpt {}: no checkpoint there loads", o->ckpt));
+      file = good->first;
+      ck = std::move(good->second);
+    } else {
+      ck = train::load_checkpoint(file);
+    }
+    for (const std::string& n : notes) std::fprintf(stderr, "note: %s\n", n.c_str());
+    train::TrainConfig c = train::config_from_json(ck.meta.at("config"));
+    c.resume = file.string();
+    c.faults.clear();
+    train::Trainer t(c);
+    const std::string text = t.sample(o->prompt, o->tokens, o->temperature, o->seed);
+    if (o->json) {
+      std::printf("%s\n", nlohmann::json{{"checkpoint", file.string()},
+                                         {"step", t.steps_done()},
+                                         {"prompt", o->prompt},
+                                         {"text", text}}
+                              .dump()
+                              .c_str());
+    } else {
+      std::printf("%s%s\n", o->prompt.c_str(), text.c_str());
+    }
   });
 }
 

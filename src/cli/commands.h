@@ -12,5 +12,6 @@ void add_sim_commands(CLI::App& app);  // run, bench
 void add_compile_command(CLI::App& app);
 void add_data_command(CLI::App& app);
 void add_train_command(CLI::App& app);
+void add_sample_command(CLI::App& app);  // cmd_train.cpp
 
 }  // namespace tern::cli

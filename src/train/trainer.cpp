@@ -1,5 +1,6 @@
 #include "train/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -291,6 +292,40 @@ std::vector<float> Trainer::logits(const Batch& b) {
   }
   for (const std::string& p : param_names_) logits_->write(p, update_->read(p));
   return logits_->step(model_inputs(b)).outputs.at("logits");
+}
+
+std::string Trainer::sample(const std::string& prompt, int tokens, double temperature,
+                            std::uint64_t seed) {
+  if (tokens < 0 || temperature < 0)
+    throw Error(fmt::format("sample: tokens and temperature must be >= 0, got {} and {}", tokens,
+                            temperature));
+  std::vector<std::uint16_t> ctx = tok_.encode(prompt.empty() ? std::string(1, '\n') : prompt);
+  std::mt19937_64 rng(seed);
+  const auto seq = static_cast<std::size_t>(c_.seq), vocab = static_cast<std::size_t>(tok_.vocab());
+  std::vector<std::uint16_t> out;
+  for (int n = 0; n < tokens; ++n) {
+    const std::size_t from = ctx.size() > seq ? ctx.size() - seq : 0, len = ctx.size() - from;
+    Batch b;
+    b.ids.assign(static_cast<std::size_t>(c_.batch) * seq, 0);
+    for (std::size_t i = 0; i < len; ++i) b.ids[i] = ctx[from + i];
+    b.targets = b.ids;
+    const std::vector<float> l = logits(b);
+    const float* row = l.data() + (len - 1) * vocab;  // the last position of sequence 0
+    std::size_t pick = static_cast<std::size_t>(std::max_element(row, row + vocab) - row);
+    if (temperature > 0) {
+      // Inverse CDF with a 53-bit uniform (not std::discrete_distribution:
+      // its draws differ between standard libraries).
+      std::vector<double> p(vocab);
+      double total = 0;
+      for (std::size_t v = 0; v < vocab; ++v)
+        total += p[v] = std::exp((static_cast<double>(row[v]) - row[pick]) / temperature);
+      double u = static_cast<double>(rng() >> 11) * 0x1.0p-53 * total;
+      for (pick = 0; pick + 1 < vocab && u >= p[pick]; ++pick) u -= p[pick];
+    }
+    ctx.push_back(static_cast<std::uint16_t>(pick));
+    out.push_back(static_cast<std::uint16_t>(pick));
+  }
+  return tok_.decode(out);
 }
 
 StepMetrics Trainer::run_step(const std::vector<Batch>* given) {

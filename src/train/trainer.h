@@ -112,6 +112,12 @@ class Trainer {
   // The logits [batch, seq, vocab] of a batch with the current weights (a
   // forward program with the logits as output, compiled on first use).
   std::vector<float> logits(const Batch& b);
+  // Continues `prompt` by `tokens` characters, each drawn from the model's
+  // next-token distribution at `temperature` (0: the most likely), with a
+  // seeded mt19937_64; one forward pass on the simulated chip a character,
+  // the context the last `seq` characters. Throws naming a prompt byte
+  // outside the vocabulary.
+  std::string sample(const std::string& prompt, int tokens, double temperature, std::uint64_t seed);
 
  private:
   void build();  // compiles grad, update and eval programs for recipe_ / bf16_layers_

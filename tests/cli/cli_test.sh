@@ -303,6 +303,10 @@ head -c 1000 "$tmp/ck/step-00000006.ckpt" >"$tmp/half" && mv "$tmp/half" "$tmp/c
 # shellcheck disable=SC2086
 run train $tt --ckpt-dir "$tmp/ck" --resume "$tmp/ck"
 if [ $rc -eq 0 ] && grep -q "step-00000006.ckpt: truncated" "$tmp/err" && grep -q "resumed from .*step-00000004" "$tmp/err"; then ok; else bad "truncated checkpoint: $(cat "$tmp/err")"; fi
+expect_json 'j["step"] == 4 and len(j["text"]) == 12 and j["prompt"] == "ROMEO:"' sample --ckpt "$tmp/ck" --prompt "ROMEO:" --tokens 12 --json
+expect_ok "^ROMEO:" sample --ckpt "$tmp/ck/step-00000004.ckpt" --prompt "ROMEO:" --tokens 5 --temperature 0
+expect_err "is not in the vocabulary of 65" sample --ckpt "$tmp/ck/step-00000004.ckpt" --prompt "$(printf '\xc3\xa9')"
+expect_err "checkpoint $tmp/t.toml: not a tern checkpoint" sample --ckpt "$tmp/t.toml"
 # shellcheck disable=SC2086
 expect_ok "step 3: injected a NaN.*|step 3: step 3: 1 non-finite gradient elements .*skipped the update" train ${tt% --json} --inject nan@3
 
