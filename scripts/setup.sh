@@ -14,6 +14,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev    # the baseline of the simulator's matmul benchmark
   zlib1g-dev         # checkpoint checksums (CRC-32)
+  libpng-dev         # the loss-curve plot of tern train
   libmpfr-dev        # test oracle for the number formats
   python3            # /usr/bin/python3: JSON checks in the CLI tests
   python3-jsonschema # trace schema check

@@ -18,6 +18,7 @@
 #include "cli/commands.h"
 #include "graph/lower.h"
 #include "train/checkpoint.h"
+#include "train/plot.h"
 #include "train/trainer.h"
 #include "util/error.h"
 #include "util/file.h"
@@ -32,7 +33,8 @@ struct Options {
   std::int64_t every = 0;           // validation every N steps (0: only at the end)
   int batches = 4;                  // held-out batches a validation averages
   std::int64_t log_every = 1;       // progress line every N steps
-  std::string metrics;              // JSONL of every step's metrics ("" none)
+  std::string metrics;              // every step's metrics: JSONL, or CSV by extension ("" none)
+  std::string plot;                 // the loss curves as PNG at the end ("" none)
   bool json = false;
 };
 
@@ -78,6 +80,11 @@ void run(train::TrainConfig c, const Options& o) {
       const std::size_t nl = metrics.find('\n', pos);
       const std::string line = metrics.substr(pos, nl - pos);
       pos = nl == std::string::npos ? metrics.size() : nl + 1;
+      if (o.metrics.ends_with(".csv")) {  // the header, and rows by their first column
+        if (line.starts_with("step,") || std::atoll(line.c_str()) <= t.steps_done())
+          kept += line + "\n";
+        continue;
+      }
       try {
         if (nlohmann::json::parse(line).value("step", std::int64_t{0}) <= t.steps_done())
           kept += line + "\n";
@@ -86,12 +93,37 @@ void run(train::TrainConfig c, const Options& o) {
     }
     metrics = kept;
   }
+  // CSV: one row a step or validation, the columns below (empty where a
+  // row has no value); JSONL: every record as it is.
+  const bool csv = o.metrics.ends_with(".csv");
+  static const char* kColumns[] = {"step",     "loss",      "val_loss",     "grad_norm",
+                                   "lr",       "wall_ms",   "tokens_per_s", "sim_ns",
+                                   "mfu_bf16", "mfu_mxfp8", "fusion_rate",  "recipe"};
+  if (csv && metrics.empty()) {
+    for (const char* col : kColumns) metrics += std::string(metrics.empty() ? "" : ",") + col;
+    metrics += "\n";
+  }
+  train::Series train_curve{"train", 0x1f77b4, {}}, val_curve{"validation", 0xd62728, {}};
   auto record = [&](const nlohmann::json& j) {
     if (o.json) std::printf("%s\n", j.dump().c_str());
-    if (!o.metrics.empty()) {
+    if (j.contains("loss"))
+      train_curve.points.emplace_back(j["step"].get<double>(), j["loss"].get<double>());
+    if (j.contains("val_loss"))
+      val_curve.points.emplace_back(j["step"].get<double>(), j["val_loss"].get<double>());
+    if (o.metrics.empty() || (csv && j.contains("action")) || (csv && j.contains("checkpoint")))
+      return;
+    if (csv) {
+      std::string row;
+      for (const char* col : kColumns) {
+        if (col != kColumns[0]) row += ",";
+        if (!j.contains(col)) continue;
+        row += j[col].is_string() ? j[col].get<std::string>() : j[col].dump();
+      }
+      metrics += row + "\n";
+    } else {
       metrics += j.dump() + "\n";
-      write_file_atomic(o.metrics, metrics);
     }
+    write_file_atomic(o.metrics, metrics);
   };
   double first = NAN, last = NAN, ema_tps = 0;
   while (t.steps_done() < c.steps) {
@@ -152,6 +184,11 @@ void run(train::TrainConfig c, const Options& o) {
   if (!o.json)
     std::printf("loss %.4f -> %.4f over %lld steps\n", first, last,
                 static_cast<long long>(c.steps));
+  if (!o.plot.empty()) {
+    train::write_plot(o.plot, {train_curve, val_curve}, "step",
+                      fmt::format("loss (nats/char), {} {}", c.model, t.recipe()));
+    if (!o.json) std::printf("loss curves: %s\n", o.plot.c_str());
+  }
 }
 
 }  // namespace
@@ -223,7 +260,9 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--log-every", o->log_every, "Progress line every N steps")
       ->capture_default_str();
   cmd->add_option("--metrics", o->metrics,
-                  "Write every step's metrics (and validation losses) to this JSONL file");
+                  "Write every step's metrics and validation losses to this file (JSONL; CSV if "
+                  "it ends in .csv)");
+  cmd->add_option("--plot", o->plot, "Write the loss curves (train, validation) to this PNG");
   cmd->add_flag("--json", o->json, "One JSON line a step");
   cmd->callback([c, o, cmd] {
     train::TrainConfig cfg = *c;

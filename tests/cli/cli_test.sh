@@ -303,6 +303,9 @@ head -c 1000 "$tmp/ck/step-00000006.ckpt" >"$tmp/half" && mv "$tmp/half" "$tmp/c
 # shellcheck disable=SC2086
 run train $tt --ckpt-dir "$tmp/ck" --resume "$tmp/ck"
 if [ $rc -eq 0 ] && grep -q "step-00000006.ckpt: truncated" "$tmp/err" && grep -q "resumed from .*step-00000004" "$tmp/err"; then ok; else bad "truncated checkpoint: $(cat "$tmp/err")"; fi
+# shellcheck disable=SC2086
+run train ${tt% --json} --eval-every 3 --log-every 3 --plot "$tmp/loss.png" --metrics "$tmp/m.csv"
+if [ $rc -eq 0 ] && [ "$(head -c 4 "$tmp/loss.png" | od -An -c | tr -d ' ')" = "211PNG" ] && [ "$(head -1 "$tmp/m.csv" | cut -d, -f1-3)" = "step,loss,val_loss" ] && [ "$(wc -l <"$tmp/m.csv")" -eq 9 ] && [ "$(grep -c '^step ' "$tmp/out")" -eq 4 ]; then ok; else bad "--plot/--metrics csv: rc $rc $(cat "$tmp/err") $(cat "$tmp/m.csv")"; fi
 expect_json 'j["step"] == 4 and len(j["text"]) == 12 and j["prompt"] == "ROMEO:"' sample --ckpt "$tmp/ck" --prompt "ROMEO:" --tokens 12 --json
 expect_ok "^ROMEO:" sample --ckpt "$tmp/ck/step-00000004.ckpt" --prompt "ROMEO:" --tokens 5 --temperature 0
 expect_err "is not in the vocabulary of 65" sample --ckpt "$tmp/ck/step-00000004.ckpt" --prompt "$(printf '\xc3\xa9')"
