@@ -129,7 +129,7 @@ void run(train::TrainConfig c, const Options& o) {
   while (t.steps_done() < c.steps) {
     const train::StepMetrics m = t.step();
     for (const std::string& a : m.actions) {
-      if (!o.json) std::printf("step %lld: %s\n", static_cast<long long>(m.step), a.c_str());
+      if (!o.json) std::printf("%s\n", a.c_str());
       record({{"step", m.step}, {"action", a}});
     }
     if (t.steps_done() < m.step) continue;  // rolled back

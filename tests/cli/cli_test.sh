@@ -311,7 +311,7 @@ expect_ok "^ROMEO:" sample --ckpt "$tmp/ck/step-00000004.ckpt" --prompt "ROMEO:"
 expect_err "is not in the vocabulary of 65" sample --ckpt "$tmp/ck/step-00000004.ckpt" --prompt "$(printf '\xc3\xa9')"
 expect_err "checkpoint $tmp/t.toml: not a tern checkpoint" sample --ckpt "$tmp/t.toml"
 # shellcheck disable=SC2086
-expect_ok "step 3: injected a NaN.*|step 3: step 3: 1 non-finite gradient elements .*skipped the update" train ${tt% --json} --inject nan@3
+expect_ok "^step 3: 1 non-finite gradient elements .*skipped the update" train ${tt% --json} --inject nan@3
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
