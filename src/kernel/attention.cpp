@@ -23,8 +23,14 @@
 //   dV^T += dO^T P, dK^T += (scale Q)^T dS   Tensor, accumulated in PSUM over the queries
 //   dQ^T += K^T dS^T                    DMA transposes of dS, Tensor, Vector accumulates
 // with Dsum = rowsum(dO * O) computed once per query head.
+//
+// FP32 data: the DMA transpose moves 2-byte types only, so each transpose
+// above (P^T, dS^T, and the backward's K, V^T, Q', dO^T and transposed
+// stores) runs on the Tensor engine into PSUM instead (pe_transposes), the
+// Vector engine copying it out; the matmuls then run at the FP32 rate.
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -87,10 +93,52 @@ void check_attention(const arch::ChipSpec& chip, const AttentionSpec& s, const c
                       w, s.q_heads, s.head_dim));
   if (s.head_dim != 64 && s.head_dim != 128)
     throw NotSupported(fmt::format("{} with head_dim {} (64 and 128 are)", what, s.head_dim));
-  if (s.dtype != DType::bf16 && s.dtype != DType::fp16)
-    throw NotSupported(fmt::format(
-        "{} with {} (bf16 and fp16 are: the P and dS transposes are 2-byte DMA transposes)", what,
-        isa::name(s.dtype)));
+  if (s.dtype != DType::bf16 && s.dtype != DType::fp16 && s.dtype != DType::fp32)
+    throw NotSupported(
+        fmt::format("{} with {} (bf16, fp16 and fp32 are)", what, isa::name(s.dtype)));
+}
+
+// Transposes of 4-byte data (fp32; the DMA transpose moves 2-byte types
+// only) on the Tensor engine (NKI's nc_transpose: exact, into PSUM): chunk
+// j of n, src(j) [p, f] -> dst(j) [f, p] (SBUF). The transposes fill `ps`
+// (PSUM FP32 columns, starting on a bank) side by side `pitch` columns
+// apart; then `engine` copies them out, one instruction per run of equally
+// shaped, evenly spaced chunks within a bank.
+void pe_transposes(Builder& b, int n, const std::function<Tensor(int)>& src,
+                   const std::function<Tensor(int)>& dst, const Tensor& ps, std::int64_t pitch,
+                   std::int64_t bank_cols, Engine engine) {
+  const int per_fill = static_cast<int>(ps.cols() / pitch);
+  const int per_bank = static_cast<int>(bank_cols / pitch);
+  for (int j0 = 0; j0 < n; j0 += per_fill) {
+    const int j1 = std::min(n, j0 + per_fill);
+    for (int j = j0; j < j1; ++j) {
+      const Tensor s = src(j);
+      b.transpose(ps.tile(0, static_cast<int>(s.cols()), (j - j0) * pitch, s.rows()), s);
+    }
+    for (int j = j0; j < j1;) {
+      const Tensor d = dst(j);
+      const int bank = (j - j0) / per_bank;
+      std::int64_t step = 0;  // bytes from one chunk's destination to the next
+      int e = j + 1;
+      for (; e < j1 && (e - j0) / per_bank == bank; ++e) {
+        const Tensor x = dst(e);
+        const std::int64_t gap = x.ap.offset - dst(e - 1).ap.offset;
+        if (x.rows() != d.rows() || x.cols() != d.cols() ||
+            x.ap.start_partition != d.ap.start_partition || gap <= 0 || (e > j + 1 && gap != step))
+          break;
+        step = gap;
+      }
+      const Tensor p = ps.tile(0, d.rows(), (j - j0) * pitch, d.cols());
+      if (e == j + 1) {
+        b.tensor_copy(d, p, engine);
+      } else {
+        const std::int64_t cnt = e - j, esz = isa::size_bytes(d.dtype());
+        b.tensor_copy(d.with_dims({{step / esz, cnt}, {1, d.cols()}}),
+                      p.with_dims({{pitch, cnt}, {1, d.cols()}}), engine);
+      }
+      j = e;
+    }
+  }
 }
 
 // An HBM view with `rows` partitions (row stride `row_stride` elements)
@@ -141,6 +189,21 @@ void load_row_tiles(Builder& b, const Tensor& dst, const Tensor& src, std::int64
   load_row_tiles_at(b, dst, src, r0 * d, d, n, d);
 }
 
+// The reverse of load_row_tiles_at: the SBUF tile `src` [128, ceil(n / 128)
+// * d] (row 128 t + p in partition p, columns [t d, (t + 1) d)) to n rows of
+// the HBM tensor `dst` from element `offset`, `stride` elements apart.
+void store_row_tiles_at(Builder& b, const Tensor& dst, std::int64_t offset, std::int64_t stride,
+                        const Tensor& src, std::int64_t n, std::int64_t d) {
+  const std::int64_t full = n / kTq, rest = n % kTq;
+  if (full > 0)
+    b.dma_copy(hbm_view(dst, offset, static_cast<int>(kTq), stride, {{kTq * stride, full}, {1, d}}),
+               src.tile(0, static_cast<int>(kTq), 0, full * d), -1, false, Engine::gpsimd);
+  if (rest > 0)
+    b.dma_copy(
+        hbm_view(dst, offset + full * kTq * stride, static_cast<int>(rest), stride, {{1, d}}),
+        src.tile(0, static_cast<int>(rest), full * d, d), -1, false, Engine::gpsimd);
+}
+
 // Splits weighted units into `parts` contiguous ranges of about equal weight
 // (contiguous keeps the units of one kv head together); returns the
 // boundaries (parts + 1 entries).
@@ -185,10 +248,13 @@ isa::Program flash_attention_kernel(const arch::ChipSpec& chip, const AttentionS
   const DType dt = spec.dtype;
   const float scale = spec.softmax_scale();
   const bool fast_exp = chip.core_version >= 4;  // Vector exponential (4x the Scalar rate)
+  // FP32: P^T by Tensor-engine transposes (DMA transposes move 2-byte types).
+  const bool pe_t = isa::size_bytes(dt) == 4;
   const std::int64_t nkt = ceil_div(Sk, kTq);
   {
-    // K^T and V of two kv heads (the current one and the next, prefetched).
-    const std::int64_t need = 2 * (Sk + nkt * D) * isa::size_bytes(dt) + 64 * 1024;
+    // K^T and V of two kv heads (the current one and the next, prefetched),
+    // and the rings below (FP32: P, P^T, Q, O twice the bytes).
+    const std::int64_t need = 2 * (Sk + nkt * D) * isa::size_bytes(dt) + (pe_t ? 96 : 64) * 1024;
     if (need > chip.sbuf_partition_bytes.value())
       throw NotSupported(fmt::format(
           "flash_attention with seq_k {}: K and V of two heads ({} bytes per partition) do "
@@ -403,8 +469,18 @@ isa::Program flash_attention_kernel(const arch::ChipSpec& chip, const AttentionS
       }
       if (st.kb > kKb) b.tensor_tensor(l, l, r2, AluOp::add, Engine::gpsimd);
       const Tensor& pt = pt_sb[ring(i, kP)];
+      auto kw_of = [&](std::int64_t c0) { return static_cast<int>(std::min(kTq, st.kb - c0)); };
+      if (pe_t) {
+        // Through the step's score banks (the exp above was their last reader).
+        pe_transposes(
+            b, static_cast<int>(ceil_div(st.kb, kTq)),
+            [&](int j) { return p.tile(0, tq, j * kTq, kw_of(j * kTq)); },
+            [&](int j) { return pt.tile(0, kw_of(j * kTq), j * kTq, tq); }, s_ps[ring(i, kS)], kTq,
+            kKb, Engine::vector);
+        return;
+      }
       for (std::int64_t c0 = 0; c0 < st.kb; c0 += kTq) {
-        const int kw = static_cast<int>(std::min(kTq, st.kb - c0));
+        const int kw = kw_of(c0);
         b.dma_transpose(pt.tile(0, kw, c0, tq), p.tile(0, tq, c0, kw));
       }
     };
@@ -493,7 +569,13 @@ isa::Program flash_attention_backward_kernel(const arch::ChipSpec& chip,
   // SBUF per partition: the kv side (K^T, K, V^T, FP32 dK^T and dV^T
   // accumulators, their dtype copies) once; the query side (scaled Q^T and
   // Q, dO^T, dO, O, FP32 dQ^T, lse and Dsum columns) per buffered head.
-  const std::int64_t kv_bytes = 3 * (Sk * esz) + nkt * D * esz + 2 * Sk * 4 + Sk * esz;
+  // FP32 (pe_t): the transposes run on the Tensor engine through a PSUM
+  // bank; V's rows (and at the end dv's) are staged in the dK^T output tile,
+  // widened to [128, max(Sk, nkt D)].
+  const bool pe_t = esz == 4;
+  const std::int64_t kvout_cols = pe_t ? std::max(Sk, nkt * D) : Sk;
+  const std::int64_t kv_bytes =
+      2 * (Sk * esz) + kvout_cols * esz + nkt * D * esz + 2 * Sk * 4 + Sk * esz;
   const std::int64_t q_bytes = 2 * Sq * esz + 3 * nqt * D * esz + Sq * 4 + 2 * nqt * 4;
   const std::int64_t rings = 16 * kKb * esz + 4 * D * 4 + 4096;
   const std::int64_t budget = chip.sbuf_partition_bytes.value();
@@ -533,16 +615,41 @@ isa::Program flash_attention_backward_kernel(const arch::ChipSpec& chip,
                            : b.hbm("dq", {B, Hq, D, Sq}, dt, isa::TensorKind::output);
   const Tensor dk = merged ? dq : b.hbm("dk", {B, Hkv, D, Sk}, dt, isa::TensorKind::output);
   const Tensor dv = merged ? dq : b.hbm("dv", {B, Hkv, Sk, D}, dt, isa::TensorKind::output);
+  Tensor tp_ps;  // pe_t: the transposes' PSUM bank (per core)
+  // `src` [D, S] (SBUF, [D, S0 >= S]) to `rows` [128, ceil(S / 128) D] (key
+  // or query 128 t + p in partition p) by Tensor-engine transposes.
+  auto pe_rows = [&](const Tensor& rows, const Tensor& src, std::int64_t S) {
+    auto n_of = [&](int j) { return static_cast<int>(std::min(kTq, S - j * kTq)); };
+    pe_transposes(
+        b, static_cast<int>(ceil_div(S, kTq)),
+        [&](int j) { return src.tile(0, Di, j * kTq, n_of(j)); },
+        [&](int j) { return rows.tile(0, n_of(j), j * D, D); }, tp_ps, D, kKb, Engine::vector);
+  };
+  // The reverse: `rows` to `dst` [D, S].
+  auto pe_cols = [&](const Tensor& dst, const Tensor& rows, std::int64_t S) {
+    auto n_of = [&](int j) { return static_cast<int>(std::min(kTq, S - j * kTq)); };
+    pe_transposes(
+        b, static_cast<int>(ceil_div(S, kTq)),
+        [&](int j) { return rows.tile(0, n_of(j), j * D, D); },
+        [&](int j) { return dst.tile(0, Di, j * kTq, n_of(j)); }, tp_ps, kTq, kKb, Engine::vector);
+  };
   // Writes head `head` (global: b * heads + h) of a gradient held as [D, S]
   // in SBUF: [D, S] rows as they are, or transposed by DMA in 128-row
-  // pieces into the merged [B, S, W] output from column `col0` + h D.
+  // pieces into the merged [B, S, W] output from column `col0` + h D (FP32:
+  // transposed on the Tensor engine into `rows`, a free [128, ceil(S / 128)
+  // D] tile, and stored from there).
   auto store_t = [&](const Tensor& dst, std::int64_t head, std::int64_t heads, std::int64_t col0,
-                     std::int64_t S, const Tensor& src) {
+                     std::int64_t S, const Tensor& src, const Tensor& rows) {
     if (!merged) {
       b.dma_copy(dst.tile(static_cast<int>(head * D), Di, 0, S), src, -1, false, Engine::gpsimd);
       return;
     }
     const std::int64_t bi = head / heads, h = head % heads;
+    if (pe_t) {
+      pe_rows(rows, src, S);
+      store_row_tiles_at(b, dst, bi * S * W + col0 + h * D, W, rows, S, D);
+      return;
+    }
     for (std::int64_t s0 = 0; s0 < S; s0 += kTq) {
       const int n = static_cast<int>(std::min(kTq, S - s0));
       b.dma_transpose(hbm_view(dst, (bi * S + s0) * W + col0 + h * D, n, W, {{1, D}}),
@@ -604,7 +711,12 @@ isa::Program flash_attention_backward_kernel(const arch::ChipSpec& chip,
     // kv side
     const Tensor kT = b.sbuf(Di, Sk, dt), kr = b.sbuf(static_cast<int>(kTq), nkt * D, dt),
                  vT = b.sbuf(Di, Sk, dt), dkacc = b.sbuf(Di, Sk, DType::fp32),
-                 dvacc = b.sbuf(Di, Sk, DType::fp32), kvout = b.sbuf(Di, Sk, dt);
+                 dvacc = b.sbuf(Di, Sk, DType::fp32),
+                 kvout_t = b.sbuf(pe_t ? static_cast<int>(kTq) : Di, kvout_cols, dt),
+                 kvout = pe_t ? kvout_t.tile(0, Di, 0, Sk) : kvout_t;
+    // pe_t: V's rows (the source of V^T), later dv's rows on their way out.
+    const Tensor vrow = pe_t ? kvout_t.tile(0, static_cast<int>(kTq), 0, nkt * D) : Tensor{};
+    if (pe_t) tp_ps = b.psum(static_cast<int>(kTq), kKb);
     // query side, per buffered head
     struct QSet {
       Tensor qsT, qs, doT, dor, ot, dqacc, lse, nds;
@@ -621,7 +733,12 @@ isa::Program flash_attention_backward_kernel(const arch::ChipSpec& chip,
 
     auto setup_kv = [&](std::int64_t kv) {
       b.dma_copy(kT, k.tile(static_cast<int>(kv * D), Di, 0, Sk));
-      for (std::int64_t t = 0; t < nkt; ++t) {
+      if (pe_t) {
+        load_row_tiles(b, vrow, v, kv * Sk, Sk, D);
+        pe_rows(kr, kT, Sk);
+        pe_cols(vT, vrow, Sk);
+      }
+      for (std::int64_t t = 0; t < nkt && !pe_t; ++t) {
         const int kw = static_cast<int>(std::min(kTq, Sk - t * kTq));
         b.dma_transpose(kr.tile(0, kw, t * D, D),
                         k.tile(static_cast<int>(kv * D), Di, t * kTq, kw));
@@ -645,9 +762,9 @@ isa::Program flash_attention_backward_kernel(const arch::ChipSpec& chip,
       if (rest > 0)
         b.dma_copy(qs.lse.tile(0, static_cast<int>(rest), full, 1),
                    hbm_view(lse, h * Sq + full * kTq, static_cast<int>(rest), 1, {{1, 1}}));
-      for (std::int64_t t = 0; t < nqt; ++t) {
+      for (std::int64_t t = 0; t < nqt && !pe_t; ++t) {
         const int tq = static_cast<int>(std::min(kTq, Sq - t * kTq));
-        // dO^T by 128 x D transposes.
+        // dO^T by 128 x D transposes (pe_t: in setup_head_compute).
         b.dma_transpose(qs.doT.tile(0, Di, t * kTq, tq),
                         hbm_view(dout, drow.at(h, t * kTq), tq, drow.stride(), {{1, D}}));
       }
@@ -666,10 +783,14 @@ isa::Program flash_attention_backward_kernel(const arch::ChipSpec& chip,
                           qs.lse.tile(0, static_cast<int>(rest), full, 1), AluOp::multiply, -1.0f,
                           AluOp::bypass, 0.0f, Engine::gpsimd);
       }
+      if (pe_t) {
+        pe_rows(qs.qs, qs.qsT, Sq);
+        pe_cols(qs.doT, qs.dor, Sq);
+      }
       for (std::int64_t t = 0; t < nqt; ++t) {
         const int tq = static_cast<int>(std::min(kTq, Sq - t * kTq));
         // Q (scaled) with queries on partitions by 128 x D transposes.
-        b.dma_transpose(qs.qs.tile(0, tq, t * D, D), qs.qsT.tile(0, Di, t * kTq, tq));
+        if (!pe_t) b.dma_transpose(qs.qs.tile(0, tq, t * D, D), qs.qsT.tile(0, Di, t * kTq, tq));
         // -Dsum = -rowsum(dO * O): the bias of dP - Dsum.
         b.tensor_tensor(prod.tile(0, tq, 0, D), qs.dor.tile(0, tq, t * D, D),
                         qs.ot.tile(0, tq, t * D, D), AluOp::multiply, Engine::gpsimd);
@@ -727,8 +848,17 @@ isa::Program flash_attention_backward_kernel(const arch::ChipSpec& chip,
       b.activation(t, ActFunc::identity, dp, &dcol);
       b.tensor_tensor(ds, t, p, AluOp::multiply, Engine::gpsimd);
       const Tensor& dst = dst_sb[ring(i, kRing)];
+      auto kw_of = [&](std::int64_t c0) { return static_cast<int>(std::min(kTq, st.kw - c0)); };
+      if (pe_t) {
+        pe_transposes(
+            b, static_cast<int>(ceil_div(st.kw, kTq)),
+            [&](int j) { return ds.tile(0, tq, j * kTq, kw_of(j * kTq)); },
+            [&](int j) { return dst.tile(0, kw_of(j * kTq), j * kTq, tq); }, tp_ps, kTq, kKb,
+            Engine::vector);
+        return;
+      }
       for (std::int64_t c0 = 0; c0 < st.kw; c0 += kTq) {
-        const int kw = static_cast<int>(std::min(kTq, st.kw - c0));
+        const int kw = kw_of(c0);
         b.dma_transpose(dst.tile(0, kw, c0, tq), ds.tile(0, tq, c0, kw));
       }
     };
@@ -767,14 +897,22 @@ isa::Program flash_attention_backward_kernel(const arch::ChipSpec& chip,
         // dQ = scale dS K (the scale of S = scale Q K^T), cast, stored as [D, Sq].
         const Tensor out = qs.qsT;  // free once the head's matmuls are done
         b.tensor_scalar(out, qs.dqacc, AluOp::multiply, scale, AluOp::bypass, 0.0f, Engine::gpsimd);
-        store_t(dq, st.h, Hq, spec.q_col, Sq, out);
+        store_t(dq, st.h, Hq, spec.q_col, Sq, out, qs.qs);  // Q' rows are free too
       }
       if (st.last_unit) {
         b.tensor_copy(kvout, dkacc, Engine::gpsimd);
-        store_t(dk, st.kv, Hkv, spec.k_col, Sk, kvout);
+        store_t(dk, st.kv, Hkv, spec.k_col, Sk, kvout, kr);  // and K's rows
         const Tensor dvo = kT;  // K^T is free once the unit's matmuls are done
         b.tensor_copy(dvo, dvacc, Engine::gpsimd);
-        for (std::int64_t t = 0; t < nkt; ++t) {
+        if (pe_t) {
+          const std::int64_t bi = st.kv / Hkv, g = st.kv % Hkv;
+          pe_rows(vrow, dvo, Sk);
+          if (merged)
+            store_row_tiles_at(b, dv, bi * Sk * W + spec.v_col + g * D, W, vrow, Sk, D);
+          else
+            store_row_tiles_at(b, dv, st.kv * Sk * D, D, vrow, Sk, D);
+        }
+        for (std::int64_t t = 0; t < nkt && !pe_t; ++t) {
           const int kw = static_cast<int>(std::min(kTq, Sk - t * kTq));
           const std::int64_t bi = st.kv / Hkv, g = st.kv % Hkv;
           b.dma_transpose(

@@ -480,13 +480,21 @@ isa::Program embedding_backward_kernel(const arch::ChipSpec& chip, const Embeddi
 //   row sums of exp(scale * q.k), masked entries excluded)
 // GQA: query head h reads kv head h / (Hq / Hkv). Causal masking is
 // top-left aligned like torch's is_causal: query i sees keys j <= i.
+// dtype bf16 or fp16: the P^T and dS^T of the matmuls (and the backward's
+// other transposes) are 2-byte DMA transposes. float32: those transposes run
+// on the Tensor engine instead (nc_transpose: exact, into PSUM, copied out by
+// the Vector engine), the matmuls in FP32 at a quarter of the BF16 rate
+// ([tensor.rate] fp32 = 0.25), the softmax statistics in FP32 as always:
+// results agree with FP64 to ~1e-5 relative, at ~3.2x (forward) and ~3.6x
+// (backward) the BF16 time; SBUF holds K and V of seq_k <= 10240 (forward)
+// and a kv head's working set of seq ~4 K (backward) at D = 128.
 struct AttentionSpec {
   std::int64_t batch = 1, q_heads = 8, kv_heads = 8;
   std::int64_t seq_q = 4096, seq_k = 0;  // seq_k 0: equal to seq_q
   std::int64_t head_dim = 128;           // 64 or 128
   bool causal = true;
   float scale = 0.0f;                   // 0: 1 / sqrt(head_dim)
-  isa::DType dtype = isa::DType::bf16;  // bf16 or fp16
+  isa::DType dtype = isa::DType::bf16;  // bf16, fp16 or fp32
   int cores = 1;
   // o_width > 0: o (the forward's output, the backward's input) is [B, Sq,
   // o_width] with head h in columns [h D, (h + 1) D): the layout of the
@@ -497,8 +505,8 @@ struct AttentionSpec {
   // one output "dqkv" [B, S, qkv_width] (S = seq_q = seq_k), the gradient of
   // a fused qkv projection: row (b, s) holds dq of head h in columns
   // [q_col + h D, q_col + (h + 1) D), dk of kv head g at k_col + g D, dv at
-  // v_col + g D, each transposed on its way out by DMA. Columns outside
-  // those ranges are not written.
+  // v_col + g D, each transposed on its way out (by DMA; fp32: on the Tensor
+  // engine, then stored by DMA). Columns outside those ranges are not written.
   std::int64_t qkv_width = 0, q_col = 0, k_col = 0, v_col = 0;
   std::int64_t kv_len() const { return seq_k > 0 ? seq_k : seq_q; }
   float softmax_scale() const;

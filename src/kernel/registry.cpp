@@ -290,7 +290,7 @@ std::vector<ParamDoc> attention_docs() {
           {"causal", "true",
            "Causal mask (top-left: query i sees keys j <= i); --causal false for none"},
           {"scale", "", "Softmax scale (default 1/sqrt(head_dim))"},
-          {"dtype", "bf16", "q, k, v, o (and gradient) dtype: bf16 or fp16"},
+          {"dtype", "bf16", "q, k, v, o (and gradient) dtype: bf16, fp16 or fp32"},
           {"cores", "0", "NeuronCores (0: all of the chip's)"}};
 }
 AttentionSpec attention_spec(const arch::ChipSpec& c, const Params& p) {

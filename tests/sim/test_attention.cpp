@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "arch/chip.h"
 #include "kernel/kernels.h"
 #include "kernel/reference.h"
@@ -130,56 +132,125 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{1, 2, 1, 150, 0, 64, true, 1, DType::fp16},
                       Case{1, 2, 2, 140, 0, 64, true, 2, DType::bf16, "trn2"}));
 
+// FP32 (the P and dS transposes on the Tensor engine, exact; the matmuls in
+// FP32 at a quarter of the BF16 rate; the softmax statistics in FP32): within
+// about FP32 rounding of FP64. Every value is held to atol + rtol |want| with
+// rtol = 1e-5 and atol = 1e-5 times the output's RMS (0.02 to 1.1 here; with
+// one key dq and dk are exactly 0, the kernel's the rounding noise of
+// dP - Dsum, ~1e-7: there the RMS counts as 0.05). Measured: the worst
+// element of each output within 0.6x of its bound, typically 0.2x to 0.4x
+// (lse within 0.02x).
+double rms(const std::vector<double>& x) {
+  double s = 0;
+  for (double v : x) s += v * v;
+  return s > 0 ? std::sqrt(s / static_cast<double>(x.size())) : 0.05;
+}
+
+class AttentionFp32 : public ::testing::TestWithParam<Case> {};
+
+TEST_P(AttentionFp32, ForwardAndBackwardWithin1e5OfFp64) {
+  const Case c = GetParam();
+  ASSERT_EQ(c.dt, DType::fp32);
+  const auto chip = arch::load_chip(c.chip);
+  const AttentionSpec s = spec_of(c);
+  const std::int64_t Sk = s.kv_len();
+  const auto q = normal(static_cast<std::size_t>(c.batch * c.hq * c.d * c.sq), 1, 1.0f, c.dt);
+  const auto k = normal(static_cast<std::size_t>(c.batch * c.hkv * c.d * Sk), 2, 1.0f, c.dt);
+  const auto v = normal(static_cast<std::size_t>(c.batch * c.hkv * Sk * c.d), 3, 1.0f, c.dt);
+  const auto dout = normal(static_cast<std::size_t>(c.batch * c.hq * c.sq * c.d), 4, 1.0f, c.dt);
+  constexpr double kRel = 1e-5;
+
+  sim::Simulator fwd(chip);
+  fwd.load(kernel::flash_attention_kernel(chip, s));
+  fwd.write("q", q), fwd.write("k", k), fwd.write("v", v);
+  fwd.run();
+  const auto o = fwd.read("o");
+  const auto lse = fwd.read("lse");
+  const auto want = kernel::attention_reference_f64(q, k, v, s);
+  const double eo = worst(o, want.o, kRel * rms(want.o), kRel, "o");
+  // lse (a few units): scale * K rounded to FP32 moves a score by 2^-24 |s|.
+  const double el = worst(lse, want.lse, kRel, kRel, "lse");
+
+  sim::Simulator bwd(chip);
+  bwd.load(kernel::flash_attention_backward_kernel(chip, s));
+  bwd.write("q", q), bwd.write("k", k), bwd.write("v", v), bwd.write("o", o);
+  bwd.write("do", dout), bwd.write("lse", lse);
+  bwd.run();
+  const auto g = kernel::attention_backward_reference_f64(q, k, v, dout, s);
+  const double eq = worst(bwd.read("dq"), g.dq, kRel * rms(g.dq), kRel, "dq");
+  const double ek = worst(bwd.read("dk"), g.dk, kRel * rms(g.dk), kRel, "dk");
+  const double ev = worst(bwd.read("dv"), g.dv, kRel * rms(g.dv), kRel, "dv");
+  RecordProperty("worst_o_lse_dq_dk_dv",
+                 fmt::format("{:.3f} {:.3f} {:.3f} {:.3f} {:.3f}", eo, el, eq, ek, ev));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, AttentionFp32,
+    ::testing::Values(Case{1, 1, 1, 1, 0, 64, true, 1, DType::fp32},      // one query, one key
+                      Case{1, 2, 2, 77, 0, 64, false, 1, DType::fp32},    // partial tile
+                      Case{1, 2, 1, 200, 0, 128, true, 2, DType::fp32},   // GQA 2:1, causal
+                      Case{2, 4, 2, 130, 0, 128, false, 2, DType::fp32},  // batch 2, GQA 2:1
+                      Case{1, 1, 1, 1100, 0, 64, true, 1, DType::fp32},   // two forward steps
+                      Case{1, 1, 1, 1100, 0, 128, false, 2, DType::fp32},
+                      Case{1, 2, 2, 100, 700, 64, false, 2, DType::fp32},  // seq_k != seq_q
+                      Case{1, 1, 1, 300, 129, 128, true, 1, DType::fp32},  // seq_q > seq_k
+                      Case{1, 2, 2, 140, 0, 64, true, 2, DType::fp32, "trn2"}));
+
 // The backward writing the gradient of a fused qkv projection [B, S, W]
 // (AttentionSpec::qkv_width) gives the bits of dq, dk, dv, transposed and
-// placed in their columns: the DMA transposes move bytes unchanged.
-TEST(Attention, BackwardIntoQkvGradientHasTheSameBits) {
-  const auto chip = arch::load_chip("trn3");
-  for (const Case& c : {Case{2, 4, 2, 130, 0, 64, true, 2}, Case{1, 2, 2, 300, 0, 128, false, 3}}) {
-    const AttentionSpec s = spec_of(c);
-    const std::int64_t B = c.batch, Hq = c.hq, Hkv = c.hkv, S = c.sq, D = c.d;
-    const auto q = normal(static_cast<std::size_t>(B * Hq * D * S), 1, 1.0f, c.dt);
-    const auto k = normal(static_cast<std::size_t>(B * Hkv * D * S), 2, 1.0f, c.dt);
-    const auto v = normal(static_cast<std::size_t>(B * Hkv * S * D), 3, 1.0f, c.dt);
-    const auto dout = normal(static_cast<std::size_t>(B * Hq * S * D), 4, 1.0f, c.dt);
-    sim::Simulator fwd(chip);
-    fwd.load(kernel::flash_attention_kernel(chip, s));
-    fwd.write("q", q), fwd.write("k", k), fwd.write("v", v);
-    fwd.run();
-    auto run = [&](const AttentionSpec& bs, sim::Simulator& bwd) {
-      bwd.load(kernel::flash_attention_backward_kernel(chip, bs));
-      bwd.write("q", q), bwd.write("k", k), bwd.write("v", v), bwd.write("o", fwd.read("o"));
-      bwd.write("do", dout), bwd.write("lse", fwd.read("lse"));
-      bwd.run();
-    };
-    sim::Simulator plain(chip), merged(chip);
-    run(s, plain);
-    AttentionSpec m = s;
-    // Columns: an unwritten gap of 64 first, then v, q, k (any order works).
-    m.v_col = 64, m.q_col = m.v_col + Hkv * D, m.k_col = m.q_col + Hq * D;
-    m.qkv_width = m.k_col + Hkv * D;
-    run(m, merged);
-    const auto dq = plain.read("dq"), dk = plain.read("dk"), dv = plain.read("dv");
-    const auto g = merged.read("dqkv");
-    ASSERT_EQ(g.size(), static_cast<std::size_t>(B * S * m.qkv_width));
-    for (std::int64_t b = 0; b < B; ++b)
-      for (std::int64_t t = 0; t < S; ++t)
-        for (std::int64_t d = 0; d < D; ++d) {
-          const auto row = static_cast<std::size_t>((b * S + t) * m.qkv_width + d);
-          for (std::int64_t h = 0; h < Hq; ++h)
-            ASSERT_EQ(g[row + static_cast<std::size_t>(m.q_col + h * D)],
-                      dq[static_cast<std::size_t>(((b * Hq + h) * D + d) * S + t)])
-                << "dq b " << b << " h " << h << " s " << t << " d " << d;
-          for (std::int64_t h = 0; h < Hkv; ++h) {
-            ASSERT_EQ(g[row + static_cast<std::size_t>(m.k_col + h * D)],
-                      dk[static_cast<std::size_t>(((b * Hkv + h) * D + d) * S + t)])
-                << "dk b " << b << " h " << h << " s " << t << " d " << d;
-            ASSERT_EQ(g[row + static_cast<std::size_t>(m.v_col + h * D)],
-                      dv[static_cast<std::size_t>(((b * Hkv + h) * S + t) * D + d)])
-                << "dv b " << b << " h " << h << " s " << t << " d " << d;
-          }
+// placed in their columns: the transposes (DMA; fp32: Tensor engine) move
+// the values unchanged.
+void expect_qkv_gradient_bits(const Case& c) {
+  const auto chip = arch::load_chip(c.chip);
+  const AttentionSpec s = spec_of(c);
+  const std::int64_t B = c.batch, Hq = c.hq, Hkv = c.hkv, S = c.sq, D = c.d;
+  const auto q = normal(static_cast<std::size_t>(B * Hq * D * S), 1, 1.0f, c.dt);
+  const auto k = normal(static_cast<std::size_t>(B * Hkv * D * S), 2, 1.0f, c.dt);
+  const auto v = normal(static_cast<std::size_t>(B * Hkv * S * D), 3, 1.0f, c.dt);
+  const auto dout = normal(static_cast<std::size_t>(B * Hq * S * D), 4, 1.0f, c.dt);
+  sim::Simulator fwd(chip);
+  fwd.load(kernel::flash_attention_kernel(chip, s));
+  fwd.write("q", q), fwd.write("k", k), fwd.write("v", v);
+  fwd.run();
+  auto run = [&](const AttentionSpec& bs, sim::Simulator& bwd) {
+    bwd.load(kernel::flash_attention_backward_kernel(chip, bs));
+    bwd.write("q", q), bwd.write("k", k), bwd.write("v", v), bwd.write("o", fwd.read("o"));
+    bwd.write("do", dout), bwd.write("lse", fwd.read("lse"));
+    bwd.run();
+  };
+  sim::Simulator plain(chip), merged(chip);
+  run(s, plain);
+  AttentionSpec m = s;
+  // Columns: an unwritten gap of 64 first, then v, q, k (any order works).
+  m.v_col = 64, m.q_col = m.v_col + Hkv * D, m.k_col = m.q_col + Hq * D;
+  m.qkv_width = m.k_col + Hkv * D;
+  run(m, merged);
+  const auto dq = plain.read("dq"), dk = plain.read("dk"), dv = plain.read("dv");
+  const auto g = merged.read("dqkv");
+  ASSERT_EQ(g.size(), static_cast<std::size_t>(B * S * m.qkv_width));
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t t = 0; t < S; ++t)
+      for (std::int64_t d = 0; d < D; ++d) {
+        const auto row = static_cast<std::size_t>((b * S + t) * m.qkv_width + d);
+        for (std::int64_t h = 0; h < Hq; ++h)
+          ASSERT_EQ(g[row + static_cast<std::size_t>(m.q_col + h * D)],
+                    dq[static_cast<std::size_t>(((b * Hq + h) * D + d) * S + t)])
+              << "dq b " << b << " h " << h << " s " << t << " d " << d;
+        for (std::int64_t h = 0; h < Hkv; ++h) {
+          ASSERT_EQ(g[row + static_cast<std::size_t>(m.k_col + h * D)],
+                    dk[static_cast<std::size_t>(((b * Hkv + h) * D + d) * S + t)])
+              << "dk b " << b << " h " << h << " s " << t << " d " << d;
+          ASSERT_EQ(g[row + static_cast<std::size_t>(m.v_col + h * D)],
+                    dv[static_cast<std::size_t>(((b * Hkv + h) * S + t) * D + d)])
+              << "dv b " << b << " h " << h << " s " << t << " d " << d;
         }
-  }
+      }
+}
+
+TEST(Attention, BackwardIntoQkvGradientHasTheSameBits) {
+  for (const Case& c : {Case{2, 4, 2, 130, 0, 64, true, 2}, Case{1, 2, 2, 300, 0, 128, false, 3}})
+    expect_qkv_gradient_bits(c);
+  const auto chip = arch::load_chip("trn3");
   // Columns that do not fit, and the option on the forward kernel.
   AttentionSpec s = spec_of(Case{1, 2, 2, 128, 0, 64, true, 1});
   s.qkv_width = 3 * 128, s.q_col = 0, s.k_col = 128, s.v_col = 300;
@@ -190,9 +261,8 @@ TEST(Attention, BackwardIntoQkvGradientHasTheSameBits) {
 // o and dO in the merged-heads layout [B, S, width] (o_width, do_width):
 // the forward writes o's bits there, and the backward reading o and dO
 // from there gives the bits it gives from [B, H, S, D].
-TEST(Attention, MergedHeadLayoutsOfOAndDoHaveTheSameBits) {
-  const auto chip = arch::load_chip("trn3");
-  const Case c{2, 4, 2, 200, 0, 64, true, 3};
+void expect_merged_o_do_bits(const Case& c) {
+  const auto chip = arch::load_chip(c.chip);
   const std::int64_t B = c.batch, H = c.hq, S = c.sq, D = c.d, W = H * D + 64;
   const AttentionSpec s = spec_of(c);
   AttentionSpec w = s;
@@ -235,9 +305,22 @@ TEST(Attention, MergedHeadLayoutsOfOAndDoHaveTheSameBits) {
   b1.write("o", ow), b1.write("do", wide(dout)), b1.write("lse", f1.read("lse"));
   b0.run(), b1.run();
   for (const char* g : {"dq", "dk", "dv"}) EXPECT_EQ(b0.read(g), b1.read(g)) << g;
-  AttentionSpec bad = s;
+}
+
+TEST(Attention, MergedHeadLayoutsOfOAndDoHaveTheSameBits) {
+  const Case c{2, 4, 2, 200, 0, 64, true, 3};
+  expect_merged_o_do_bits(c);
+  const auto chip = arch::load_chip("trn3");
+  const std::int64_t H = c.hq, D = c.d;
+  AttentionSpec bad = spec_of(c);
   bad.o_width = H * D - 1;
   EXPECT_THROW(kernel::flash_attention_kernel(chip, bad), Error);
+}
+
+TEST(Attention, Fp32MergedLayoutsHaveTheSameBits) {
+  expect_qkv_gradient_bits(Case{2, 4, 2, 130, 0, 64, true, 2, DType::fp32});
+  expect_qkv_gradient_bits(Case{1, 2, 2, 300, 0, 128, false, 3, DType::fp32});
+  expect_merged_o_do_bits(Case{2, 4, 2, 200, 0, 64, true, 3, DType::fp32});
 }
 
 TEST(Attention, BadShapesNameTheParameter) {
@@ -261,8 +344,11 @@ TEST(Attention, BadShapesNameTheParameter) {
       << msg(s);
   s.q_heads = 8, s.kv_heads = 8, s.seq_q = 0;
   EXPECT_NE(msg(s).find("seq_q must be >= 1"), std::string::npos) << msg(s);
-  s.seq_q = 128, s.dtype = DType::fp32;
-  EXPECT_NE(msg(s).find("not supported"), std::string::npos) << msg(s);
+  s.seq_q = 128, s.dtype = DType::fp8_e4m3;
+  EXPECT_NE(msg(s).find("not supported: flash_attention with float8_e4m3fn (bf16, fp16 and fp32 "
+                        "are)"),
+            std::string::npos)
+      << msg(s);
   s.dtype = DType::bf16, s.cores = 9;
   EXPECT_NE(msg(s).find("cores must be in 1..8"), std::string::npos) << msg(s);
   s.cores = 1, s.head_dim = 96;
