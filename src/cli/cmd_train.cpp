@@ -132,6 +132,40 @@ void run(train::TrainConfig c, const Options& o) {
       if (!o.json) std::printf("%s\n", a.c_str());
       record({{"step", m.step}, {"action", a}});
     }
+    if (!m.monitors.empty()) {
+      // The worst operand by saturation, underflow; totals of non-finite.
+      nlohmann::json mon = nlohmann::json::object();
+      const graph::QuantStats* worst_sat = nullptr;
+      const graph::QuantStats* worst_under = nullptr;
+      std::string sat_site, under_site;
+      graph::QuantStats total;
+      auto frac = [](std::int64_t n, std::int64_t d) {
+        return d ? 100.0 * static_cast<double>(n) / static_cast<double>(d) : 0.0;
+      };
+      for (const auto& [site, st] : m.monitors) {
+        mon[site] = {{"elements", st.elements},   {"saturated", st.saturated},
+                     {"underflow", st.underflow}, {"nonfinite", st.nonfinite},
+                     {"scale_min", st.scale_min}, {"scale_max", st.scale_max}};
+        total.merge(st);
+        if (!worst_sat ||
+            frac(st.saturated, st.elements) > frac(worst_sat->saturated, worst_sat->elements))
+          worst_sat = &st, sat_site = site;
+        if (!worst_under ||
+            frac(st.underflow, st.elements) > frac(worst_under->underflow, worst_under->elements))
+          worst_under = &st, under_site = site;
+      }
+      record({{"step", m.step}, {"monitor", mon}});
+      if (!o.json)
+        std::printf(
+            "step %lld monitors (%zu quantized operands): saturated %.3f%% (worst %s %.3f%%), "
+            "underflow %.3f%% (worst %s %.3f%%), non-finite %lld, scales 2^%.0f..2^%.0f\n",
+            static_cast<long long>(m.step), m.monitors.size(),
+            frac(total.saturated, total.elements), sat_site.c_str(),
+            frac(worst_sat->saturated, worst_sat->elements), frac(total.underflow, total.elements),
+            under_site.c_str(), frac(worst_under->underflow, worst_under->elements),
+            static_cast<long long>(total.nonfinite), std::log2(total.scale_min),
+            std::log2(total.scale_max));
+    }
     if (t.steps_done() < m.step) continue;  // rolled back
     if (std::isnan(first)) first = m.loss;
     last = m.loss;
@@ -244,6 +278,16 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--spike-z", c->spike_z, "Log a gradient-norm spike above this z-score (0: off)")
       ->capture_default_str();
   cmd->add_option("--retries", c->retries, "Retries of a failed step before a rollback")
+      ->capture_default_str();
+  cmd->add_option("--monitor-every", c->monitor_every,
+                  "Per-matmul numeric monitors (saturation, underflow, NaN, scales) every N steps "
+                  "(0: off)")
+      ->capture_default_str();
+  cmd->add_option("--overflow-pct", c->overflow_pct,
+                  "A matmul operand saturating more than this % triggers --overflow-policy")
+      ->capture_default_str();
+  cmd->add_option("--overflow-policy", c->overflow_policy,
+                  "On overflow: warn, fallback-layer, fallback-global")
       ->capture_default_str();
   cmd->add_option("--ckpt-dir", c->ckpt_dir, "Checkpoint directory");
   cmd->add_option("--ckpt-every", c->ckpt_every, "Checkpoint every N steps (0: none)")

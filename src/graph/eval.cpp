@@ -126,7 +126,8 @@ std::int64_t id_at(const HostData& ids, std::size_t i, std::int64_t limit, const
 }  // namespace
 
 std::vector<HostData> evaluate(const Graph& g, const std::map<std::string, HostData>& feeds,
-                               DelayedScaling* scaling) {
+                               DelayedScaling* scaling,
+                               std::map<std::string, QuantStats>* monitor) {
   std::vector<HostData> val(g.values().size());
   for (std::size_t ni = 0; ni < g.nodes().size(); ++ni) {
     const Node& n = g.nodes()[ni];
@@ -177,7 +178,8 @@ std::vector<HostData> evaluate(const Graph& g, const std::map<std::string, HostD
             const std::optional<float> s =
                 delayed ? std::optional<float>(scaling->scale(site)) : std::nullopt;
             const float amax = fake_quantize(x, iv(static_cast<std::size_t>(i)).shape, k_last, oq,
-                                             q.policy, iv(static_cast<std::size_t>(i)).dtype, s);
+                                             q.policy, iv(static_cast<std::size_t>(i)).dtype, s,
+                                             monitor ? &(*monitor)[site] : nullptr);
             if (delayed) scaling->record(site, oq.fp8, amax, q.history);
           };
           quantize(a, 0, !ta, q.a);

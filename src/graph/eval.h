@@ -22,8 +22,12 @@ using HostData = std::vector<double>;
 // With `scaling`: matmuls with delayed FP8 scaling (graph/quant.h) use its
 // scales, record their operands' amax, and the state updates at the end
 // (one evaluate is one training step); without, they are an error.
+// With `monitor`: each quantized matmul operand's health (QuantStats,
+// graph/quant.h) by site "<matmul output>.a" / ".b".
 class DelayedScaling;
+struct QuantStats;
 std::vector<HostData> evaluate(const Graph& g, const std::map<std::string, HostData>& feeds,
-                               DelayedScaling* scaling = nullptr);
+                               DelayedScaling* scaling = nullptr,
+                               std::map<std::string, QuantStats>* monitor = nullptr);
 
 }  // namespace tern::graph

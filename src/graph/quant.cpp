@@ -96,9 +96,33 @@ float fp8_scale(DType fp8, float amax) {
                   std::numeric_limits<float>::max());
 }
 
+void QuantStats::merge(const QuantStats& o) {
+  elements += o.elements, nonfinite += o.nonfinite, saturated += o.saturated;
+  underflow += o.underflow;
+  scale_min = std::min(scale_min, o.scale_min), scale_max = std::max(scale_max, o.scale_max);
+}
+
 float fake_quantize(std::vector<double>& x, const Shape& shape, bool k_last, const OperandQuant& q,
-                    num::ScalePolicy policy, DType dtype, std::optional<float> scale) {
+                    num::ScalePolicy policy, DType dtype, std::optional<float> scale,
+                    QuantStats* stats) {
   if (q.kind == QuantKind::none) return 0.0f;
+  // Health counts of one element quantized from `in` (after rounding to the
+  // operand's dtype) to `out` at scale `s` in format f: saturated when
+  // in * s rounds past f's largest value (|in * s| >= max + ulp(max) / 2,
+  // where round-to-nearest would leave the finite range and the cast clamps).
+  auto count = [stats](float in, double out, double s, const num::Format& f) {
+    if (!stats) return;
+    ++stats->elements;
+    if (!std::isfinite(in)) {
+      ++stats->nonfinite;
+      return;
+    }
+    const double max = f.max_finite();
+    const double edge =
+        max + 0.5 * std::ldexp(1.0, static_cast<int>(std::floor(std::log2(max))) - f.man_bits);
+    if (std::fabs(static_cast<double>(in) * s) >= edge) ++stats->saturated;
+    if (in != 0.0f && out == 0.0) ++stats->underflow;
+  };
   const num::Format& hi = *isa::format_of(dtype);
   auto rounded = [&](double v) { return num::round_to(hi, static_cast<float>(v)); };
   if (q.kind == QuantKind::fp8_tensor) {
@@ -110,11 +134,16 @@ float fake_quantize(std::vector<double>& x, const Shape& shape, bool k_last, con
     const float s = scale ? *scale : fp8_scale(q.fp8, amax);
     const num::Format& f = *isa::format_of(q.fp8);
     for (double& v : x) {
-      const float y = rounded(v) * s;  // FP32, as the engine scales
+      const float in = rounded(v);
+      const float y = in * s;  // FP32, as the engine scales
       v = static_cast<double>(
               num::round_to(f, y, num::Rounding::nearest_even, num::Overflow::saturate)) /
           static_cast<double>(s);
+      count(in, v, s, f);
     }
+    if (stats)
+      stats->scale_min = std::min<double>(stats->scale_min, s),
+      stats->scale_max = std::max<double>(stats->scale_max, s);
     return amax;
   }
   const num::MxFormat& f = num::mx_format(q.mx);
@@ -141,6 +170,25 @@ float fake_quantize(std::vector<double>& x, const Shape& shape, bool k_last, con
     num::mx_dequantize(f, codes, scales, out);
     for (std::int64_t k = 0; k < K; ++k)
       x[static_cast<std::size_t>(base + k * step)] = out[static_cast<std::size_t>(k)];
+    if (stats) {
+      for (std::int64_t k = 0; k < K; ++k) {
+        // The block's scale 2^X (E8M0 code - 127); elements are x / 2^X.
+        const int code = scales[static_cast<std::size_t>(k) / num::kMxBlock];
+        const double two_x = std::ldexp(1.0, code - 127);
+        count(in[static_cast<std::size_t>(k)], out[static_cast<std::size_t>(k)], 1.0 / two_x,
+              num::format(f.element));
+        // The scale range of blocks holding a nonzero value (an all-zero
+        // block's scale says nothing).
+        const auto b0 = static_cast<std::size_t>(k);
+        const bool nonzero =
+            std::any_of(in.begin() + static_cast<std::ptrdiff_t>(b0),
+                        in.begin() + static_cast<std::ptrdiff_t>(b0 + num::kMxBlock),
+                        [](float e) { return e != 0.0f; });
+        if (k % static_cast<std::int64_t>(num::kMxBlock) == 0 && code != 0xff && nonzero)
+          stats->scale_min = std::min(stats->scale_min, two_x),
+          stats->scale_max = std::max(stats->scale_max, two_x);
+      }
+    }
   }
   return 0.0f;
 }

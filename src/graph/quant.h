@@ -32,6 +32,7 @@
 // interpreter's, or the one a runtime Session keeps beside the device).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -106,8 +107,20 @@ void set_matmul_quant(Attrs& attrs, const MatmulQuant& q);
 // With `scale` (delayed scaling), fp8_tensor operands use it instead of
 // the current fp8_max / amax. Returns the operand's amax (fp8_tensor; 0
 // otherwise).
+// Numeric health of one quantized operand (the trainer's monitors):
+// elements seen, non-finite inputs, saturated ones (|x| beyond the
+// format's largest value at its scale: clamped), underflowed ones (nonzero
+// in, zero out), and the range of the scales used (FP8: the per-tensor
+// factor; MX: the blocks' 2^X).
+struct QuantStats {
+  std::int64_t elements = 0, nonfinite = 0, saturated = 0, underflow = 0;
+  double scale_min = INFINITY, scale_max = 0;
+  void merge(const QuantStats& o);
+};
+
 float fake_quantize(std::vector<double>& x, const Shape& shape, bool k_last, const OperandQuant& q,
-                    num::ScalePolicy policy, DType dtype, std::optional<float> scale = {});
+                    num::ScalePolicy policy, DType dtype, std::optional<float> scale = {},
+                    QuantStats* stats = nullptr);
 
 // fp8_tensor's current-scaling factor fp8_max / amax in FP32 (1 when amax is
 // 0, Inf or NaN).

@@ -106,6 +106,12 @@ void validate(const TrainConfig& c) {
   if (c.nan_rate < 0 || c.nan_rate >= 1) bad("nan_rate must be in [0, 1)");
   if (c.spike_z < 0 || c.spike_window < 2) bad("spike_z must be >= 0 and spike_window >= 2");
   if (c.retries < 0) bad("retries must be >= 0");
+  if (c.monitor_every < 0 || c.overflow_pct < 0 || c.overflow_pct > 100)
+    bad("monitor_every must be >= 0 and overflow_pct in [0, 100]");
+  if (c.overflow_policy != "warn" && c.overflow_policy != "fallback-layer" &&
+      c.overflow_policy != "fallback-global")
+    bad(fmt::format("overflow_policy '{}' is not one of warn, fallback-layer, fallback-global",
+                    c.overflow_policy));
   if (c.ckpt_every < 0 || c.keep_last < 1) bad("ckpt_every must be >= 0 and keep_last >= 1");
   if (c.ckpt_every > 0 && c.ckpt_dir.empty()) bad("ckpt_every needs ckpt_dir");
   if (c.nan_policy == "rollback" && c.ckpt_every == 0)
@@ -146,6 +152,9 @@ nlohmann::json to_json(const TrainConfig& c) {
           {"spike_z", c.spike_z},
           {"spike_window", c.spike_window},
           {"retries", c.retries},
+          {"monitor_every", c.monitor_every},
+          {"overflow_pct", c.overflow_pct},
+          {"overflow_policy", c.overflow_policy},
           {"ckpt_dir", c.ckpt_dir},
           {"ckpt_every", c.ckpt_every},
           {"keep_last", c.keep_last},
@@ -187,6 +196,8 @@ void apply_json(TrainConfig& c, const nlohmann::json& j, const std::string& wher
   c.warmup = m["warmup"], c.steps = m["steps"], c.seed = m["seed"], c.init_std = m["init_std"];
   c.nan_policy = m["nan_policy"], c.nan_rate = m["nan_rate"], c.spike_z = m["spike_z"];
   c.spike_window = m["spike_window"], c.retries = m["retries"];
+  c.monitor_every = m["monitor_every"], c.overflow_pct = m["overflow_pct"];
+  c.overflow_policy = m["overflow_policy"];
   c.ckpt_dir = m["ckpt_dir"], c.ckpt_every = m["ckpt_every"], c.keep_last = m["keep_last"];
   c.resume = m["resume"];
   c.faults.clear();

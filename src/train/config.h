@@ -65,6 +65,16 @@ struct TrainConfig {
   double nan_rate = 0.0, spike_z = 6.0;
   std::int64_t spike_window = 50;
   int retries = 2;  // a failed step is retried this often, then rolled back
+  // Monitors: every monitor_every steps (0: never) the step's first
+  // micro-batch is replayed in the graph interpreter, which quantizes
+  // exactly as the chip, counting per matmul operand the saturated,
+  // underflowed and non-finite elements and the scales' range. An operand
+  // saturating more than overflow_pct % of its elements triggers
+  // overflow_policy: warn, fallback-layer (its layer's matmuls to bf16,
+  // this step on), fallback-global.
+  std::int64_t monitor_every = 0;
+  double overflow_pct = 1.0;
+  std::string overflow_policy = "warn";
   // Checkpoints: every ckpt_every steps (0: none) into ckpt_dir, the last
   // keep_last kept; resume: a checkpoint file or a directory (its newest
   // good checkpoint).

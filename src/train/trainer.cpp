@@ -15,6 +15,7 @@
 #include "arch/chip.h"
 #include "graph/autocast.h"
 #include "graph/autodiff.h"
+#include "graph/eval.h"
 #include "graph/lower.h"
 #include "graph/models.h"
 #include "graph/optimizer.h"
@@ -167,6 +168,7 @@ void Trainer::build() {
     acc_names_.push_back(pv.name + ".grad_acc");
     sumsq_names_.push_back(pv.name + ".grad_sumsq");
   }
+  grad_graph_ = std::make_unique<graph::Graph>(g);
   grad_exe_ = std::make_shared<const graph::Executable>(graph::compile(g, chip, o));
   grad_ = std::make_unique<runtime::Session>(chip, grad_exe_);
 
@@ -412,8 +414,9 @@ StepMetrics Trainer::attempt(std::int64_t s, const LoaderState& start, int& redo
   double loss = 0;
   runtime::StepResult r;
   for (std::int64_t i = 0; i < c_.accum; ++i) {
-    r = grad_->step(model_inputs(given_ ? (*given_)[static_cast<std::size_t>(i)] : train_->next()),
-                    {c_.stochastic_rounding, stream_seed(c_.seed, s, i)});
+    const Batch b = given_ ? (*given_)[static_cast<std::size_t>(i)] : train_->next();
+    if (i == 0 && c_.monitor_every > 0 && s % c_.monitor_every == 0) monitor(b, m);
+    r = grad_->step(model_inputs(b), {c_.stochastic_rounding, stream_seed(c_.seed, s, i)});
     loss += r.outputs.at("loss")[0];
     m.sim_ns += r.time_ns;
   }
@@ -465,15 +468,7 @@ StepMetrics Trainer::attempt(std::int64_t s, const LoaderState& start, int& redo
                             fmt::format("; recipe {} falls back to bf16, step redone", recipe_));
         recipe_ = "bf16";
       }
-      const runtime::KeptState kept = grad_->kept_state();
-      std::map<std::string, std::vector<float>> state;
-      for (const std::string& p : param_names_) state[p] = update_->read(p);
-      for (const auto& [master, p] : master_of_) state[master] = update_->read(master);
-      for (const std::string& z : moment_names_) state[z] = update_->read(z);
-      build();
-      for (const auto& [name, x] : state) update_->write(name, x);
-      grad_->restore_kept_state(kept);
-      push_weights();
+      rebuild();
       train_->restore(start);
       redo = -1;
       return m;
@@ -545,6 +540,71 @@ StepMetrics Trainer::attempt(std::int64_t s, const LoaderState& start, int& redo
   push_weights();
   step_ = s;
   return m;
+}
+
+// The step's first micro-batch through the graph interpreter (float64,
+// quantizing exactly as the chip), with the current weights and scales,
+// before the chip runs it: a fallback applies to this step on.
+void Trainer::monitor(const Batch& b, StepMetrics& m) {
+  const graph::Graph& g = *grad_graph_;
+  std::map<std::string, graph::HostData> feeds;
+  for (const auto& [name, x] : model_inputs(b)) feeds[name] = graph::HostData(x.begin(), x.end());
+  for (const std::string& p : param_names_) {
+    const std::vector<float> x = update_->read(p);
+    feeds[p] = graph::HostData(x.begin(), x.end());
+  }
+  for (const std::string& a : acc_names_)
+    feeds[a] =
+        graph::HostData(static_cast<std::size_t>(graph::elements(g.value(g.find(a)).shape)), 0.0);
+  graph::DelayedScaling scaling = grad_->kept_state().scaling;  // a copy: the run's stays
+  graph::evaluate(g, feeds, &scaling, &m.monitors);
+  if (m.monitors.empty()) return;
+  std::set<std::int64_t> layers;
+  bool global = false;
+  for (const auto& [site, st] : m.monitors) {
+    const double pct =
+        st.elements ? 100.0 * static_cast<double>(st.saturated) / static_cast<double>(st.elements)
+                    : 0.0;
+    if (pct <= c_.overflow_pct) continue;
+    // The layer: a layer prefix in the matmul's operands' names.
+    std::int64_t layer = -1;
+    const graph::Node& n = g.node(g.value(g.find(site.substr(0, site.size() - 2))).node);
+    for (int v : n.inputs)
+      for (std::int64_t l = 0; l < c_.layers && layer < 0; ++l)
+        if (g.value(v).name.find(layer_prefix(c_, l)) != std::string::npos) layer = l;
+    std::string act = "warning only";
+    if (c_.overflow_policy == "fallback-layer" && layer >= 0 && !bf16_layers_.contains(layer)) {
+      layers.insert(layer);
+      act = fmt::format("layer {} falls back to bf16 (this step on)", layer);
+    } else if (c_.overflow_policy != "warn" && recipe_ != "bf16") {
+      global = true;
+      act = "the recipe falls back to bf16 (this step on)";
+    }
+    m.actions.push_back(
+        fmt::format("step {}: matmul operand {} saturates {:.2f} % of {} elements "
+                    "(> {} %); {}",
+                    m.step, site, pct, st.elements, c_.overflow_pct, act));
+  }
+  if (layers.empty() && !global) return;
+  bf16_layers_.insert(layers.begin(), layers.end());
+  if (global) recipe_ = "bf16";
+  rebuild();
+}
+
+// Recompiles for the current recipe and bf16 layers, keeping every state:
+// weights, masters, moments, gradient accumulators, scaling state.
+void Trainer::rebuild() {
+  const runtime::KeptState kept = grad_->kept_state();
+  std::map<std::string, std::vector<float>> state, accs;
+  for (const std::string& p : param_names_) state[p] = update_->read(p);
+  for (const auto& [master, p] : master_of_) state[master] = update_->read(master);
+  for (const std::string& z : moment_names_) state[z] = update_->read(z);
+  for (const std::string& a : acc_names_) accs[a] = grad_->read(a);
+  build();
+  for (const auto& [name, x] : state) update_->write(name, x);
+  for (const auto& [name, x] : accs) grad_->write(name, x);
+  grad_->restore_kept_state(kept);
+  push_weights();
 }
 
 // ------------------------------------------------------------ checkpoints

@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "graph/quant.h"
 #include "train/config.h"
 #include "train/loader.h"
 #include "train/tokenizer.h"
@@ -58,6 +59,8 @@ struct StepMetrics {
   int retries = 0;                   // failed attempts before this one succeeded
   std::int64_t nonfinite = 0;        // NaN/Inf gradient elements seen (before any action)
   std::vector<std::string> actions;  // what policies and recovery did, for the log
+  // Per quantized matmul operand (a monitored step only): its health.
+  std::map<std::string, graph::QuantStats> monitors;
 };
 
 class Trainer {
@@ -128,6 +131,8 @@ class Trainer {
   std::map<std::string, std::vector<float>> model_inputs(const Batch& b) const;
   StepMetrics attempt(std::int64_t step, const LoaderState& start, int& fails_left);
   StepMetrics run_step(const std::vector<Batch>* given);
+  void monitor(const Batch& b, StepMetrics& m);
+  void rebuild();
   Batch checked(const Batch& b) const;
 
   TrainConfig c_;
@@ -139,6 +144,7 @@ class Trainer {
   std::string recipe_;
   std::set<std::int64_t> bf16_layers_;
   std::shared_ptr<const graph::Executable> grad_exe_, update_exe_, eval_exe_;
+  std::unique_ptr<graph::Graph> grad_graph_;  // the grad program's graph (monitors)
   std::unique_ptr<runtime::Session> grad_, update_, eval_;
   std::vector<std::string> acc_names_, sumsq_names_;
   std::map<std::string, std::string> master_of_;  // master input -> param

@@ -413,3 +413,47 @@ INSTANTIATE_TEST_SUITE_P(
 
 }  // namespace
 }  // namespace tern::graph
+
+namespace tern::graph {
+namespace {
+
+// The trainer's monitors: saturation, underflow, non-finite and scale
+// counts of one quantized operand, on hand-checked values.
+TEST(Quant, HealthCountsOfAnOperand) {
+  QuantStats st;
+  std::vector<double> x = {1000.0, 1e-6, 0.0, -3.0};
+  const OperandQuant e4m3 = parse_operand_quant("fp8_e4m3");
+  fake_quantize(x, {4}, true, e4m3, num::ScalePolicy::rceil, DType::fp32, {}, &st);
+  // Current scaling: s = 448 / 1000, nothing saturates; 1e-6 * s is below
+  // E4M3's smallest subnormal 2^-9: underflow.
+  EXPECT_EQ(st.elements, 4);
+  EXPECT_EQ(st.saturated, 0);
+  EXPECT_EQ(st.underflow, 1);
+  EXPECT_EQ(st.nonfinite, 0);
+  EXPECT_EQ(st.scale_min, static_cast<double>(448.0f / 1000.0f));
+  EXPECT_EQ(st.scale_max, st.scale_min);
+  QuantStats delayed;
+  x = {1000.0, 1.0, std::nan("")};
+  fake_quantize(x, {3}, true, e4m3, num::ScalePolicy::rceil, DType::fp32, 1.0f, &delayed);
+  EXPECT_EQ(delayed.saturated, 1);  // 1000 at scale 1 > 448: clamped
+  EXPECT_EQ(delayed.nonfinite, 1);
+  // MX E4M3 blocks of 32: amax 485 under the OCP floor rule keeps X = 0 and
+  // clamps 485 to 448 (numerics.md); rceil scales it into range.
+  const OperandQuant mx = parse_operand_quant("mxfp8_e4m3");
+  for (auto [policy, saturated] :
+       {std::pair{num::ScalePolicy::ocp_floor, 1}, std::pair{num::ScalePolicy::rceil, 0}}) {
+    QuantStats m;
+    std::vector<double> b(64, 0.0);
+    b[0] = 485.0, b[1] = 1e-6, b[40] = 3.0;
+    fake_quantize(b, {64}, true, mx, policy, DType::fp32, {}, &m);
+    EXPECT_EQ(m.elements, 64);
+    EXPECT_EQ(m.saturated, saturated);
+    EXPECT_EQ(m.underflow, 1);  // 1e-6 next to 485
+    // Two blocks with nonzero values: 2^X of each.
+    EXPECT_EQ(std::log2(m.scale_min), std::floor(std::log2(m.scale_min)));
+    EXPECT_LT(m.scale_min, m.scale_max);
+  }
+}
+
+}  // namespace
+}  // namespace tern::graph

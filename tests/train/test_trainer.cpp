@@ -232,6 +232,32 @@ TEST(Trainer, AccumulationAndClipping) {
   EXPECT_DOUBLE_EQ(mc.clip_scale, 0.5 / (mc.grad_norm + 1e-6));
 }
 
+// Monitors replay the step in the interpreter: every quantized operand of
+// forward and backward is counted; a NaN in the weights shows up there.
+TEST(Trainer, MonitorsCountEveryQuantizedOperand) {
+  TrainConfig c = tiny("mxfp8");
+  c.monitor_every = 2;
+  Trainer t(c);
+  const StepMetrics a = t.step(), b = t.step();
+  EXPECT_TRUE(a.monitors.empty());
+  // 1 layer: 4 forward matmuls (qkv, proj, fc, proj) x 2 operands, and
+  // their backward (dgrad and wgrad, 2 operands each): 24 sites.
+  ASSERT_EQ(b.monitors.size(), 24u);
+  for (const auto& [site, st] : b.monitors) {
+    EXPECT_GT(st.elements, 0) << site;
+    EXPECT_EQ(st.nonfinite, 0) << site;
+    EXPECT_LE(st.scale_min, st.scale_max) << site;
+  }
+  std::vector<float> w = t.param("h.0.mlp.c_fc.w");
+  w[5] = std::nanf("");
+  t.set_param("h.0.mlp.c_fc.w", w);
+  t.step();
+  const StepMetrics d = t.step();  // step 4: monitored; the NaN reached the operands
+  std::int64_t nonfinite = 0;
+  for (const auto& [site, st] : d.monitors) nonfinite += st.nonfinite;
+  EXPECT_GT(nonfinite, 0);
+}
+
 TEST(Trainer, LlamaTrains) {
   TrainConfig c = tiny("mxfp8");
   c.model = "llama";
