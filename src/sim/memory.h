@@ -56,13 +56,14 @@ class Sram {
   bool tracks_written() const { return written_ != nullptr; }
   int partitions() const { return partitions_; }
   std::int64_t bytes_per_partition() const { return bytes_; }
-  // Every byte never written again (the flags cleared). Runs use a mark
+  // Bytes [0, used) never written again (the flags cleared). Runs use a mark
   // instead (Simulator: a byte is written when its flag equals the current
   // mark), so this is needed only when the mark wraps around.
-  void clear_written() {
-    if (written_)
-      std::memset(written_.get(), 0,
-                  static_cast<std::size_t>(partitions_) * static_cast<std::size_t>(bytes_));
+  // Flags past `used` in every partition were never set since the last clear.
+  void clear_written(std::int64_t used) {
+    if (!written_) return;
+    const auto n = static_cast<std::size_t>(std::clamp<std::int64_t>(used, 0, bytes_));
+    for (int p = 0; p < partitions_; ++p) std::memset(written_row(p), 0, n);
   }
 
  private:

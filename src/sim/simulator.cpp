@@ -77,8 +77,9 @@ void Simulator::load(const isa::Program& p) {
   // when the 8-bit mark wraps are the flags cleared.
   if (++mark_ == 0) {
     mark_ = 1;
-    for (Sram& m : sbuf_) m.clear_written();
-    for (Sram& m : psum_) m.clear_written();
+    for (Sram& m : sbuf_) m.clear_written(sbuf_used_);
+    for (Sram& m : psum_) m.clear_written(psum_used_);
+    sbuf_used_ = psum_used_ = 0;
   }
   program_ = p;
   loaded_ = true;
@@ -130,6 +131,8 @@ struct Simulator::Impl {
   const Options& opt;
   RunStats stats;
   std::uint64_t serial = 0;  // instructions executed, numbers SR streams
+  const AccessPattern* region_of_ = nullptr;  // row()'s cached HBM region lookup
+  Region* region_ = nullptr;
 
   struct Stationary {
     int k = 0, m = 0;  // contraction (4x partitions for MX, 2x for double row) and columns
@@ -151,18 +154,45 @@ struct Simulator::Impl {
 
   Sram& sram(int core, Mem m) { return m == Mem::sbuf ? s.sbuf_[core] : s.psum_[core]; }
 
+  // Byte offsets of the free elements (AccessPattern::element_offset of
+  // each, row-major), walked like an odometer: no division per element.
   static std::vector<std::int64_t> free_offsets(const AccessPattern& ap) {
     std::vector<std::int64_t> offs(static_cast<std::size_t>(ap.free_size()));
-    for (std::size_t i = 0; i < offs.size(); ++i)
-      offs[i] = ap.element_offset(static_cast<std::int64_t>(i));
+    if (offs.empty()) return offs;
+    const std::size_t first = ap.mem == Mem::hbm ? 1 : 0;
+    const std::int64_t sz = isa::size_bytes(ap.dtype);
+    const std::int64_t base = ap.mem == Mem::hbm ? 0 : ap.offset;
+    if (ap.dims.size() <= first) {
+      offs[0] = base;
+      return offs;
+    }
+    const std::size_t last = ap.dims.size() - 1;
+    const std::int64_t inner = ap.dims[last].count, step = ap.dims[last].stride * sz;
+    std::int64_t idx[kMaxDims] = {};
+    std::int64_t outer = base;  // offset of the current innermost run's start
+    std::size_t i = 0;
+    while (i < offs.size()) {
+      for (std::int64_t k = 0; k < inner; ++k) offs[i++] = outer + k * step;
+      // Advance the outer dims (last - 1 down to first).
+      for (std::size_t d = last; d-- > first;) {
+        outer += ap.dims[d].stride * sz;
+        if (++idx[d] < ap.dims[d].count) break;
+        outer -= ap.dims[d].stride * sz * ap.dims[d].count;
+        idx[d] = 0;
+      }
+    }
     return offs;
   }
+  static constexpr std::size_t kMaxDims = isa::kMaxFreeDims + 2;
 
   // Row r of an operand: (data base, written-flags base).
   std::pair<std::uint8_t*, std::uint8_t*> row(int core, const AccessPattern& ap, int r) {
     if (ap.mem == Mem::hbm) {
-      // load() checked that the whole pattern lies inside one declared tensor.
-      Region* reg = s.hbm_.find(ap.min_byte(), ap.max_byte() - ap.min_byte());
+      // load() checked that the whole pattern lies inside one declared tensor;
+      // the region is looked up once per operand (rows repeat it).
+      if (&ap != region_of_) region_ = s.hbm_.find(ap.min_byte(), ap.max_byte() - ap.min_byte());
+      region_of_ = &ap;
+      Region* reg = region_;
       const std::int64_t off = ap.row_address(r) - reg->address;
       return {reg->data.get() + off, reg->written.get() + off};
     }
@@ -1131,6 +1161,10 @@ RunStats Simulator::run(const Options& opt) {
       if (ap.mem == Mem::sbuf) st.sbuf_high_water = std::max(st.sbuf_high_water, ap.max_byte());
       if (ap.mem == Mem::psum) st.psum_high_water = std::max(st.psum_high_water, ap.max_byte());
     }
+    // What the flags' clear at the mark's wrap-around must cover (before
+    // the instruction runs: it may throw).
+    sbuf_used_ = std::max(sbuf_used_, st.sbuf_high_water);
+    psum_used_ = std::max(psum_used_, st.psum_high_water);
     try {
       impl.tensor_state(c, in);
       if (data) impl.execute(c, in);

@@ -100,6 +100,9 @@ class Simulator {
   // Written flags: a byte was written by the loaded program when its flag
   // equals mark_ (load() moves the mark on: fresh memory in O(1)).
   std::uint8_t mark_ = 1;
+  // The highest SBUF / PSUM byte any run wrote since the flags were last
+  // cleared: what the clear at the mark's wrap-around covers.
+  std::int64_t sbuf_used_ = 0, psum_used_ = 0;
   bool loaded_ = false;
 };
 
