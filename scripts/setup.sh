@@ -15,6 +15,7 @@ packages=(
   libopenblas-dev    # the baseline of the simulator's matmul benchmark
   zlib1g-dev         # checkpoint checksums (CRC-32)
   libpng-dev         # the loss-curve plot of tern train
+  libicu-dev         # GPT-2 BPE pre-tokenizer (Unicode letter and digit classes)
   libmpfr-dev        # test oracle for the number formats
   python3            # /usr/bin/python3: JSON checks in the CLI tests
   python3-jsonschema # trace schema check

@@ -30,9 +30,9 @@ namespace {
 struct Options {
   std::string config;               // a TOML file of TrainConfig keys
   std::vector<std::string> faults;  // --inject
-  std::int64_t every = 0;           // validation every N steps (0: only at the end)
-  int batches = 4;                  // held-out batches a validation averages
-  std::int64_t log_every = 1;       // progress line every N steps
+  std::int64_t every = 100;         // validation every N steps (0: only at the end)
+  int batches = 20;                 // held-out batches a validation averages
+  std::int64_t log_every = 10;      // progress line every N steps
   std::string metrics;              // every step's metrics: JSONL, or CSV by extension ("" none)
   std::string plot;                 // the loss curves as PNG at the end ("" none)
   bool json = false;
@@ -57,11 +57,11 @@ void run(train::TrainConfig c, const Options& o) {
   const double hbm = static_cast<double>(e.plan.total() + t.update_executable().plan.total());
   if (!o.json)
     std::printf(
-        "model: %s, %lld layers, dim %lld, %lld heads, vocab %d (char), %lld parameters; batch "
+        "model: %s, %lld layers, dim %lld, %lld heads, vocab %d (%s), %lld parameters; batch "
         "%lld x %lld x %lld accum; recipe %s on %s; %zu + %zu kernels a step, fusion rate %.3f, "
         "HBM %.1f MiB\n",
         c.model.c_str(), static_cast<long long>(c.layers), static_cast<long long>(c.dim),
-        static_cast<long long>(c.heads), t.tokenizer().vocab(),
+        static_cast<long long>(c.heads), t.tokenizer().vocab(), t.tokenizer().kind().c_str(),
         static_cast<long long>(t.parameters()), static_cast<long long>(c.batch),
         static_cast<long long>(c.seq), static_cast<long long>(c.accum), t.recipe().c_str(),
         c.arch.c_str(), e.launches.size(), t.update_executable().launches.size(), fusion,
@@ -237,6 +237,9 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--config", o->config,
                   "A TOML file of settings (docs/train.md); flags given here override it");
   cmd->add_option("--text", c->text, "Training text (char tokenizer)")->capture_default_str();
+  cmd->add_option("--data", c->data,
+                  "Train on token shards instead: a `tern data` directory (train.bin, val.bin, "
+                  "tokenizer.json)");
   cmd->add_option("--model", c->model, "gpt2 or llama")->capture_default_str();
   cmd->add_option("--layers", c->layers, "Transformer layers")->capture_default_str();
   cmd->add_option("--dim", c->dim, "Model width (head dim dim / heads: 64 or 128)")

@@ -123,6 +123,7 @@ nlohmann::json to_json(const TrainConfig& c) {
   for (const Fault& f : c.faults) faults.push_back(fault_string(f));
   return {{"text", c.text},
           {"val_fraction", c.val_fraction},
+          {"data", c.data},
           {"model", c.model},
           {"layers", c.layers},
           {"dim", c.dim},
@@ -186,7 +187,8 @@ void apply_json(TrainConfig& c, const nlohmann::json& j, const std::string& wher
   nlohmann::json merged = to_json(c);
   for (const auto& [key, value] : j.items()) merged[key] = value;
   const nlohmann::json& m = merged;
-  c.text = m["text"], c.val_fraction = m["val_fraction"], c.model = m["model"];
+  c.text = m["text"], c.val_fraction = m["val_fraction"], c.data = m["data"];
+  c.model = m["model"];
   c.layers = m["layers"], c.dim = m["dim"], c.heads = m["heads"], c.kv_heads = m["kv_heads"];
   c.ffn = m["ffn"], c.batch = m["batch"], c.seq = m["seq"], c.accum = m["accum"];
   c.recipe = m["recipe"], c.mx_policy = m["mx_policy"];

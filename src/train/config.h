@@ -34,6 +34,9 @@ struct TrainConfig {
   // Data: a text file, char tokenizer; the last val_fraction held out.
   std::string text = "data/tinyshakespeare.txt";
   double val_fraction = 0.1;
+  // Or token shards: a `tern data` directory (train.bin, val.bin,
+  // tokenizer.json: char or GPT-2 BPE); text and val_fraction then unused.
+  std::string data;
   // Model: "gpt2" (LayerNorm, GELU, learned positions, tied head) or "llama"
   // (RMSNorm, RoPE, SwiGLU, GQA with kv_heads; ffn 0: 8/3 dim rounded up to
   // a multiple of 64). Head dim = dim / heads must be 64 or 128.
@@ -50,10 +53,10 @@ struct TrainConfig {
   // AdamW; weight decay on matrices and embeddings only (not biases and
   // norm weights), as GPT-2 / nanoGPT; clip: the global gradient norm's
   // ceiling (0: no clipping).
-  double lr = 1e-3, min_lr = 1e-4, weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, clip = 1.0;
-  std::int64_t warmup = 10, steps = 100;  // schedule length (cosine to min_lr at `steps`)
-  std::uint64_t seed = 1337;              // weights, batch order, rounding streams
-  float init_std = 0.02f;                 // GPT-2's initialization
+  double lr = 3e-3, min_lr = 3e-4, weight_decay = 0.1, beta1 = 0.9, beta2 = 0.95, clip = 1.0;
+  std::int64_t warmup = 30, steps = 1000;  // schedule length (cosine to min_lr at `steps`)
+  std::uint64_t seed = 1337;               // weights, batch order, rounding streams
+  float init_std = 0.02f;                  // GPT-2's initialization
   // Numeric health: a step whose gradients hold more than nan_rate NaN/Inf
   // elements (a fraction of all; 0: any) or whose loss is not finite
   // triggers nan_policy: skip (no update), fallback-layer (that layer's

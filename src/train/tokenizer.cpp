@@ -5,7 +5,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "train/bpe.h"
 #include "util/error.h"
+#include "util/file.h"
 
 namespace tern::train {
 
@@ -86,6 +88,32 @@ std::string CharTokenizer::to_json() const {
   for (char c : chars_) bytes.push_back(static_cast<unsigned char>(c));
   j["chars"] = bytes;
   return j.dump() + "\n";
+}
+
+std::unique_ptr<Tokenizer> load_tokenizer(const std::filesystem::path& json_file) {
+  const std::string text = read_file(json_file);
+  std::string kind;
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+    kind = j.at("kind").get<std::string>();
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(fmt::format("{}: not a tokenizer description ({})", json_file.string(), e.what()));
+  }
+  if (kind == "char")
+    return std::make_unique<CharTokenizer>(CharTokenizer::from_json(text, json_file.string()));
+  if (kind == "gpt2-bpe") {
+    const std::filesystem::path dir = json_file.parent_path();
+    try {
+      return std::make_unique<Gpt2Bpe>(Gpt2Bpe::from_files(
+          dir / j.at("encoder").get<std::string>(), dir / j.at("merges").get<std::string>()));
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(fmt::format("{}: gpt2-bpe needs 'encoder' and 'merges' files ({})",
+                              json_file.string(), e.what()));
+    }
+  }
+  throw Error(fmt::format("{}: tokenizer kind '{}' is not one of char, gpt2-bpe",
+                          json_file.string(), kind));
 }
 
 }  // namespace tern::train

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -11,7 +13,18 @@
 
 namespace tern::train {
 
-class CharTokenizer {
+// What the trainer and the data tools need of a tokenizer.
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  virtual int vocab() const = 0;
+  // Throws tern::Error naming what cannot be encoded or decoded.
+  virtual std::vector<std::uint16_t> encode(std::string_view text) const = 0;
+  virtual std::string decode(std::span<const std::uint16_t> tokens) const = 0;
+  virtual std::string kind() const = 0;  // "char", "gpt2-bpe"
+};
+
+class CharTokenizer : public Tokenizer {
  public:
   // The distinct bytes of `text`, sorted. Throws tern::Error for empty text.
   static CharTokenizer from_text(std::string_view text);
@@ -20,17 +33,23 @@ class CharTokenizer {
   static CharTokenizer from_json(std::string_view json, const std::string& source);
   explicit CharTokenizer(std::string chars);  // distinct bytes, sorted
 
-  int vocab() const { return static_cast<int>(chars_.size()); }
+  int vocab() const override { return static_cast<int>(chars_.size()); }
   // Throws tern::Error naming the byte and its offset when a byte is not in
   // the vocabulary.
-  std::vector<std::uint16_t> encode(std::string_view text) const;
+  std::vector<std::uint16_t> encode(std::string_view text) const override;
   // Throws tern::Error for a token >= vocab().
-  std::string decode(std::span<const std::uint16_t> tokens) const;
+  std::string decode(std::span<const std::uint16_t> tokens) const override;
+  std::string kind() const override { return "char"; }
   std::string to_json() const;
 
  private:
   std::string chars_;
   std::int16_t index_[256];
 };
+
+// The tokenizer a data directory's tokenizer.json describes: {"kind":
+// "char", "chars": [...]} or {"kind": "gpt2-bpe", "encoder": FILE,
+// "merges": FILE} (paths relative to the JSON file). Errors name the file.
+std::unique_ptr<Tokenizer> load_tokenizer(const std::filesystem::path& json_file);
 
 }  // namespace tern::train

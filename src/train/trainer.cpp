@@ -21,6 +21,7 @@
 #include "graph/optimizer.h"
 #include "runtime/device.h"
 #include "train/checkpoint.h"
+#include "train/shard.h"
 #include "util/error.h"
 #include "util/file.h"
 
@@ -91,17 +92,32 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-Trainer::Trainer(const TrainConfig& c) : c_(c), tok_(CharTokenizer::from_text(read_file(c.text))) {
+Trainer::Trainer(const TrainConfig& c) : c_(c) {
   train::validate(c_);
-  const std::string text = read_file(c_.text);
-  const auto tokens = tok_.encode(text);
-  const auto n_train =
-      static_cast<std::size_t>(static_cast<double>(tokens.size()) * (1.0 - c_.val_fraction));
-  val_tokens_.assign(tokens.begin() + static_cast<std::ptrdiff_t>(n_train), tokens.end());
-  train_ = std::make_unique<BatchLoader>(
-      std::vector<std::uint16_t>(tokens.begin(),
-                                 tokens.begin() + static_cast<std::ptrdiff_t>(n_train)),
-      static_cast<int>(c_.batch), static_cast<int>(c_.seq), c_.seed);
+  std::vector<std::uint16_t> train_tokens;
+  if (!c_.data.empty()) {
+    // A `tern data` directory: its tokenizer and shards.
+    const std::filesystem::path dir = c_.data;
+    tok_ = load_tokenizer(dir / "tokenizer.json");
+    train_tokens = read_shard(dir / "train.bin");
+    val_tokens_ = read_shard(dir / "val.bin");
+    for (const auto* t : {&train_tokens, &val_tokens_})
+      for (std::uint16_t x : *t)
+        if (x >= tok_->vocab())
+          throw Error(fmt::format("{}: token {} is past the tokenizer's vocabulary of {}", c_.data,
+                                  x, tok_->vocab()));
+  } else {
+    const std::string text = read_file(c_.text);
+    auto ct = std::make_unique<CharTokenizer>(CharTokenizer::from_text(text));
+    const auto tokens = ct->encode(text);
+    tok_ = std::move(ct);
+    const auto n_train =
+        static_cast<std::size_t>(static_cast<double>(tokens.size()) * (1.0 - c_.val_fraction));
+    train_tokens.assign(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(n_train));
+    val_tokens_.assign(tokens.begin() + static_cast<std::ptrdiff_t>(n_train), tokens.end());
+  }
+  train_ = std::make_unique<BatchLoader>(std::move(train_tokens), static_cast<int>(c_.batch),
+                                         static_cast<int>(c_.seq), c_.seed);
   if (c_.model == "llama") {
     // RoPE tables: angle(pos, i) = pos * 10000^(-2i / head_dim) (Llama).
     const std::int64_t hd = c_.dim / c_.heads, half = hd / 2;
@@ -132,7 +148,7 @@ const graph::Executable& Trainer::update_executable() const {
 }
 
 void Trainer::build() {
-  const graph::Model m = make_model(c_, tok_.vocab());
+  const graph::Model m = make_model(c_, tok_->vocab());
   param_names_.clear();
   for (int p : m.params) param_names_.push_back(m.graph.value(p).name);
   graph::Graph fwd = m.graph;
@@ -260,8 +276,8 @@ Batch Trainer::checked(const Batch& b) const {
     throw Error(fmt::format("a batch needs {} x {} = {} ids and targets, got {} and {}", c_.batch,
                             c_.seq, n, b.ids.size(), b.targets.size()));
   for (std::int32_t t : b.ids)
-    if (t < 0 || t >= tok_.vocab())
-      throw Error(fmt::format("token id {} is outside the vocabulary [0, {})", t, tok_.vocab()));
+    if (t < 0 || t >= tok_->vocab())
+      throw Error(fmt::format("token id {} is outside the vocabulary [0, {})", t, tok_->vocab()));
   return b;
 }
 
@@ -301,9 +317,10 @@ std::string Trainer::sample(const std::string& prompt, int tokens, double temper
   if (tokens < 0 || temperature < 0)
     throw Error(fmt::format("sample: tokens and temperature must be >= 0, got {} and {}", tokens,
                             temperature));
-  std::vector<std::uint16_t> ctx = tok_.encode(prompt.empty() ? std::string(1, '\n') : prompt);
+  std::vector<std::uint16_t> ctx = tok_->encode(prompt.empty() ? std::string(1, '\n') : prompt);
   std::mt19937_64 rng(seed);
-  const auto seq = static_cast<std::size_t>(c_.seq), vocab = static_cast<std::size_t>(tok_.vocab());
+  const auto seq = static_cast<std::size_t>(c_.seq),
+             vocab = static_cast<std::size_t>(tok_->vocab());
   std::vector<std::uint16_t> out;
   for (int n = 0; n < tokens; ++n) {
     const std::size_t from = ctx.size() > seq ? ctx.size() - seq : 0, len = ctx.size() - from;
@@ -327,7 +344,7 @@ std::string Trainer::sample(const std::string& prompt, int tokens, double temper
     ctx.push_back(static_cast<std::uint16_t>(pick));
     out.push_back(static_cast<std::uint16_t>(pick));
   }
-  return tok_.decode(out);
+  return tok_->decode(out);
 }
 
 StepMetrics Trainer::run_step(const std::vector<Batch>* given) {
@@ -662,7 +679,7 @@ void Trainer::restore(const std::string& where) {
   // The model, the data and its order must be the checkpoint's.
   const TrainConfig was = config_from_json(ck.meta.at("config"));
   for (const char* key : {"model", "layers", "dim", "heads", "kv_heads", "ffn", "batch", "seq",
-                          "accum", "seed", "text"}) {
+                          "accum", "seed", "text", "data"}) {
     const nlohmann::json a = to_json(was).at(key), b = to_json(c_).at(key);
     if (a != b)
       throw Error(

@@ -90,7 +90,7 @@ class Trainer {
 
   std::int64_t steps_done() const { return step_; }
   const TrainConfig& config() const { return c_; }
-  const CharTokenizer& tokenizer() const { return tok_; }
+  const Tokenizer& tokenizer() const { return *tok_; }
   const graph::Executable& executable() const;  // the grad program
   const graph::Executable& update_executable() const;
   std::int64_t parameters() const { return params_; }
@@ -136,7 +136,7 @@ class Trainer {
   Batch checked(const Batch& b) const;
 
   TrainConfig c_;
-  CharTokenizer tok_;
+  std::unique_ptr<Tokenizer> tok_;
   std::unique_ptr<BatchLoader> train_;
   std::vector<std::uint16_t> val_tokens_;
   std::vector<std::string> param_names_;

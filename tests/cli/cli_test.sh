@@ -263,7 +263,8 @@ expect_json 'j["vocab"] == 16 and j["train_tokens"] == 37 and j["val_tokens"] ==
 expect_ok "train.bin +37 tokens" data "$tmp/t.txt" --out "$tmp/tshards"
 [ -s "$tmp/tshards/train.bin" ] && [ -s "$tmp/tshards/tokenizer.json" ] && ok || bad "tern data wrote no shards"
 expect_err "cannot read $tmp/none.txt" data "$tmp/none.txt"
-expect_err "not supported: tokenizer 'gpt2'" data "$tmp/t.txt" --tokenizer gpt2
+expect_err "not supported: tokenizer 'gpt2' without --bpe-dir" data "$tmp/t.txt" --tokenizer gpt2
+expect_err "--tokenizer 'bpe': expected char or gpt2" data "$tmp/t.txt" --tokenizer bpe
 expect_err "--val-fraction must be in [0, 1), got 1.5" data "$tmp/t.txt" --val-fraction 1.5
 
 # tern train: the loop on TinyShakespeare (issue 7, first part)
@@ -281,6 +282,30 @@ printf 'layers = 1\nbatch = 2\nseq = 64\nrecipe = "bf16"\nsteps = 9\n' >"$tmp/t.
 expect_ok "model: gpt2, 1 layers.*batch 2 x 64 x 1 accum; recipe bf16" train --text "$DATA/tinyshakespeare.txt" --config "$tmp/t.toml" --steps 2
 printf 'layers = "one"\n' >"$tmp/bad.toml"
 expect_err "$tmp/bad.toml: 'layers' must be a number" train --config "$tmp/bad.toml"
+
+# Training from token shards: char, and a byte-level BPE vocabulary made
+# here in GPT-2's file formats (the byte alphabet plus three merges).
+run data "$DATA/tinyshakespeare.txt" --out "$tmp/ts"
+expect_ok "vocab 65 \(char\)" train --data "$tmp/ts" --steps 2 --layers 1 --batch 2 --seq 64 --cores 2 --eval-batches 1
+mkdir -p "$tmp/bpe"
+"$PY" - "$tmp/bpe" <<'PYEOF'
+import json, sys
+bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+cs = bs[:]
+n = 0
+for b in range(256):
+    if b not in bs:
+        bs.append(b)
+        cs.append(256 + n)
+        n += 1
+m = dict(zip(bs, map(chr, cs)))
+enc = {m[b]: b for b in range(256)}
+enc.update({"th": 256, "the": 257, "\u0120t": 258})
+json.dump(enc, open(sys.argv[1] + "/encoder.json", "w"), ensure_ascii=False)
+open(sys.argv[1] + "/vocab.bpe", "w").write("#version: 0.2\nt h\nth e\n\u0120 t\n")
+PYEOF
+expect_ok "gpt2-bpe tokenizer with 259 symbols" data "$DATA/tinyshakespeare.txt" --tokenizer gpt2 --bpe-dir "$tmp/bpe" --out "$tmp/tb"
+expect_ok "vocab 259 \(gpt2-bpe\)" train --data "$tmp/tb" --steps 2 --layers 1 --batch 2 --seq 64 --cores 2 --eval-batches 1
 
 # Kill a run mid-way, resume from its checkpoints: the same losses bit for
 # bit as the uninterrupted run; a truncated checkpoint is passed over.
