@@ -23,4 +23,10 @@ trap 'rm -rf "$work"' EXIT
 "$TERN" bench kernel adamw --rows 256 --dim 4096 --cores 2 | tail -1
 "$TERN" compile --model gpt2 --train | head -1
 "$TERN" compile "$(dirname "$0")/graphs/mlp.tgraph" --train --report --emit "$work/mlp_train.tgraph" | tail -3
+here=$(cd "$(dirname "$0")" && pwd)
+data=$(cd "$here/../data" && pwd)
+"$TERN" train --text "$data/tinyshakespeare.txt" --steps 3 --layers 1 --batch 4 --seq 64 --eval-batches 1 | tail -2
+"$TERN" train --config "$here/train/llama.toml" --text "$data/tinyshakespeare.txt" --steps 3 \
+  --ckpt-dir "$work/ck" --eval-batches 1 --plot "$work/loss.png" | tail -2
+"$TERN" sample --ckpt "$work/ck" --prompt "ROMEO:" --tokens 20
 echo "cli tour: ok"
