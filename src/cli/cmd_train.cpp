@@ -54,7 +54,11 @@ void run(train::TrainConfig c, const Options& o) {
   const double peak_bf16 = chip.tensor_peak_per_chip("bf16").value();
   const double peak_mx = chip.supports("mxfp8") ? chip.tensor_peak_per_chip("mxfp8").value() : 0;
   const double fusion = e.fusion.rate();
-  const double hbm = static_cast<double>(e.plan.total() + t.update_executable().plan.total());
+  // HBM the programs' plans need (grad + update; a fallback recompiles).
+  auto hbm_now = [&t] {
+    return static_cast<double>(t.executable().plan.total() + t.update_executable().plan.total());
+  };
+  const double hbm = hbm_now();
   if (!o.json)
     std::printf(
         "model: %s, %lld layers, dim %lld, %lld heads, vocab %d (%s), %lld parameters; batch "
@@ -187,14 +191,15 @@ void run(train::TrainConfig c, const Options& o) {
             {"mfu_bf16", mfu_bf16},
             {"mfu_mxfp8", mfu_mx},
             {"fusion_rate", t.executable().fusion.rate()},
-            {"hbm_bytes", hbm},
+            {"hbm_bytes", hbm_now()},
             {"recipe", t.recipe()}});
     if (!o.json && (m.step % o.log_every == 0 || m.step == c.steps)) {
       std::printf(
           "step %5lld/%lld | loss %.4f | norm %6.3f | lr %.2e | %6.0f ms | %6.0f tok/s | sim "
-          "%.3f ms | MFU %.1f%% bf16, %.1f%% mxfp8\n",
+          "%.3f ms | MFU %.1f%% bf16, %.1f%% mxfp8 | fusion %.3f | HBM %.1f MiB\n",
           static_cast<long long>(m.step), static_cast<long long>(c.steps), m.loss, m.grad_norm,
-          m.lr, m.wall_ms, ema_tps, m.sim_ns / 1e6, 100 * mfu_bf16, 100 * mfu_mx);
+          m.lr, m.wall_ms, ema_tps, m.sim_ns / 1e6, 100 * mfu_bf16, 100 * mfu_mx,
+          t.executable().fusion.rate(), hbm_now() / (1 << 20));
     }
     if (c.ckpt_every > 0 && (t.steps_done() % c.ckpt_every == 0 || t.steps_done() == c.steps)) {
       const std::string f = t.save_checkpoint();

@@ -258,6 +258,23 @@ TEST(Trainer, MonitorsCountEveryQuantizedOperand) {
   EXPECT_GT(nonfinite, 0);
 }
 
+// Stochastic rounding: another run than round-to-nearest, the same one
+// again with the same seed, another with another seed.
+TEST(Trainer, StochasticRoundingIsSeeded) {
+  TrainConfig c = tiny("bf16");
+  c.steps = 3;
+  Trainer rne(c);
+  c.stochastic_rounding = true;
+  Trainer a(c), b(c);
+  c.seed = 7;
+  Trainer other(c);
+  const auto lr = losses(run(rne, 3)), la = losses(run(a, 3)), lb = losses(run(b, 3));
+  EXPECT_EQ(la, lb);
+  EXPECT_NE(la, lr);
+  EXPECT_NE(losses(run(other, 3)), la);
+  EXPECT_NEAR(la.back(), lr.back(), 0.05);
+}
+
 TEST(Trainer, LlamaTrains) {
   TrainConfig c = tiny("mxfp8");
   c.model = "llama";
