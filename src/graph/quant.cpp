@@ -179,12 +179,10 @@ float fake_quantize(std::vector<double>& x, const Shape& shape, bool k_last, con
               num::format(f.element));
         // The scale range of blocks holding a nonzero value (an all-zero
         // block's scale says nothing).
-        const auto b0 = static_cast<std::size_t>(k);
-        const bool nonzero =
-            std::any_of(in.begin() + static_cast<std::ptrdiff_t>(b0),
-                        in.begin() + static_cast<std::ptrdiff_t>(b0 + num::kMxBlock),
-                        [](float e) { return e != 0.0f; });
-        if (k % static_cast<std::int64_t>(num::kMxBlock) == 0 && code != 0xff && nonzero)
+        if (k % static_cast<std::int64_t>(num::kMxBlock) != 0 || code == 0xff) continue;
+        const auto b0 = in.begin() + static_cast<std::ptrdiff_t>(k);
+        if (std::any_of(b0, b0 + static_cast<std::ptrdiff_t>(num::kMxBlock),
+                        [](float e) { return e != 0.0f; }))
           stats->scale_min = std::min(stats->scale_min, two_x),
           stats->scale_max = std::max(stats->scale_max, two_x);
       }
