@@ -81,21 +81,28 @@ def torch_step_ms(steps, threads):
         torch.nn.utils.clip_grad_norm_(list(P.values()), 1.0)
         opt.step()
         times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times[2:])
+    return stat(times[2:])
+
+
+def stat(times):
+    """(median, best) of the steps measured: PyTorch's CPU steps here show
+    spikes of 3-7x (thread scheduling on a shared 2-core host), so the best
+    step is reported beside the median, for both sides alike."""
+    return statistics.median(times), min(times)
 
 
 def tern_step_ms(tern, recipe, steps):
     out = subprocess.run([tern, "train", "--recipe", recipe, "--steps", str(steps), "--json",
                           "--eval-batches", "1"], capture_output=True, text=True, check=True).stdout
     rows = [json.loads(l) for l in out.splitlines() if '"wall_ms"' in l]
-    return statistics.median([r["wall_ms"] for r in rows[2:]]), rows[-1]["sim_ns"]
+    return stat([r["wall_ms"] for r in rows[2:]]), rows[-1]["sim_ns"]
 
 
 def gpt2_mfu(tern, autocast):
     args = [tern, "compile", "--model", "gpt2", "--train", "--batch", "8", "--seq", "1024",
             "--estimate", "--json", "--no-progress"]
-    if autocast != "bf16":
-        args += ["--autocast", autocast]
+    if autocast != "bf16":  # the trainer's MX default: the chip's own scale rule
+        args += ["--autocast", autocast, "--mx-policy", "trn3"]
     j = json.loads(subprocess.run(args, capture_output=True, text=True, check=True).stdout)
     ns = j["estimate"]["total_ns"]
     n, layers, h, s, tokens = j["params"], 12, 768, 1024, 8 * 1024
@@ -112,7 +119,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "TRAIN.md"))
     a = ap.parse_args()
-    torch_ms = torch_step_ms(a.steps, a.threads)
+    torch_ms = torch_step_ms(max(a.steps, 50), a.threads)  # cheap: more steps, a steadier median
     rows = [("PyTorch fp32 (CPU, %d threads)" % a.threads, torch_ms, None)]
     for recipe in ("fp32", "bf16", "mxfp8"):
         ms, sim = tern_step_ms(a.tern, recipe, a.steps)
@@ -127,15 +134,22 @@ def main():
         "## Wall time per training step (the README's default model)",
         "",
         "GPT-2 style, %d layers, dim %d, %d heads, vocab %d, batch %d x %d, AdamW + clipping; "
-        "median over steps 3..%d." % (L, D, H, V, B, S, a.steps),
+        "steps 3..%d of tern, 3..%d of PyTorch." % (L, D, H, V, B, S, a.steps, max(a.steps, 50)),
         "",
-        "| run | wall ms/step | vs PyTorch fp32 | simulated ms/step on trn3 |",
-        "|---|---:|---:|---:|",
+        "| run | wall ms/step, median | best | vs PyTorch fp32 (median, best) | simulated ms/step on trn3 |",
+        "|---|---:|---:|---:|---:|",
     ]
-    for name, ms, sim in rows:
-        lines.append("| %s | %.1f | %.2fx | %s |" % (name, ms, ms / torch_ms,
-                                                   "%.3f" % (sim / 1e6) if sim else ""))
-    lines += ["", "Goal (issue 7): tern mxfp8 <= 2x PyTorch fp32.", "",
+    for name, (med, best), sim in rows:
+        lines.append("| %s | %.1f | %.1f | %.2fx, %.2fx | %s |" % (
+            name, med, best, med / torch_ms[0], best / torch_ms[1],
+            "%.3f" % (sim / 1e6) if sim else ""))
+    lines += ["", "Goal (issue 7): tern mxfp8 <= 2x PyTorch fp32. Missed: every instruction of "
+              "the step (about 200 kernel launches) is interpreted "
+              "element by element with its hardware-rule checks, MX quantization and the "
+              "timing model; PyTorch runs a handful of BLAS calls. Closing the gap needs "
+              "the fast functional path of ARCHITECTURE.md (host kernels per launch, "
+              "bit-exact with the simulator; timing simulated once per executable).",
+              "",
               "## Simulated MFU of a GPT-2 small step (124M, batch 8 x 1024, one trn3 chip)", "",
               "MFU = (6 N + 12 L h s) x tokens / simulated step time / peak (PaLM's model FLOPs; "
               "N includes the embeddings).", "",
@@ -146,7 +160,7 @@ def main():
         bf16 = info["tensor_peak"]["bf16"]["per_chip_tflops"] * 1e12
         mx = info["tensor_peak"]["mxfp8"]["per_chip_tflops"] * 1e12
         lines.append("| %s | %.2f ms | %.2f | %.1f %% | %.1f %% |" % (
-            autocast, ns / 1e6, flops / 1e12, 100 * flops / (ns * 1e-9) / bf16,
+            autocast + (" (trn3 scales)" if autocast != "bf16" else ""), ns / 1e6, flops / 1e12, 100 * flops / (ns * 1e-9) / bf16,
             100 * flops / (ns * 1e-9) / mx))
     open(a.out, "w").write("\n".join(lines) + "\n")
     print("\n".join(lines))
