@@ -196,7 +196,7 @@ void mx_dequantize(const MxFormat& f, std::span<const std::uint8_t> elements,
     for (std::size_t j = 0; j < kMxBlock; ++j) {
       const std::size_t i = b * kMxBlock + j;
       out[i] = s == 0xFF ? std::numeric_limits<float>::quiet_NaN()
-                         : std::ldexp(lut[elements[i] & ef.code_mask()], int(s) - 127);
+                         : times_pow2(lut[elements[i] & ef.code_mask()], int(s) - 127);
     }
   }
 }

@@ -100,7 +100,8 @@ bool is_run(std::span<const std::int64_t> offs, int sz) {
   return true;
 }
 
-void decode_row(DType d, const std::uint8_t* base, std::span<const std::int64_t> offs, float* out) {
+void decode_row(DType d, const std::uint8_t* base, std::span<const std::int64_t> offs, float* out,
+                int run) {
   const std::size_t n = offs.size();
   if (isa::is_x4(d)) {
     throw NotSupported(
@@ -109,7 +110,8 @@ void decode_row(DType d, const std::uint8_t* base, std::span<const std::int64_t>
                     isa::name(d)));
   }
   const int sz = isa::size_bytes(d);
-  if (n > 0 && is_run(offs, sz) && decode_run(d, base + offs.front(), n, out)) {
+  if (n > 0 && (run < 0 ? is_run(offs, sz) : run == 1) &&
+      decode_run(d, base + offs.front(), n, out)) {
     return;
   }
   switch (d) {

@@ -18,9 +18,10 @@ namespace tern::sim {
 // bytes (then a row is a plain block of memory).
 bool is_run(std::span<const std::int64_t> offs, int sz);
 
-// src: n elements of `d`, each at byte offset offs[i] from base.
+// src: n elements of `d`, each at byte offset offs[i] from base. `run`:
+// whether offs is_run (1 / 0), when the caller knows; -1: checked here.
 void decode_row(isa::DType d, const std::uint8_t* base, std::span<const std::int64_t> offs,
-                float* out);
+                float* out, int run = -1);
 // Encodes n floats into elements of `d` at base + offs[i]. `index_base`
 // numbers the elements for stochastic rounding.
 void encode_row(isa::DType d, const float* in, std::span<const std::int64_t> offs,

@@ -1,5 +1,7 @@
 #include "sim/memory.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "util/error.h"
@@ -36,21 +38,20 @@ Region& Hbm::by_name(const std::string& name) {
 }
 
 const std::uint8_t* find_unwritten(const std::uint8_t* flags, std::size_t len, std::uint8_t mark) {
-  const std::uint64_t all = 0x0101010101010101ull * mark;
+  // memcmp against a row of marks (libc's vectorized compare), then the
+  // byte loop only inside a block that differs.
+  constexpr std::size_t kBlock = 4096;
+  static thread_local std::uint8_t marks[kBlock];
+  static thread_local int filled = -1;
+  if (filled != mark) std::memset(marks, mark, kBlock), filled = mark;
   std::size_t i = 0;
-  // 64 bytes a step without a branch inside (the compiler vectorizes it);
-  // the byte loop below finds the first stale flag in the block.
-  for (; i + 64 <= len; i += 64) {
-    std::uint64_t diff = 0;
-    for (std::size_t j = 0; j < 64; j += 8) {
-      std::uint64_t w;
-      std::memcpy(&w, flags + i + j, 8);
-      diff |= w ^ all;
-    }
-    if (diff) break;
+  while (i < len) {
+    const std::size_t n = std::min(kBlock, len - i);
+    if (std::memcmp(flags + i, marks, n) != 0)
+      for (std::size_t k = i; k < i + n; ++k)
+        if (flags[k] != mark) return flags + k;
+    i += n;
   }
-  for (; i < len; ++i)
-    if (flags[i] != mark) return flags + i;
   return nullptr;
 }
 

@@ -130,7 +130,7 @@ struct Simulator::Impl {
   Simulator& s;
   const Options& opt;
   RunStats stats;
-  std::uint64_t serial = 0;  // instructions executed, numbers SR streams
+  std::uint64_t serial = 0;                   // instructions executed, numbers SR streams
   const AccessPattern* region_of_ = nullptr;  // row()'s cached HBM region lookup
   Region* region_ = nullptr;
 
@@ -236,7 +236,7 @@ struct Simulator::Impl {
       if (run && ap.dtype == DType::fp32) {
         std::memcpy(out, base + offs.front(), offs.size() * sizeof(float));
       } else {
-        decode_row(ap.dtype, base, offs, out);
+        decode_row(ap.dtype, base, offs, out, run ? 1 : 0);
       }
     }
     return v;
@@ -280,10 +280,11 @@ struct Simulator::Impl {
   // Integer tensors as exact 64-bit integers (no FP32 detour).
   std::vector<std::int64_t> read_int(int core, const AccessPattern& ap, const char* what) {
     const auto offs = free_offsets(ap);
+    const int run = contiguous(offs, isa::size_bytes(ap.dtype)) ? 1 : 0;
     std::vector<std::int64_t> v(static_cast<std::size_t>(ap.rows()) * offs.size());
     for (int r = 0; r < ap.rows(); ++r) {
       auto [base, written] = row(core, ap, r);
-      check_written(written, ap, r, offs, what);
+      check_written(written, ap, r, offs, what, run);
       for (std::size_t i = 0; i < offs.size(); ++i) {
         const std::uint8_t* q = base + offs[i];
         std::int64_t x = 0;
@@ -354,11 +355,13 @@ struct Simulator::Impl {
   }
 
   // Checks that row r of `ap` was written at the given element offsets.
+  // `run`: whether offs is one run (1 / 0) when the caller knows (rows
+  // repeat the offsets), -1: checked here.
   void check_written(const std::uint8_t* written, const AccessPattern& ap, int r,
-                     const std::vector<std::int64_t>& offs, const char* what) {
+                     const std::vector<std::int64_t>& offs, const char* what, int run = -1) {
     if (!written) return;
     const int sz = isa::size_bytes(ap.dtype);
-    if (contiguous(offs, sz)) {
+    if (run < 0 ? contiguous(offs, sz) : run == 1) {
       const std::size_t len = offs.size() * static_cast<std::size_t>(sz);
       if (const void* z = find_unwritten(written + offs.front(), len, s.mark_)) {
         uninitialized(what, ap, r, static_cast<const std::uint8_t*>(z) - written);
@@ -381,11 +384,11 @@ struct Simulator::Impl {
   void copy_bytes(int core, const AccessPattern& dst, const AccessPattern& src) {
     const auto so = free_offsets(src), dof = free_offsets(dst);
     const int sz = isa::size_bytes(src.dtype);
-    const bool runs = contiguous(so, sz) && contiguous(dof, sz);
+    const bool src_run = contiguous(so, sz), runs = src_run && contiguous(dof, sz);
     const std::size_t len = so.size() * static_cast<std::size_t>(sz);
     for (int r = 0; r < src.rows(); ++r) {
       auto [sb, sw] = row(core, src, r);
-      check_written(sw, src, r, so, "the DMA source");
+      check_written(sw, src, r, so, "the DMA source", src_run ? 1 : 0);
       auto [db, dw] = row(core, dst, r);
       if (runs) {  // one block per row
         std::memcpy(db + dof.front(), sb + so.front(), len);
@@ -410,12 +413,14 @@ struct Simulator::Impl {
     for (std::uint32_t c = 0; c < 256; ++c) lut[c] = num::decode(ef, c);
     const auto doffs = free_offsets(data), soffs = free_offsets(scale);
     const std::size_t F = doffs.size();
+    const int drun = contiguous(doffs, isa::size_bytes(data.dtype)) ? 1 : 0;
+    const int srun = contiguous(soffs, isa::size_bytes(scale.dtype)) ? 1 : 0;
     std::vector<float> out(static_cast<std::size_t>(data.partitions) * 4 * F);
     for (int p = 0; p < data.partitions; ++p) {
       auto [db, dw] = row(core, data, p);
-      check_written(dw, data, p, doffs, what);
+      check_written(dw, data, p, doffs, what, drun);
       auto [sb, sw] = row(core, scale, p / 8);
-      if (p % 8 == 0) check_written(sw, scale, p / 8, soffs, what);
+      if (p % 8 == 0) check_written(sw, scale, p / 8, soffs, what, srun);
       for (std::size_t f = 0; f < F; ++f) {
         const std::uint8_t xs = sb[soffs[f]];
         for (int j = 0; j < 4; ++j) {
@@ -429,7 +434,7 @@ struct Simulator::Impl {
           }
           out[(static_cast<std::size_t>(p) * 4 + j) * F + f] =
               xs == 0xFF ? std::numeric_limits<float>::quiet_NaN()
-                         : std::ldexp(lut[code], int(xs) - 127);
+                         : num::times_pow2(lut[code], int(xs) - 127);
         }
       }
     }
@@ -749,15 +754,17 @@ struct Simulator::Impl {
         const AccessPattern& src = ops[1];
         const auto so = free_offsets(src), dof = free_offsets(d);
         const int sz = isa::size_bytes(src.dtype);
+        const int src_run = contiguous(so, sz) ? 1 : 0;
         for (int r = 0; r < src.rows(); ++r) {
           auto [sb, sw] = row(core, src, r);
-          check_written(sw, src, r, so, "the DMA source");
+          check_written(sw, src, r, so, "the DMA source", src_run);
           for (std::size_t i = 0; i < so.size(); ++i) {
             auto [db, dw] = row(core, d, static_cast<int>(i));
             std::memcpy(db + dof[static_cast<std::size_t>(r)], sb + so[i],
                         static_cast<std::size_t>(sz));
             if (dw)
-              std::memset(dw + dof[static_cast<std::size_t>(r)], s.mark_, static_cast<std::size_t>(sz));
+              std::memset(dw + dof[static_cast<std::size_t>(r)], s.mark_,
+                          static_cast<std::size_t>(sz));
           }
         }
         break;

@@ -200,3 +200,33 @@ TEST(Mx, BadSizesAndNames) {
 
 }  // namespace
 }  // namespace tern::num
+
+namespace tern::num {
+namespace {
+
+// times_pow2 (the MX dequantization's scaling) gives std::ldexp's bits for
+// every element value of every MX element format (all codes) and every
+// scale exponent E8M0 encodes, and for float edge cases (subnormal results,
+// overflow, zeros, NaN, Inf).
+TEST(Mx, TimesPow2IsLdexpBitForBit) {
+  std::vector<float> values;
+  for (FormatId id : {FormatId::e4m3, FormatId::e5m2, FormatId::e3m2, FormatId::e2m3,
+                      FormatId::e2m1, FormatId::mxint8})
+    for (std::uint32_t c = 0; c <= format(id).code_mask(); ++c)
+      values.push_back(decode(format(id), c));
+  for (float v : {1e-45f, 1.17549435e-38f, 3.4e38f, -0.0f, std::numeric_limits<float>::infinity()})
+    values.push_back(v);
+  for (float v : values)
+    for (int e = -127; e <= 127; ++e) {
+      const float want = std::ldexp(v, e), got = times_pow2(v, e);
+      if (std::isnan(want)) {
+        ASSERT_TRUE(std::isnan(got)) << v << " " << e;
+      } else {
+        ASSERT_EQ(std::bit_cast<std::uint32_t>(got), std::bit_cast<std::uint32_t>(want))
+            << v << " * 2^" << e;
+      }
+    }
+}
+
+}  // namespace
+}  // namespace tern::num
