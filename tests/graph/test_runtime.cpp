@@ -27,6 +27,27 @@ namespace {
 // on the chip and checks it against the interpreter: loss within 1 %,
 // each gradient within 2 % of its largest magnitude (bf16 between kernels;
 // measured 0.3 to 1 %).
+// Runs a compiled training step on the chip and compares the loss (relative
+// tolerance loss_rel) and every gradient (max_rel_error <= grad_rel) with the
+// float64 interpreter.
+void expect_matches_interpreter(const Model& m, const std::map<int, int>& grads,
+                                const Executable& exe, const arch::ChipSpec& chip,
+                                const std::map<std::string, std::vector<float>>& feeds,
+                                double loss_rel, double grad_rel) {
+  runtime::Device dev(chip);
+  const runtime::StepResult r = dev.run(exe, feeds);
+  std::map<std::string, HostData> hf;
+  for (const auto& [k, v] : feeds) hf[k] = HostData(v.begin(), v.end());
+  const auto want = evaluate(m.graph, hf);
+  const double lw = want[static_cast<std::size_t>(m.loss)][0];
+  EXPECT_NEAR(r.outputs.at("loss")[0], lw, loss_rel * lw);
+  for (const auto& [p, d] : grads) {
+    SCOPED_TRACE(m.graph.value(d).name);
+    EXPECT_LE(max_rel_error(r.outputs.at(m.graph.value(d).name), want[static_cast<std::size_t>(d)]),
+              grad_rel);
+  }
+}
+
 void check_training_step(Model& m, const std::map<std::string, std::vector<float>>& feeds) {
   const arch::ChipSpec chip = arch::load_chip("trn3");
   const auto grads = add_backward(m.graph, m.loss, m.params);
@@ -38,18 +59,7 @@ void check_training_step(Model& m, const std::map<std::string, std::vector<float
   EXPECT_TRUE(exe.plan.temps_counted);
   EXPECT_GT(exe.plan.temp_peak, 0);
   EXPECT_EQ(exe.plan.total(), exe.plan.arena_bytes + exe.plan.temp_peak);
-  runtime::Device dev(chip);
-  const runtime::StepResult r = dev.run(exe, feeds);
-  std::map<std::string, HostData> hf;
-  for (const auto& [k, v] : feeds) hf[k] = HostData(v.begin(), v.end());
-  const auto want = evaluate(m.graph, hf);
-  const double lw = want[static_cast<std::size_t>(m.loss)][0];
-  EXPECT_NEAR(r.outputs.at("loss")[0], lw, 0.01 * lw);
-  for (const auto& [p, d] : grads) {
-    SCOPED_TRACE(m.graph.value(d).name);
-    EXPECT_LE(max_rel_error(r.outputs.at(m.graph.value(d).name), want[static_cast<std::size_t>(d)]),
-              0.02);
-  }
+  expect_matches_interpreter(m, grads, exe, chip, feeds, 0.01, 0.02);
 }
 
 TEST(Runtime, CompiledGraphMatchesTheInterpreter) {
@@ -216,18 +226,7 @@ TEST(Runtime, Fp32Gpt2TrainingStepMatchesTheInterpreter) {
   EXPECT_EQ(bwd, c.layers);
   std::mt19937 rng(21);
   const auto feeds = gpt2_feeds(m.graph, m.params, c.batch * c.seq, c.vocab, rng);
-  runtime::Device dev(chip);
-  const runtime::StepResult r = dev.run(exe, feeds);
-  std::map<std::string, HostData> hf;
-  for (const auto& [k, v] : feeds) hf[k] = HostData(v.begin(), v.end());
-  const auto want = evaluate(m.graph, hf);
-  const double lw = want[static_cast<std::size_t>(m.loss)][0];
-  EXPECT_NEAR(r.outputs.at("loss")[0], lw, 1e-6 * lw);
-  for (const auto& [p, d] : grads) {
-    SCOPED_TRACE(m.graph.value(d).name);
-    EXPECT_LE(max_rel_error(r.outputs.at(m.graph.value(d).name), want[static_cast<std::size_t>(d)]),
-              1e-5);
-  }
+  expect_matches_interpreter(m, grads, exe, chip, feeds, 1e-6, 1e-5);
 }
 
 // A Llama training step (RMSNorm, RoPE, GQA flash attention, SwiGLU, untied

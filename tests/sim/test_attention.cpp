@@ -72,6 +72,17 @@ double atol_of(DType dt) {
   return dt == DType::bf16 ? 2e-2 : 5e-3;
 }
 
+// Random q, k, v and dO of a case (seeded; rounded to its dtype).
+struct Inputs {
+  std::vector<float> q, k, v, dout;
+};
+Inputs inputs_of(const Case& c, std::int64_t Sk) {
+  return {normal(static_cast<std::size_t>(c.batch * c.hq * c.d * c.sq), 1, 1.0f, c.dt),
+          normal(static_cast<std::size_t>(c.batch * c.hkv * c.d * Sk), 2, 1.0f, c.dt),
+          normal(static_cast<std::size_t>(c.batch * c.hkv * Sk * c.d), 3, 1.0f, c.dt),
+          normal(static_cast<std::size_t>(c.batch * c.hq * c.sq * c.d), 4, 1.0f, c.dt)};
+}
+
 class Attention : public ::testing::TestWithParam<Case> {};
 
 TEST_P(Attention, ForwardAndBackwardCloseToFp64) {
@@ -79,10 +90,7 @@ TEST_P(Attention, ForwardAndBackwardCloseToFp64) {
   const auto chip = arch::load_chip(c.chip);
   const AttentionSpec s = spec_of(c);
   const std::int64_t Sk = s.kv_len();
-  const auto q = normal(static_cast<std::size_t>(c.batch * c.hq * c.d * c.sq), 1, 1.0f, c.dt);
-  const auto k = normal(static_cast<std::size_t>(c.batch * c.hkv * c.d * Sk), 2, 1.0f, c.dt);
-  const auto v = normal(static_cast<std::size_t>(c.batch * c.hkv * Sk * c.d), 3, 1.0f, c.dt);
-  const auto dout = normal(static_cast<std::size_t>(c.batch * c.hq * c.sq * c.d), 4, 1.0f, c.dt);
+  const auto [q, k, v, dout] = inputs_of(c, Sk);
   const double atol = atol_of(c.dt), rtol = atol;
 
   sim::Simulator fwd(chip);
@@ -154,10 +162,7 @@ TEST_P(AttentionFp32, ForwardAndBackwardWithin1e5OfFp64) {
   const auto chip = arch::load_chip(c.chip);
   const AttentionSpec s = spec_of(c);
   const std::int64_t Sk = s.kv_len();
-  const auto q = normal(static_cast<std::size_t>(c.batch * c.hq * c.d * c.sq), 1, 1.0f, c.dt);
-  const auto k = normal(static_cast<std::size_t>(c.batch * c.hkv * c.d * Sk), 2, 1.0f, c.dt);
-  const auto v = normal(static_cast<std::size_t>(c.batch * c.hkv * Sk * c.d), 3, 1.0f, c.dt);
-  const auto dout = normal(static_cast<std::size_t>(c.batch * c.hq * c.sq * c.d), 4, 1.0f, c.dt);
+  const auto [q, k, v, dout] = inputs_of(c, Sk);
   constexpr double kRel = 1e-5;
 
   sim::Simulator fwd(chip);
