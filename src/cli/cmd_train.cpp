@@ -245,6 +245,8 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--data", c->data,
                   "Train on token shards instead: a `tern data` directory (train.bin, val.bin, "
                   "tokenizer.json)");
+  cmd->add_option("--val-fraction", c->val_fraction, "The text's last fraction held out")
+      ->capture_default_str();
   cmd->add_option("--model", c->model, "gpt2 or llama")->capture_default_str();
   cmd->add_option("--layers", c->layers, "Transformer layers")->capture_default_str();
   cmd->add_option("--dim", c->dim, "Model width (head dim dim / heads: 64 or 128)")
@@ -273,6 +275,10 @@ void add_train_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--warmup", c->warmup, "Linear warmup steps")->capture_default_str();
   cmd->add_option("--weight-decay", c->weight_decay, "AdamW weight decay")->capture_default_str();
+  cmd->add_option("--beta1", c->beta1, "AdamW beta1")->capture_default_str();
+  cmd->add_option("--beta2", c->beta2, "AdamW beta2")->capture_default_str();
+  cmd->add_option("--init-std", c->init_std, "Initial weights' standard deviation")
+      ->capture_default_str();
   cmd->add_option("--clip", c->clip, "Clip the global gradient norm to this (0: off)")
       ->capture_default_str();
   cmd->add_option("--seed", c->seed, "Weights, batch order, rounding streams")
@@ -284,6 +290,8 @@ void add_train_command(CLI::App& app) {
                   "Non-finite gradient elements tolerated (fraction; 0: none)")
       ->capture_default_str();
   cmd->add_option("--spike-z", c->spike_z, "Log a gradient-norm spike above this z-score (0: off)")
+      ->capture_default_str();
+  cmd->add_option("--spike-window", c->spike_window, "Steps the spike z-score looks back on")
       ->capture_default_str();
   cmd->add_option("--retries", c->retries, "Retries of a failed step before a rollback")
       ->capture_default_str();

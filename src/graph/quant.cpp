@@ -108,7 +108,7 @@ float fake_quantize(std::vector<double>& x, const Shape& shape, bool k_last, con
   if (q.kind == QuantKind::none) return 0.0f;
   // Health counts of one element quantized from `in` (after rounding to the
   // operand's dtype) to `out` at scale `s` in format f: saturated when
-  // in * s rounds past f's largest value (|in * s| >= max + ulp(max) / 2,
+  // in * s rounds past f's largest value (|in * s| beyond max + ulp(max) / 2,
   // where round-to-nearest would leave the finite range and the cast clamps).
   auto count = [stats](float in, double out, double s, const num::Format& f) {
     if (!stats) return;
@@ -120,7 +120,10 @@ float fake_quantize(std::vector<double>& x, const Shape& shape, bool k_last, con
     const double max = f.max_finite();
     const double edge =
         max + 0.5 * std::ldexp(1.0, static_cast<int>(std::floor(std::log2(max))) - f.man_bits);
-    if (std::fabs(static_cast<double>(in) * s) >= edge) ++stats->saturated;
+    // At the edge itself round-to-nearest-even picks max when max's last
+    // mantissa bit is even (E4M3's 448), else the next binade (clamped).
+    const double y = std::fabs(static_cast<double>(in) * s);
+    if (y > edge || (y == edge && (f.max_finite_code() & 1u))) ++stats->saturated;
     if (in != 0.0f && out == 0.0) ++stats->underflow;
   };
   const num::Format& hi = *isa::format_of(dtype);

@@ -130,9 +130,8 @@ struct Simulator::Impl {
   Simulator& s;
   const Options& opt;
   RunStats stats;
-  std::uint64_t serial = 0;                   // instructions executed, numbers SR streams
-  const AccessPattern* region_of_ = nullptr;  // row()'s cached HBM region lookup
-  Region* region_ = nullptr;
+  std::uint64_t serial = 0;   // instructions executed, numbers SR streams
+  Region* region_ = nullptr;  // row()'s last HBM region (valid for this run's load)
 
   struct Stationary {
     int k = 0, m = 0;  // contraction (4x partitions for MX, 2x for double row) and columns
@@ -189,9 +188,11 @@ struct Simulator::Impl {
   std::pair<std::uint8_t*, std::uint8_t*> row(int core, const AccessPattern& ap, int r) {
     if (ap.mem == Mem::hbm) {
       // load() checked that the whole pattern lies inside one declared tensor;
-      // the region is looked up once per operand (rows repeat it).
-      if (&ap != region_of_) region_ = s.hbm_.find(ap.min_byte(), ap.max_byte() - ap.min_byte());
-      region_of_ = &ap;
+      // the last region found is reused while it holds the pattern (regions
+      // never overlap, so it is the one; rows and loops repeat it).
+      const std::int64_t lo = ap.min_byte(), hi = ap.max_byte();
+      if (!region_ || lo < region_->address || hi > region_->address + region_->size)
+        region_ = s.hbm_.find(lo, hi - lo);
       Region* reg = region_;
       const std::int64_t off = ap.row_address(r) - reg->address;
       return {reg->data.get() + off, reg->written.get() + off};

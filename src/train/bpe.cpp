@@ -138,7 +138,18 @@ std::vector<std::string> Gpt2Bpe::pretokenize(std::string_view text) {
       throw Error(fmt::format("BPE: ICU rejects the pattern: {}", u_errorName(st)));
     return p;
   }();
-  code_points(std::string(text));  // throws for text that is not UTF-8
+  if (text.size() > static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max()))
+    throw Error(fmt::format("BPE: {} bytes of text in one piece (at most 2 GiB: ICU's limit)",
+                            text.size()));
+  // UTF-8 check without copies (ICU would replace bad bytes silently).
+  for (std::int32_t i = 0, n = static_cast<std::int32_t>(text.size()); i < n;) {
+    UChar32 c;
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wconversion"  // inside ICU's macro
+    U8_NEXT(text.data(), i, n, c);
+#pragma GCC diagnostic pop
+    if (c < 0) throw Error(fmt::format("BPE: the text is not UTF-8 (byte {})", i - 1));
+  }
   const icu::UnicodeString u = icu::UnicodeString::fromUTF8(
       icu::StringPiece(text.data(), static_cast<std::int32_t>(text.size())));
   std::unique_ptr<icu::RegexMatcher> m(pattern->matcher(u, status));

@@ -130,9 +130,12 @@ std::vector<std::filesystem::path> list_checkpoints(const std::filesystem::path&
 }
 
 std::optional<std::pair<std::filesystem::path, Checkpoint>> latest_good(
-    const std::filesystem::path& dir, std::vector<std::string>& notes) {
+    const std::filesystem::path& dir, std::vector<std::string>& notes, std::int64_t max_step) {
   const auto all = list_checkpoints(dir);
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    // step-00000100.ckpt: the step is the name's digits.
+    const std::string f = it->filename().string();
+    if (std::stoll(f.substr(5, f.size() - 10)) > max_step) continue;
     try {
       return std::make_pair(*it, load_checkpoint(*it));
     } catch (const Error& e) {

@@ -9,7 +9,9 @@
 // size or CRC check and is rejected with a message naming the file.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -37,8 +39,11 @@ std::filesystem::path checkpoint_path(const std::filesystem::path& dir, std::int
 std::vector<std::filesystem::path> list_checkpoints(const std::filesystem::path& dir);
 // The newest checkpoint of dir that loads; each newer one that does not is
 // named in `notes` with the reason. nullopt when none loads.
+// Checkpoints past max_step are not considered (a rollback never jumps
+// forward into an older run's later checkpoints).
 std::optional<std::pair<std::filesystem::path, Checkpoint>> latest_good(
-    const std::filesystem::path& dir, std::vector<std::string>& notes);
+    const std::filesystem::path& dir, std::vector<std::string>& notes,
+    std::int64_t max_step = std::numeric_limits<std::int64_t>::max());
 // Deletes all but the newest `keep` checkpoints of dir.
 void prune_checkpoints(const std::filesystem::path& dir, int keep);
 

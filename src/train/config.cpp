@@ -93,6 +93,8 @@ void validate(const TrainConfig& c) {
         fmt::format("need steps >= 1, warmup >= 0 and 0 <= min_lr <= lr, got steps {}, warmup "
                     "{}, lr {}, min_lr {}",
                     c.steps, c.warmup, c.lr, c.min_lr));
+  if (!(c.init_std > 0) || c.cores < 0)
+    bad(fmt::format("init_std must be > 0 and cores >= 0, got {} and {}", c.init_std, c.cores));
   if (c.clip < 0 || c.weight_decay < 0 || !(c.beta1 >= 0 && c.beta1 < 1) ||
       !(c.beta2 >= 0 && c.beta2 < 1))
     bad("clip and weight_decay must be >= 0 and betas in [0, 1)");

@@ -171,7 +171,10 @@ void write_plot(const std::string& path, const std::vector<Series>& series,
   std::string out;
   png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, nullptr, nullptr, nullptr);
   png_infop info = png ? png_create_info_struct(png) : nullptr;
-  if (!info) throw Error("plot: cannot start libpng");
+  if (!info) {
+    png_destroy_write_struct(&png, nullptr);
+    throw Error("plot: cannot start libpng");
+  }
   if (setjmp(png_jmpbuf(png))) {
     png_destroy_write_struct(&png, &info);
     throw Error(fmt::format("plot {}: libpng failed", path));
@@ -179,7 +182,11 @@ void write_plot(const std::string& path, const std::vector<Series>& series,
   png_set_write_fn(
       png, &out,
       [](png_structp p, png_bytep data, png_size_t n) {
-        static_cast<std::string*>(png_get_io_ptr(p))->append(reinterpret_cast<char*>(data), n);
+        try {  // no C++ exception may unwind through libpng's C frames
+          static_cast<std::string*>(png_get_io_ptr(p))->append(reinterpret_cast<char*>(data), n);
+        } catch (...) {
+          png_error(p, "out of memory");
+        }
       },
       nullptr);
   png_set_IHDR(png, info, kW, kH, 8, PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE,

@@ -118,6 +118,15 @@ Trainer::Trainer(const TrainConfig& c) : c_(c) {
   }
   train_ = std::make_unique<BatchLoader>(std::move(train_tokens), static_cast<int>(c_.batch),
                                          static_cast<int>(c_.seq), c_.seed);
+  try {  // the held-out part must hold a batch: found now, not at the first validation
+    BatchLoader(val_tokens_, static_cast<int>(c_.batch), static_cast<int>(c_.seq), c_.seed, false);
+  } catch (const Error& e) {
+    throw Error(fmt::format("validation data ({}): {}",
+                            c_.data.empty()
+                                ? fmt::format("the last {} of {}", c_.val_fraction, c_.text)
+                                : c_.data + "/val.bin",
+                            e.what()));
+  }
   if (c_.model == "llama") {
     // RoPE tables: angle(pos, i) = pos * 10000^(-2i / head_dim) (Llama).
     const std::int64_t hd = c_.dim / c_.heads, half = hd / 2;
@@ -275,9 +284,11 @@ Batch Trainer::checked(const Batch& b) const {
   if (b.ids.size() != n || b.targets.size() != n)
     throw Error(fmt::format("a batch needs {} x {} = {} ids and targets, got {} and {}", c_.batch,
                             c_.seq, n, b.ids.size(), b.targets.size()));
-  for (std::int32_t t : b.ids)
-    if (t < 0 || t >= tok_->vocab())
-      throw Error(fmt::format("token id {} is outside the vocabulary [0, {})", t, tok_->vocab()));
+  for (const auto* v : {&b.ids, &b.targets})
+    for (std::int32_t t : *v)
+      if (t < 0 || t >= tok_->vocab())
+        throw Error(fmt::format("{} holds token {}, outside the vocabulary [0, {})",
+                                v == &b.ids ? "ids" : "targets", t, tok_->vocab()));
   return b;
 }
 
@@ -384,7 +395,7 @@ StepMetrics Trainer::run_step(const std::vector<Batch>* given) {
                         "back to",
                         s, retries + 1, e.what()));
       std::vector<std::string> notes;
-      auto good = latest_good(c_.ckpt_dir, notes);
+      auto good = latest_good(c_.ckpt_dir, notes, step_);
       if (!good)
         throw Error(fmt::format("step {} failed and no checkpoint in {} loads", s, c_.ckpt_dir));
       restore_checkpoint(good->second);
@@ -443,19 +454,42 @@ StepMetrics Trainer::attempt(std::int64_t s, const LoaderState& start, int& redo
   // The accumulators hold the sum of accum micro-batch means.
   m.grad_norm = std::sqrt(sumsq) / static_cast<double>(c_.accum);
 
-  // Numeric health: count the non-finite gradient elements by layer.
+  // Numeric health: a non-finite sum (a NaN or Inf element, or squares
+  // past FP32's range) sends the host to the accumulators: it counts the
+  // non-finite elements by layer and sums the squares again in double.
   std::map<std::int64_t, std::int64_t> bad_by_layer;
+  std::map<std::size_t, std::vector<float>> with_bad;  // accumulators holding NaN/Inf
   if (!std::isfinite(sumsq)) {
+    double host = 0;
     for (std::size_t i = 0; i < acc_names_.size(); ++i) {
+      std::vector<float> x = grad_->read(acc_names_[i]);
       std::int64_t n = 0;
-      for (float x : grad_->read(acc_names_[i])) n += std::isfinite(x) ? 0 : 1;
-      if (n) bad_by_layer[layer_of(c_, param_names_[i])] += n;
+      for (float e : x)
+        if (std::isfinite(e))
+          host += static_cast<double>(e) * e;
+        else
+          ++n;
+      if (n) bad_by_layer[layer_of(c_, param_names_[i])] += n, with_bad[i] = std::move(x);
       m.nonfinite += n;
     }
+    sumsq = host;
+    m.grad_norm = std::sqrt(sumsq) / static_cast<double>(c_.accum);
   }
   const bool bad = !std::isfinite(m.loss) ||
                    static_cast<double>(m.nonfinite) > c_.nan_rate * static_cast<double>(params_) ||
                    (m.nonfinite > 0 && c_.nan_rate == 0);
+  if (!bad && m.nonfinite > 0) {
+    // Tolerated (under nan_rate): those elements do not update (zeroed).
+    for (auto& [i, x] : with_bad) {
+      for (float& e : x)
+        if (!std::isfinite(e)) e = 0.0f;
+      grad_->write(acc_names_[i], x);
+    }
+    m.actions.push_back(
+        fmt::format("step {}: {} non-finite gradient elements tolerated (nan_rate "
+                    "{}): zeroed",
+                    s, m.nonfinite, c_.nan_rate));
+  }
   if (bad) {
     const std::string why = fmt::format(
         "step {}: {} non-finite gradient elements ({:.2e} of {}), loss {}", s, m.nonfinite,
@@ -491,8 +525,12 @@ StepMetrics Trainer::attempt(std::int64_t s, const LoaderState& start, int& redo
       return m;
     }
     if (policy == "rollback") {
+      if (skip_batches_.contains(s))  // the batch was skipped already: not the batch's fault
+        throw Error(why +
+                    "; again after a rollback that skipped the step's batch (nan_policy "
+                    "rollback cannot help: try fallback-global or a lower lr)");
       std::vector<std::string> notes;
-      auto good = latest_good(c_.ckpt_dir, notes);
+      auto good = latest_good(c_.ckpt_dir, notes, step_);
       if (!good)
         throw Error(why + fmt::format("; no checkpoint in {} to roll back to", c_.ckpt_dir));
       skip_batches_.insert(s);
@@ -509,7 +547,8 @@ StepMetrics Trainer::attempt(std::int64_t s, const LoaderState& start, int& redo
   }
 
   // Spikes: the norm's z-score against the last spike_window steps.
-  if (c_.spike_z > 0 && norms_.size() >= 10) {
+  if (c_.spike_z > 0 &&
+      static_cast<std::int64_t>(norms_.size()) >= std::min<std::int64_t>(10, c_.spike_window)) {
     const double n = static_cast<double>(norms_.size());
     const double mean = std::accumulate(norms_.begin(), norms_.end(), 0.0) / n;
     double var = 0;
@@ -666,6 +705,15 @@ std::string Trainer::save_checkpoint() {
 }
 
 void Trainer::restore(const std::string& where) {
+  try {
+    restore_from(where);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(fmt::format("--resume {}: the checkpoint's metadata is not what tern writes ({})",
+                            where, e.what()));
+  }
+}
+
+void Trainer::restore_from(const std::string& where) {
   std::filesystem::path file = where;
   Checkpoint ck;
   if (std::filesystem::is_directory(where)) {
@@ -679,7 +727,7 @@ void Trainer::restore(const std::string& where) {
   // The model, the data and its order must be the checkpoint's.
   const TrainConfig was = config_from_json(ck.meta.at("config"));
   for (const char* key : {"model", "layers", "dim", "heads", "kv_heads", "ffn", "batch", "seq",
-                          "accum", "seed", "text", "data"}) {
+                          "accum", "seed", "text", "data", "val_fraction"}) {
     const nlohmann::json a = to_json(was).at(key), b = to_json(c_).at(key);
     if (a != b)
       throw Error(
@@ -687,6 +735,11 @@ void Trainer::restore(const std::string& where) {
                       "its data must match)",
                       file.string(), key, a.dump(), b.dump()));
   }
+  if ((was.recipe == "fp32") != (c_.recipe == "fp32"))
+    throw Error(
+        fmt::format("--resume {}: recipe {} cannot continue as {} (FP32 params have no "
+                    "separate master weights; the others do)",
+                    file.string(), was.recipe, c_.recipe));
   if (was.recipe == c_.recipe) {  // fallbacks carry over
     recipe_ = ck.meta.at("recipe").get<std::string>();
     bf16_layers_ = ck.meta.at("bf16_layers").get<std::set<std::int64_t>>();

@@ -127,6 +127,7 @@ class Trainer {
   void init_weights();
   void push_weights();  // update session -> grad session
   void restore(const std::string& file_or_dir);
+  void restore_from(const std::string& file_or_dir);
   void restore_checkpoint(const struct Checkpoint& ck);
   std::map<std::string, std::vector<float>> model_inputs(const Batch& b) const;
   StepMetrics attempt(std::int64_t step, const LoaderState& start, int& fails_left);

@@ -437,6 +437,11 @@ TEST(Quant, HealthCountsOfAnOperand) {
   fake_quantize(x, {3}, true, e4m3, num::ScalePolicy::rceil, DType::fp32, 1.0f, &delayed);
   EXPECT_EQ(delayed.saturated, 1);  // 1000 at scale 1 > 448: clamped
   EXPECT_EQ(delayed.nonfinite, 1);
+  // The edge: 464 = 448 + ulp/2 ties to 448 (even mantissa); past it clamps.
+  QuantStats edge;
+  x = {464.0, 464.5, 448.0};
+  fake_quantize(x, {3}, true, e4m3, num::ScalePolicy::rceil, DType::fp32, 1.0f, &edge);
+  EXPECT_EQ(edge.saturated, 1);
   // MX E4M3 blocks of 32: amax 485 under the OCP floor rule keeps X = 0 and
   // clamps 485 to 448 (numerics.md); rceil scales it into range.
   const OperandQuant mx = parse_operand_quant("mxfp8_e4m3");

@@ -120,8 +120,10 @@ TEST(Trainer, ResumeIsBitExact) {
   EXPECT_EQ(d.steps_done(), 4);
   ASSERT_GE(d.notes().size(), 2u);
   EXPECT_NE(d.notes()[0].find("truncated"), std::string::npos) << d.notes()[0];
-  // Another model cannot resume it.
-  r.layers = 2;
+  // Another model cannot resume it, nor the fp32 recipe (no masters).
+  r.recipe = "fp32";
+  EXPECT_THROW(Trainer{r}, Error);
+  r.recipe = c.recipe, r.layers = 2;
   EXPECT_THROW(Trainer{r}, Error);
   std::filesystem::remove_all(c.ckpt_dir);
 }
@@ -157,6 +159,17 @@ TEST(Trainer, NanPolicies) {
     EXPECT_EQ(t.recipe(), "bf16");
     EXPECT_TRUE(std::isfinite(ms[4].loss));
   }
+  {  // tolerated below nan_rate: the bad elements are zeroed, the run goes on
+    c.nan_policy = "skip", c.nan_rate = 1e-3;
+    Trainer t(c);
+    const auto ms = run(t, 5);
+    EXPECT_TRUE(ms[2].updated);
+    EXPECT_EQ(ms[2].nonfinite, 1);
+    EXPECT_TRUE(std::isfinite(ms[2].grad_norm));
+    EXPECT_TRUE(has_action(ms[2], "tolerated"));
+    EXPECT_TRUE(std::isfinite(ms[4].loss) && std::isfinite(ms[4].grad_norm));
+    c.nan_rate = 0;
+  }
   {  // stop
     c.nan_policy = "stop";
     Trainer t(c);
@@ -181,6 +194,25 @@ TEST(Trainer, NanPolicies) {
     EXPECT_TRUE(has_action(ms[2], "rolled back to"));
     EXPECT_EQ(ms[3].step, 3);
     EXPECT_TRUE(ms[3].updated);
+    std::filesystem::remove_all(c.ckpt_dir);
+  }
+  {  // rollback cannot help a fault that is not the batch's: an error, not a loop
+    c.nan_policy = "rollback", c.ckpt_dir = fresh_dir("rollback2"), c.ckpt_every = 2;
+    c.faults.clear();
+    Trainer t(c);
+    t.step(), t.step();
+    std::vector<float> w = t.param("h.0.mlp.c_fc.w");
+    w[0] = std::nanf("");
+    t.set_param("h.0.mlp.c_fc.w", w);
+    t.save_checkpoint();             // the checkpoint holds the NaN weight
+    EXPECT_FALSE(t.step().updated);  // rolled back
+    try {
+      t.step();
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("again after a rollback"), std::string::npos)
+          << e.what();
+    }
     std::filesystem::remove_all(c.ckpt_dir);
   }
 }
