@@ -74,40 +74,62 @@ void run(train::TrainConfig c, const Options& o) {
   // The metrics file is rewritten atomically after every step (a reader
   // never sees half a line; a killed run leaves the steps done so far); a
   // resumed run continues the file it finds.
-  std::string metrics;
-  if (!o.metrics.empty() && !c.resume.empty() && std::filesystem::exists(o.metrics)) {
-    metrics = read_file(o.metrics);
-    // Lines of steps after the checkpoint are dropped: they are redone.
-    std::string kept;
-    std::size_t pos = 0;
-    while (pos < metrics.size()) {
-      const std::size_t nl = metrics.find('\n', pos);
-      const std::string line = metrics.substr(pos, nl - pos);
-      pos = nl == std::string::npos ? metrics.size() : nl + 1;
-      if (o.metrics.ends_with(".csv")) {  // the header, and rows by their first column
-        if (line.starts_with("step,") || std::atoll(line.c_str()) <= t.steps_done())
-          kept += line + "\n";
-        continue;
-      }
-      try {
-        if (nlohmann::json::parse(line).value("step", std::int64_t{0}) <= t.steps_done())
-          kept += line + "\n";
-      } catch (const nlohmann::json::exception&) {
-      }
-    }
-    metrics = kept;
-  }
   // CSV: one row a step or validation, the columns below (empty where a
   // row has no value); JSONL: every record as it is.
   const bool csv = o.metrics.ends_with(".csv");
   static const char* kColumns[] = {"step",     "loss",      "val_loss",     "grad_norm",
                                    "lr",       "wall_ms",   "tokens_per_s", "sim_ns",
                                    "mfu_bf16", "mfu_mxfp8", "fusion_rate",  "recipe"};
+  std::string metrics;
   if (csv && metrics.empty()) {
     for (const char* col : kColumns) metrics += std::string(metrics.empty() ? "" : ",") + col;
     metrics += "\n";
   }
   train::Series train_curve{"train", 0x1f77b4, {}}, val_curve{"validation", 0xd62728, {}};
+  // Drops the lines and curve points of steps after `step` (a resume or a
+  // rollback redoes them); the curves are rebuilt from the kept lines.
+  auto truncate_after = [&](std::int64_t step) {
+    std::string kept;
+    train_curve.points.clear(), val_curve.points.clear();
+    std::size_t pos = 0;
+    while (pos < metrics.size()) {
+      const std::size_t nl = metrics.find('\n', pos);
+      const std::string line = metrics.substr(pos, nl - pos);
+      pos = nl == std::string::npos ? metrics.size() : nl + 1;
+      if (line.empty()) continue;
+      if (csv) {  // the header, and rows by their first column
+        if (line.starts_with("step,")) {
+          kept += line + "\n";
+          continue;
+        }
+        if (std::atoll(line.c_str()) > step) continue;
+        kept += line + "\n";
+        // step,loss,val_loss,...
+        const std::size_t a = line.find(','), b = line.find(',', a + 1), c3 = line.find(',', b + 1);
+        const double x = std::atof(line.c_str());
+        if (b > a + 1) train_curve.points.emplace_back(x, std::atof(line.c_str() + a + 1));
+        if (c3 > b + 1) val_curve.points.emplace_back(x, std::atof(line.c_str() + b + 1));
+        continue;
+      }
+      try {
+        const nlohmann::json j = nlohmann::json::parse(line);
+        if (j.value("step", std::int64_t{0}) > step) continue;
+        kept += line + "\n";
+        if (j.contains("loss"))
+          train_curve.points.emplace_back(j["step"].get<double>(), j["loss"].get<double>());
+        if (j.contains("val_loss"))
+          val_curve.points.emplace_back(j["step"].get<double>(), j["val_loss"].get<double>());
+      } catch (const nlohmann::json::exception&) {  // a line that is not ours: dropped
+      }
+    }
+    metrics = kept;
+    if (!o.metrics.empty()) write_file_atomic(o.metrics, metrics);
+  };
+  // A resumed run continues the file it finds.
+  if (!o.metrics.empty() && !c.resume.empty() && std::filesystem::exists(o.metrics)) {
+    metrics = read_file(o.metrics);
+    truncate_after(t.steps_done());
+  }
   auto record = [&](const nlohmann::json& j) {
     if (o.json) std::printf("%s\n", j.dump().c_str());
     if (j.contains("loss"))
@@ -132,6 +154,10 @@ void run(train::TrainConfig c, const Options& o) {
   double first = NAN, last = NAN, ema_tps = 0;
   while (t.steps_done() < c.steps) {
     const train::StepMetrics m = t.step();
+    // Rolled back: the lines of the steps to redo go first, then the
+    // actions that say why.
+    const bool rolled_back = t.steps_done() < m.step;
+    if (rolled_back) truncate_after(t.steps_done());
     for (const std::string& a : m.actions) {
       if (!o.json) std::printf("%s\n", a.c_str());
       record({{"step", m.step}, {"action", a}});
@@ -170,7 +196,7 @@ void run(train::TrainConfig c, const Options& o) {
             static_cast<long long>(total.nonfinite), std::log2(total.scale_min),
             std::log2(total.scale_max));
     }
-    if (t.steps_done() < m.step) continue;  // rolled back
+    if (rolled_back) continue;
     if (std::isnan(first)) first = m.loss;
     last = m.loss;
     const double tps = tokens / (m.wall_ms / 1e3);

@@ -314,11 +314,13 @@ tt="--text $DATA/tinyshakespeare.txt --layers 1 --batch 2 --seq 64 --cores 2 --s
 run train $tt
 cp "$tmp/out" "$tmp/full.jsonl"
 # shellcheck disable=SC2086
-run train $tt --ckpt-dir "$tmp/ck" --ckpt-every 2 --inject kill@5
+run train $tt --ckpt-dir "$tmp/ck" --ckpt-every 2 --inject kill@5 --metrics "$tmp/km.csv"
 if [ $rc -eq 137 ] && [ -s "$tmp/ck/step-00000004.ckpt" ]; then ok; else bad "kill@5 exited $rc: $(ls "$tmp/ck")"; fi
 # shellcheck disable=SC2086
-run train $tt --ckpt-dir "$tmp/ck" --ckpt-every 2 --resume "$tmp/ck"
+run train $tt --ckpt-dir "$tmp/ck" --ckpt-every 2 --resume "$tmp/ck" --metrics "$tmp/km.csv"
 cp "$tmp/out" "$tmp/resumed.jsonl"
+# The metrics file continues: steps 1-4 from the killed run, 5-6 redone, once each.
+if [ "$(grep -v '^step' "$tmp/km.csv" | awk -F, '$2 != ""' | cut -d, -f1 | tr '\n' ' ')" = "1 2 3 4 5 6 " ]; then ok; else bad "resumed metrics: $(cat "$tmp/km.csv")"; fi
 losses='import json,sys
 def l(f): return {j["step"]: j["loss"] for j in map(json.loads, open(f)) if "loss" in j}
 a, b = l(sys.argv[1]), l(sys.argv[2])
