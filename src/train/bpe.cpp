@@ -95,7 +95,8 @@ Gpt2Bpe::Gpt2Bpe(std::map<std::string, int> encoder,
     decoder_[static_cast<std::size_t>(id)] = tok;
   }
   for (std::size_t i = 0; i < merges.size(); ++i)
-    ranks_.emplace(std::move(merges[i]), static_cast<int>(i));
+    ranks_[std::move(merges[i])] = static_cast<int>(i);  // a repeated pair: the last rank, as
+                                                         // encoder.py's dict(zip(...))
 }
 
 Gpt2Bpe Gpt2Bpe::from_files(const std::filesystem::path& encoder_json,
