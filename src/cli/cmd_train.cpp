@@ -263,8 +263,8 @@ void add_train_command(CLI::App& app) {
   auto o = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand(
       "train",
-      "Train a GPT-2- or Llama-style model on char-level text on a simulated chip "
-      "(docs/train.md)");
+      "Train a GPT-2- or Llama-style model on text (char or GPT-2 BPE tokens) on a simulated "
+      "chip (docs/train.md)");
   cmd->add_option("--config", o->config,
                   "A TOML file of settings (docs/train.md); flags given here override it");
   cmd->add_option("--text", c->text, "Training text (char tokenizer)")->capture_default_str();
@@ -385,8 +385,9 @@ void add_sample_command(CLI::App& app) {
       "sample", "Generate text from a training checkpoint on the simulated chip (docs/train.md)");
   cmd->add_option("--ckpt", o->ckpt, "A checkpoint file, or a directory (its newest good one)")
       ->required();
-  cmd->add_option("--prompt", o->prompt, "Text to continue")->capture_default_str();
-  cmd->add_option("--tokens", o->tokens, "Characters to generate")->capture_default_str();
+  cmd->add_option("--prompt", o->prompt, "Text to continue (default: a line break)");
+  cmd->add_option("--tokens", o->tokens, "Tokens (characters, for the char tokenizer) to generate")
+      ->capture_default_str();
   cmd->add_option("--temperature", o->temperature, "Sampling temperature (0: greedy)")
       ->capture_default_str();
   cmd->add_option("--seed", o->seed, "Sampling seed")->capture_default_str();
