@@ -180,7 +180,9 @@ StepResult Session::step(const std::map<std::string, std::vector<float>>& feeds,
   // Buffers outside the graph's values that launches pass on (by name).
   std::map<std::string, std::vector<std::uint8_t>> temps;
   for (const graph::Launch& l : exe_->launches) {
-    sim_.load(l.program);
+    // The executable's own program (no copy); its rule checks ran on the
+    // first step.
+    sim_.load_shared(std::shared_ptr<const isa::Program>(exe_, &l.program), steps_ > 0);
     for (const auto& [tensor, value] : l.constants) {
       const isa::HbmTensor& t = l.program.tensor(tensor);
       sim_.write(tensor, std::vector<float>(static_cast<std::size_t>(t.elements()), value));

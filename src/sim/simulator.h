@@ -11,6 +11,7 @@
 #include <array>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -79,6 +80,10 @@ class Simulator {
   // Checks the program against the chip (core count, semaphores, tensors)
   // and allocates its HBM tensors (zeroed, marked never-written).
   void load(const isa::Program& p);
+  // The same without copying the program: it stays the caller's and must
+  // outlive the runs (a runtime Session's executable). `checked`: the caller
+  // loaded this very program before, so its rule checks passed already.
+  void load_shared(std::shared_ptr<const isa::Program> p, bool checked = false);
 
   // Input data: values are encoded into the tensor's dtype (RNE).
   void write(const std::string& tensor, std::span<const float> values);
@@ -94,7 +99,7 @@ class Simulator {
  private:
   struct Impl;
   arch::ChipSpec chip_;
-  isa::Program program_;
+  std::shared_ptr<const isa::Program> program_;
   Hbm hbm_;
   std::vector<Sram> sbuf_, psum_;
   // Written flags: a byte was written by the loaded program when its flag
