@@ -47,8 +47,8 @@ TEST(Bpe, MergesInRankOrder) {
   using V = std::vector<std::uint16_t>;
   EXPECT_EQ(t.encode("hello"), (V{258, 'o'}));  // he, ll, then hell
   EXPECT_EQ(t.encode("hello world"), (V{258, 'o', 259, 'o', 'r', 'l', 'd'}));
-  for (const std::string& s : std::vector<std::string>{"hello world", "héllo\twörld\n\n  x €",
-                                                       std::string("\0a", 2)})
+  for (const std::string& s :
+       std::vector<std::string>{"hello world", "héllo\twörld\n\n  x €", std::string("\0a", 2)})
     EXPECT_EQ(t.decode(t.encode(s)), s);
   EXPECT_THROW(t.decode(V{260}), Error);
 }
