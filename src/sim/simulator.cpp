@@ -18,6 +18,32 @@
 
 namespace tern::sim {
 
+namespace {
+// An allocator that leaves new floats uninitialized: the functional model's
+// row buffers are written in full before they are read, and zero-filling
+// them was a tenth of a training step.
+template <typename T>
+struct NoInit : std::allocator<T> {
+  using value_type = T;
+  template <typename U>
+  struct rebind {
+    using other = NoInit<U>;
+  };
+  NoInit() = default;
+  template <typename U>
+  NoInit(const NoInit<U>&) {}
+  template <typename U, typename... Args>
+  void construct(U* p, Args&&... args) {
+    if constexpr (sizeof...(Args) == 0) {
+      ::new (static_cast<void*>(p)) U;
+    } else {
+      ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+    }
+  }
+};
+using Floats = std::vector<float, NoInit<float>>;
+}  // namespace
+
 using isa::AccessPattern;
 using isa::DType;
 using isa::Engine;
@@ -142,7 +168,7 @@ struct Simulator::Impl {
     int k = 0, m = 0;  // contraction (4x partitions for MX, 2x for double row) and columns
     bool mx = false, double_row = false;
     DType dtype = DType::bf16;
-    std::vector<float> w;  // [k][m]
+    Floats w;  // [k][m]
     bool loaded = false;
   };
   std::vector<Stationary> stationary;
@@ -158,36 +184,8 @@ struct Simulator::Impl {
 
   Sram& sram(int core, Mem m) { return m == Mem::sbuf ? s.sbuf_[core] : s.psum_[core]; }
 
-  // Byte offsets of the free elements (AccessPattern::element_offset of
-  // each, row-major), walked like an odometer: no division per element.
-  static std::vector<std::int64_t> free_offsets(const AccessPattern& ap) {
-    std::vector<std::int64_t> offs(static_cast<std::size_t>(ap.free_size()));
-    if (offs.empty()) return offs;
-    const std::size_t first = ap.mem == Mem::hbm ? 1 : 0;
-    const std::int64_t sz = isa::size_bytes(ap.dtype);
-    const std::int64_t base = ap.mem == Mem::hbm ? 0 : ap.offset;
-    if (ap.dims.size() <= first) {
-      offs[0] = base;
-      return offs;
-    }
-    const std::size_t last = ap.dims.size() - 1;
-    const std::int64_t inner = ap.dims[last].count, step = ap.dims[last].stride * sz;
-    std::int64_t idx[kMaxDims] = {};
-    std::int64_t outer = base;  // offset of the current innermost run's start
-    std::size_t i = 0;
-    while (i < offs.size()) {
-      for (std::int64_t k = 0; k < inner; ++k) offs[i++] = outer + k * step;
-      // Advance the outer dims (last - 1 down to first).
-      for (std::size_t d = last; d-- > first;) {
-        outer += ap.dims[d].stride * sz;
-        if (++idx[d] < ap.dims[d].count) break;
-        outer -= ap.dims[d].stride * sz * ap.dims[d].count;
-        idx[d] = 0;
-      }
-    }
-    return offs;
-  }
-  static constexpr std::size_t kMaxDims = isa::kMaxFreeDims + 2;
+  // The byte offsets of an operand's free elements (cached by shape).
+  const Walk& walk(const AccessPattern& ap) { return s.walks_->get(ap); }
 
   // Row r of an operand: (data base, written-flags base).
   std::pair<std::uint8_t*, std::uint8_t*> row(int core, const AccessPattern& ap, int r) {
@@ -207,9 +205,6 @@ struct Simulator::Impl {
             m.tracks_written() ? m.written_row(ap.start_partition + r) : nullptr};
   }
 
-  // Whether the free offsets are one contiguous run of elements.
-  static bool contiguous(const std::vector<std::int64_t>& offs, int sz) { return is_run(offs, sz); }
-
   [[noreturn]] static void uninitialized(const char* what, const AccessPattern& ap, int r,
                                          std::int64_t byte) {
     throw Error(
@@ -218,59 +213,82 @@ struct Simulator::Impl {
                     byte, isa::to_string(ap)));
   }
 
-  std::vector<float> read(int core, const AccessPattern& ap, const char* what) {
-    const auto offs = free_offsets(ap);
+  // Row r of `ap` was written at the walk's elements. A strided walk checks
+  // the bytes it spans first (one memcmp); only when a gap in that span is
+  // unwritten are the elements checked one by one, so the error names the
+  // first unwritten element read, as before.
+  void check_written(const std::uint8_t* written, const AccessPattern& ap, int r, const Walk& w,
+                     const char* what) {
+    if (!written || w.offs.empty()) return;
+    const std::uint8_t m = s.mark_;
+    if (w.run) {
+      if (const void* z = find_unwritten(written + w.lo, static_cast<std::size_t>(w.hi - w.lo), m))
+        uninitialized(what, ap, r, static_cast<const std::uint8_t*>(z) - written);
+      return;
+    }
+    if (!find_unwritten(written + w.lo, static_cast<std::size_t>(w.hi - w.lo), m)) return;
+    for (auto o : w.offs)
+      for (int b = 0; b < w.size; ++b)
+        if (written[o + b] != m) uninitialized(what, ap, r, o + b);
+  }
+
+  void mark_written(std::uint8_t* written, const Walk& w) {
+    if (!written || w.offs.empty()) return;
+    const std::uint8_t m = s.mark_;
+    if (w.run) {
+      std::memset(written + w.lo, m, static_cast<std::size_t>(w.hi - w.lo));
+      return;
+    }
+    // Element by element (sizes 1 to 4: a call to memset each costs more).
+    switch (w.size) {
+      case 1:
+        for (auto o : w.offs) written[o] = m;
+        return;
+      case 2: {
+        const std::uint16_t v = static_cast<std::uint16_t>(m * 0x0101u);
+        for (auto o : w.offs) std::memcpy(written + o, &v, 2);
+        return;
+      }
+      case 4: {
+        const std::uint32_t v = m * 0x01010101u;
+        for (auto o : w.offs) std::memcpy(written + o, &v, 4);
+        return;
+      }
+      default:
+        for (auto o : w.offs)
+          for (int b = 0; b < w.size; ++b) written[o + b] = m;
+    }
+  }
+
+  Floats read(int core, const AccessPattern& ap, const char* what) {
+    const Walk& w = walk(ap);
     const int rows = ap.rows();
-    const int sz = isa::size_bytes(ap.dtype);
-    const bool run = contiguous(offs, sz);
-    std::vector<float> v(static_cast<std::size_t>(rows) * offs.size());
+    const std::size_t n = w.offs.size();
+    Floats v(static_cast<std::size_t>(rows) * n);
     for (int r = 0; r < rows; ++r) {
       auto [base, written] = row(core, ap, r);
-      if (written) {
-        if (run) {
-          const std::size_t len = offs.size() * static_cast<std::size_t>(sz);
-          if (const void* z = find_unwritten(written + offs.front(), len, s.mark_)) {
-            uninitialized(what, ap, r, static_cast<const std::uint8_t*>(z) - written);
-          }
-        } else {
-          for (std::size_t i = 0; i < offs.size(); ++i)
-            for (int b = 0; b < sz; ++b)
-              if (written[offs[i] + b] != s.mark_) uninitialized(what, ap, r, offs[i] + b);
-        }
-      }
-      float* out = v.data() + static_cast<std::size_t>(r) * offs.size();
-      if (run && ap.dtype == DType::fp32) {
-        std::memcpy(out, base + offs.front(), offs.size() * sizeof(float));
-      } else {
-        decode_row(ap.dtype, base, offs, out, run ? 1 : 0);
-      }
+      check_written(written, ap, r, w, what);
+      decode_row(ap.dtype, base, w.offs, v.data() + static_cast<std::size_t>(r) * n, w.run);
     }
     return v;
   }
 
-  void write(int core, const AccessPattern& ap, const std::vector<float>& v) {
-    const auto offs = free_offsets(ap);
-    const int sz = isa::size_bytes(ap.dtype);
-    const bool run = contiguous(offs, sz);
+  void write(int core, const AccessPattern& ap, const Floats& v) {
+    const Walk& w = walk(ap);
+    const std::size_t n = w.offs.size();
     num::CastOptions co;
     co.rounding = opt.stochastic_rounding ? num::Rounding::stochastic : num::Rounding::nearest_even;
     co.seed = opt.seed;
     for (int r = 0; r < ap.rows(); ++r) {
       auto [base, written] = row(core, ap, r);
-      const float* in = v.data() + static_cast<std::size_t>(r) * offs.size();
-      if (run && ap.dtype == DType::fp32) {
-        std::memcpy(base + offs.front(), in, offs.size() * sizeof(float));
+      const float* in = v.data() + static_cast<std::size_t>(r) * n;
+      if (w.run && ap.dtype == DType::fp32) {
+        std::memcpy(base + w.lo, in, n * sizeof(float));
       } else {
-        encode_row(ap.dtype, in, offs, base, co,
-                   (serial << 24) + static_cast<std::uint64_t>(r) * offs.size());
+        encode_row(ap.dtype, in, w.offs, base, co,
+                   (serial << 24) + static_cast<std::uint64_t>(r) * n);
       }
-      if (written) {
-        if (run) {
-          std::memset(written + offs.front(), s.mark_, offs.size() * static_cast<std::size_t>(sz));
-        } else {
-          for (auto o : offs) std::memset(written + o, s.mark_, static_cast<std::size_t>(sz));
-        }
-      }
+      mark_written(written, w);
     }
   }
 
@@ -285,12 +303,12 @@ struct Simulator::Impl {
 
   // Integer tensors as exact 64-bit integers (no FP32 detour).
   std::vector<std::int64_t> read_int(int core, const AccessPattern& ap, const char* what) {
-    const auto offs = free_offsets(ap);
-    const int run = contiguous(offs, isa::size_bytes(ap.dtype)) ? 1 : 0;
+    const Walk& w = walk(ap);
+    const auto& offs = w.offs;
     std::vector<std::int64_t> v(static_cast<std::size_t>(ap.rows()) * offs.size());
     for (int r = 0; r < ap.rows(); ++r) {
       auto [base, written] = row(core, ap, r);
-      check_written(written, ap, r, offs, what, run);
+      check_written(written, ap, r, w, what);
       for (std::size_t i = 0; i < offs.size(); ++i) {
         const std::uint8_t* q = base + offs[i];
         std::int64_t x = 0;
@@ -334,70 +352,30 @@ struct Simulator::Impl {
 
   // Stores the low bits of each value (two's complement wrap-around).
   void write_int(int core, const AccessPattern& ap, const std::vector<std::int64_t>& v) {
-    const auto offs = free_offsets(ap);
-    const int sz = isa::size_bytes(ap.dtype);
+    const Walk& w = walk(ap);
+    const auto& offs = w.offs;
     for (int r = 0; r < ap.rows(); ++r) {
       auto [base, written] = row(core, ap, r);
       for (std::size_t i = 0; i < offs.size(); ++i) {
         const auto x = static_cast<std::uint64_t>(v[static_cast<std::size_t>(r) * offs.size() + i]);
         std::memcpy(base + offs[i], &x,
-                    static_cast<std::size_t>(sz));  // little endian: the low bytes
+                    static_cast<std::size_t>(w.size));  // little endian: the low bytes
       }
-      mark_written(written, offs, sz);
+      mark_written(written, w);
     }
   }
 
   // A double-row operand [P, 2F] (rows k < P in columns [0, F), rows P + k in
   // [F, 2F)) as the logical [2P, F] matrix.
-  static std::vector<float> unfold_rows(const std::vector<float>& v, int p) {
+  static Floats unfold_rows(const Floats& v, int p) {
     const std::size_t f2 = v.size() / static_cast<std::size_t>(p), f = f2 / 2;
-    std::vector<float> out(v.size());
+    Floats out(v.size());
     for (std::size_t r = 0; r < static_cast<std::size_t>(p); ++r)
       for (std::size_t h = 0; h < 2; ++h)
         std::copy_n(
             v.begin() + static_cast<std::ptrdiff_t>(r * f2 + h * f), f,
             out.begin() + static_cast<std::ptrdiff_t>((h * static_cast<std::size_t>(p) + r) * f));
     return out;
-  }
-
-  // Checks that row r of `ap` was written at the given element offsets.
-  // `run`: whether offs is one run (1 / 0) when the caller knows (rows
-  // repeat the offsets), -1: checked here.
-  void check_written(const std::uint8_t* written, const AccessPattern& ap, int r,
-                     const std::vector<std::int64_t>& offs, const char* what, int run = -1) {
-    if (!written) return;
-    const int sz = isa::size_bytes(ap.dtype);
-    if (run < 0 ? contiguous(offs, sz) : run == 1) {
-      const std::size_t len = offs.size() * static_cast<std::size_t>(sz);
-      if (const void* z = find_unwritten(written + offs.front(), len, s.mark_)) {
-        uninitialized(what, ap, r, static_cast<const std::uint8_t*>(z) - written);
-      }
-      return;
-    }
-    for (auto o : offs)
-      for (int b = 0; b < sz; ++b)
-        if (written[o + b] != s.mark_) uninitialized(what, ap, r, o + b);
-  }
-
-  void mark_written(std::uint8_t* written, const std::vector<std::int64_t>& offs, int sz) {
-    if (!written) return;
-    // Element by element (sizes 1 to 4: a call to memset each costs more).
-    const std::uint8_t m = s.mark_;
-    switch (sz) {
-      case 2: {
-        const std::uint16_t w = static_cast<std::uint16_t>(m * 0x0101u);
-        for (auto o : offs) std::memcpy(written + o, &w, 2);
-        return;
-      }
-      case 4: {
-        const std::uint32_t w = m * 0x01010101u;
-        for (auto o : offs) std::memcpy(written + o, &w, 4);
-        return;
-      }
-      default:
-        for (auto o : offs)
-          for (int b = 0; b < sz; ++b) written[o + b] = m;
-    }
   }
 
   // Element i of `sz` bytes from s + so[i] to d + do_[i]: a fixed-size copy
@@ -425,21 +403,20 @@ struct Simulator::Impl {
 
   // Same-type DMA: element bytes move unchanged (NaN payloads, x4 packing).
   void copy_bytes(int core, const AccessPattern& dst, const AccessPattern& src) {
-    const auto so = free_offsets(src), dof = free_offsets(dst);
-    const int sz = isa::size_bytes(src.dtype);
-    const bool src_run = contiguous(so, sz), runs = src_run && contiguous(dof, sz);
-    const std::size_t len = so.size() * static_cast<std::size_t>(sz);
+    const Walk& sw_ = walk(src);
+    const Walk& dw_ = walk(dst);
+    const bool runs = sw_.run && dw_.run;
+    const std::size_t len = static_cast<std::size_t>(sw_.hi - sw_.lo);
     for (int r = 0; r < src.rows(); ++r) {
       auto [sb, sw] = row(core, src, r);
-      check_written(sw, src, r, so, "the DMA source", src_run ? 1 : 0);
+      check_written(sw, src, r, sw_, "the DMA source");
       auto [db, dw] = row(core, dst, r);
       if (runs) {  // one block per row
-        std::memcpy(db + dof.front(), sb + so.front(), len);
-        if (dw) std::memset(dw + dof.front(), s.mark_, len);
-        continue;
+        if (len) std::memcpy(db + dw_.lo, sb + sw_.lo, len);
+      } else {
+        gather(db, dw_.offs.data(), sb, sw_.offs.data(), sw_.offs.size(), sw_.size);
       }
-      gather(db, dof.data(), sb, so.data(), so.size(), sz);
-      mark_written(dw, dof, sz);
+      mark_written(dw, dw_);
     }
   }
 
@@ -447,36 +424,30 @@ struct Simulator::Impl {
   // [4P, F] FP32 matrix X * P (contraction index 4p + j for packed value j).
   // Each value is rounded once to FP32 (exact within FP32's normal range);
   // a NaN scale (0xFF) gives NaN.
-  std::vector<float> read_mx(int core, const AccessPattern& data, const AccessPattern& scale,
-                             const char* what) {
-    const num::Format& ef = *isa::x4_element(data.dtype);
+  Floats read_mx(int core, const AccessPattern& data, const AccessPattern& scale,
+                 const char* what) {
     const bool fp4 = data.dtype == DType::fp4_e2m1_x4;
-    float lut[256];
-    for (std::uint32_t c = 0; c < 256; ++c) lut[c] = num::decode(ef, c);
-    const auto doffs = free_offsets(data), soffs = free_offsets(scale);
+    const Walk& dwk = walk(data);
+    const Walk& swk = walk(scale);
+    const auto& doffs = dwk.offs;
+    const auto& soffs = swk.offs;
     const std::size_t F = doffs.size();
-    const int drun = contiguous(doffs, isa::size_bytes(data.dtype)) ? 1 : 0;
-    const int srun = contiguous(soffs, isa::size_bytes(scale.dtype)) ? 1 : 0;
-    std::vector<float> out(static_cast<std::size_t>(data.partitions) * 4 * F);
+    Floats out(static_cast<std::size_t>(data.partitions) * 4 * F);
     for (int p = 0; p < data.partitions; ++p) {
       auto [db, dw] = row(core, data, p);
-      check_written(dw, data, p, doffs, what, drun);
+      check_written(dw, data, p, dwk, what);
       auto [sb, sw] = row(core, scale, p / 8);
-      if (p % 8 == 0) check_written(sw, scale, p / 8, soffs, what, srun);
+      if (p % 8 == 0) check_written(sw, scale, p / 8, swk, what);
+      float* o = out.data() + static_cast<std::size_t>(p) * 4 * F;
       for (std::size_t f = 0; f < F; ++f) {
-        const std::uint8_t xs = sb[soffs[f]];
-        for (int j = 0; j < 4; ++j) {
-          std::uint32_t code;
-          if (fp4) {
-            std::uint16_t w;
-            std::memcpy(&w, db + doffs[f], 2);
-            code = (w >> (4 * j)) & 0xFu;
-          } else {
-            code = db[doffs[f] + j];
-          }
-          out[(static_cast<std::size_t>(p) * 4 + j) * F + f] =
-              xs == 0xFF ? std::numeric_limits<float>::quiet_NaN()
-                         : num::times_pow2(lut[code], int(xs) - 127);
+        const float* lut = scaled_lut(data.dtype, sb[soffs[f]]);
+        if (fp4) {
+          std::uint16_t w;
+          std::memcpy(&w, db + doffs[f], 2);
+          for (int j = 0; j < 4; ++j) o[j * F + f] = lut[(w >> (4 * j)) & 0xFu];
+        } else {
+          const std::uint8_t* q = db + doffs[f];
+          for (int j = 0; j < 4; ++j) o[j * F + f] = lut[q[j]];
         }
       }
     }
@@ -489,15 +460,16 @@ struct Simulator::Impl {
     const AccessPattern& d = in.operands[0];
     const AccessPattern& sc = in.operands[1];
     const AccessPattern& src = in.operands[2];
-    const std::vector<float> x = read(core, src, "the quantize_mx source");
+    const Floats x = read(core, src, "the quantize_mx source");
     const std::size_t F = static_cast<std::size_t>(src.free_size()), C = F / 4;
     const std::size_t groups = static_cast<std::size_t>(src.partitions) / 8;
-    std::vector<float> blocks(groups * C * num::kMxBlock);
+    Floats blocks(groups * C * num::kMxBlock);
     for (std::size_t g = 0; g < groups; ++g)
-      for (std::size_t c = 0; c < C; ++c)
-        for (std::size_t pp = 0; pp < 8; ++pp)
-          for (std::size_t j = 0; j < 4; ++j)
-            blocks[(g * C + c) * num::kMxBlock + 4 * pp + j] = x[(8 * g + pp) * F + 4 * c + j];
+      for (std::size_t pp = 0; pp < 8; ++pp) {
+        const float* xr = x.data() + (8 * g + pp) * F;
+        float* br = blocks.data() + g * C * num::kMxBlock + 4 * pp;
+        for (std::size_t c = 0; c < C; ++c) std::memcpy(br + c * num::kMxBlock, xr + 4 * c, 16);
+      }
     std::vector<std::uint8_t> codes(blocks.size()), scales(groups * C);
     num::CastOptions co;
     co.rounding = opt.stochastic_rounding ? num::Rounding::stochastic : num::Rounding::nearest_even;
@@ -505,18 +477,43 @@ struct Simulator::Impl {
     const num::MxFormat& mf = num::mx_format(d.dtype == DType::fp8_e4m3_x4 ? num::MxId::mxfp8_e4m3
                                                                            : num::MxId::mxfp8_e5m2);
     num::mx_quantize(mf, num::ScalePolicy::trn3, blocks, codes, scales, co, serial << 24);
-    const auto doffs = free_offsets(d), soffs = free_offsets(sc);
+    const Walk& dwk = walk(d);
+    const Walk& swk = walk(sc);
     for (std::size_t g = 0; g < groups; ++g) {
       auto [sb, sw] = row(core, sc, static_cast<int>(g));
-      for (std::size_t c = 0; c < C; ++c) sb[soffs[c]] = scales[g * C + c];
-      mark_written(sw, soffs, 1);
+      for (std::size_t c = 0; c < C; ++c) sb[swk.offs[c]] = scales[g * C + c];
+      mark_written(sw, swk);
       for (std::size_t pp = 0; pp < 8; ++pp) {
         auto [db, dw] = row(core, d, static_cast<int>(8 * g + pp));
         for (std::size_t c = 0; c < C; ++c)
-          std::memcpy(db + doffs[c], &codes[(g * C + c) * num::kMxBlock + 4 * pp], 4);
-        mark_written(dw, doffs, 4);
+          std::memcpy(db + dwk.offs[c], &codes[(g * C + c) * num::kMxBlock + 4 * pp], 4);
+        mark_written(dw, dwk);
       }
     }
+  }
+
+  // Decoded x4 element codes times 2^(scale - 127), by E8M0 scale code:
+  // a row is filled the first time its scale shows up (runs use few), each
+  // entry exactly what times_pow2 gives; scale 0xFF (NaN) gives NaN. A pure
+  // function of (dtype, scale, code), so the tables live as long as the
+  // thread.
+  static const float* scaled_lut(DType t, std::uint8_t xs) {
+    struct Lut {
+      std::vector<float> table;  // [256 scales][256 codes]
+      std::array<bool, 256> filled{};
+    };
+    static thread_local std::array<Lut, static_cast<std::size_t>(DType::count_)> luts;
+    Lut& l = luts[static_cast<std::size_t>(t)];
+    if (l.table.empty()) l.table.resize(256 * 256);
+    float* row = l.table.data() + std::size_t{xs} * 256;
+    if (!l.filled[xs]) {
+      const num::Format& ef = *isa::x4_element(t);
+      for (std::uint32_t c = 0; c < 256; ++c)
+        row[c] = xs == 0xFF ? std::numeric_limits<float>::quiet_NaN()
+                            : num::times_pow2(num::decode(ef, c & ef.code_mask()), int(xs) - 127);
+      l.filled[xs] = true;
+    }
+    return row;
   }
 
   void execute(int core, const Instruction& in) {
@@ -529,9 +526,9 @@ struct Simulator::Impl {
           copy_bytes(core, d, ops[1]);  // same type: the bytes move unchanged
           break;
         }
-        std::vector<float> v = read(core, ops[1], "the DMA source");
+        Floats v = read(core, ops[1], "the DMA source");
         if (in.accumulate) {
-          const std::vector<float> old = read(core, d, "the DMA accumulate destination");
+          const Floats old = read(core, d, "the DMA accumulate destination");
           for (std::size_t i = 0; i < v.size(); ++i) v[i] += old[i];
         }
         write(core, d, v);
@@ -549,17 +546,17 @@ struct Simulator::Impl {
       case Opcode::multiply_moving: {
         const Stationary& st = stationary[core];
         const AccessPattern& mv = ops[1];
-        std::vector<float> m = ops.size() == 3 ? read_mx(core, mv, ops[2], "the MX moving tensor")
-                                               : read(core, mv, "the moving tensor");
+        Floats m = ops.size() == 3 ? read_mx(core, mv, ops[2], "the MX moving tensor")
+                                   : read(core, mv, "the moving tensor");
         const bool dr = in.perf == isa::PerfMode::double_row;
         if (dr) m = unfold_rows(m, mv.partitions);
         const int n = static_cast<int>(mv.free_size()) / (dr ? 2 : 1);
         const bool fp32 = st.dtype == DType::fp32 || mv.dtype == DType::fp32;
-        const auto offs = free_offsets(d);
-        if (d.dtype == DType::fp32 && contiguous(offs, 4)) {
+        const Walk& dwk = walk(d);
+        if (d.dtype == DType::fp32 && dwk.run && !dwk.offs.empty()) {
           // FP32 PSUM: accumulate in place, one partition per output row.
           Sram& ps = sram(core, Mem::psum);
-          const std::int64_t first = offs.front();
+          const std::int64_t first = dwk.lo;
           for (int r = 0; r < d.partitions; ++r) {
             std::uint8_t* w = ps.written_row(d.start_partition + r) + first;
             if (in.accumulate) {
@@ -582,7 +579,7 @@ struct Simulator::Impl {
           break;
         }
         // BF16 PSUM (v4): read, upcast, accumulate in FP32, round back once.
-        std::vector<float> acc;
+        Floats acc;
         if (in.accumulate) {
           acc = read(core, d, "accumulate=True onto PSUM");
         } else {
@@ -594,9 +591,9 @@ struct Simulator::Impl {
       }
       case Opcode::transpose: {
         const AccessPattern& src = ops[1];
-        const std::vector<float> v = read(core, src, "the transpose source");
+        const Floats v = read(core, src, "the transpose source");
         const int p = src.partitions, f = static_cast<int>(src.free_size());
-        std::vector<float> t(v.size());
+        Floats t(v.size());
         for (int i = 0; i < p; ++i)
           for (int j = 0; j < f; ++j)
             t[static_cast<std::size_t>(j) * p + i] = v[static_cast<std::size_t>(i) * f + j];
@@ -613,8 +610,8 @@ struct Simulator::Impl {
           write_int(core, d, a);
           break;
         }
-        std::vector<float> a = read(core, ops[1], "input a");
-        const std::vector<float> b = read(core, ops[2], "input b");
+        Floats a = read(core, ops[1], "input a");
+        const Floats b = read(core, ops[2], "input b");
         for (std::size_t i = 0; i < a.size(); ++i) a[i] = isa::apply_alu(in.alu0, a[i], b[i]);
         write(core, d, a);
         break;
@@ -630,14 +627,12 @@ struct Simulator::Impl {
           write_int(core, d, a);
           break;
         }
-        std::vector<float> a = read(core, ops[1], "the source");
+        Floats a = read(core, ops[1], "the source");
         if (in.col0 || in.col1) {
           // Per-partition operands: row r uses column[r].
           std::size_t next = 2;
-          const std::vector<float> c0 =
-              in.col0 ? read(core, ops[next++], "column 0") : std::vector<float>{};
-          const std::vector<float> c1 =
-              in.col1 ? read(core, ops[next++], "column 1") : std::vector<float>{};
+          const Floats c0 = in.col0 ? read(core, ops[next++], "column 0") : Floats{};
+          const Floats c1 = in.col1 ? read(core, ops[next++], "column 1") : Floats{};
           const std::size_t f = static_cast<std::size_t>(d.free_size());
           for (std::size_t r = 0; r < static_cast<std::size_t>(d.rows()); ++r) {
             const float v0 = in.col0 ? c0[r] : in.imm0, v1 = in.col1 ? c1[r] : in.imm1;
@@ -661,9 +656,9 @@ struct Simulator::Impl {
         write(core, d, read(core, ops[1], "the source"));
         break;
       case Opcode::tensor_reduce: {
-        const std::vector<float> a = read(core, ops[1], "the source");
+        const Floats a = read(core, ops[1], "the source");
         const std::size_t f = static_cast<std::size_t>(ops[1].free_size());
-        std::vector<float> out(static_cast<std::size_t>(d.rows()));
+        Floats out(static_cast<std::size_t>(d.rows()));
         for (std::size_t r = 0; r < out.size(); ++r) {
           float acc = a[r * f];
           for (std::size_t i = 1; i < f; ++i) acc = isa::apply_alu(in.alu0, acc, a[r * f + i]);
@@ -673,16 +668,16 @@ struct Simulator::Impl {
         break;
       }
       case Opcode::memset:
-        write(core, d, std::vector<float>(static_cast<std::size_t>(d.elements()), in.imm0));
+        write(core, d, Floats(static_cast<std::size_t>(d.elements()), in.imm0));
         break;
       case Opcode::activation: {
-        std::vector<float> a = read(core, ops[1], "the source");
+        Floats a = read(core, ops[1], "the source");
         const std::size_t f = static_cast<std::size_t>(d.free_size());
         const int nops = static_cast<int>(ops.size());
         const bool has_bias = nops - (in.accumulate ? 1 : 0) > 2;
-        std::vector<float> bias;
+        Floats bias;
         if (has_bias) bias = read(core, ops[2], "the bias");
-        std::vector<float> sums(static_cast<std::size_t>(d.rows()), 0.0f);
+        Floats sums(static_cast<std::size_t>(d.rows()), 0.0f);
         for (std::size_t r = 0; r < sums.size(); ++r) {
           const float b = has_bias ? bias[r] : 0.0f;
           for (std::size_t i = 0; i < f; ++i) {
@@ -696,7 +691,7 @@ struct Simulator::Impl {
         break;
       }
       case Opcode::iota: {
-        std::vector<float> v(static_cast<std::size_t>(d.elements()));
+        Floats v(static_cast<std::size_t>(d.elements()));
         const std::size_t f = static_cast<std::size_t>(d.free_size());
         for (std::size_t r = 0; r < static_cast<std::size_t>(d.rows()); ++r)
           for (std::size_t i = 0; i < f; ++i)
@@ -706,7 +701,7 @@ struct Simulator::Impl {
         break;
       }
       case Opcode::reciprocal: {
-        std::vector<float> a = read(core, ops[1], "the source");
+        Floats a = read(core, ops[1], "the source");
         for (float& x : a) x = 1.0f / x;
         write(core, d, a);
         break;
@@ -714,9 +709,9 @@ struct Simulator::Impl {
       case Opcode::bn_stats: {
         // Per partition, for the even- and the odd-indexed elements: count,
         // mean and M2 = sum (x - mean)^2, each summed in FP32 in index order.
-        const std::vector<float> a = read(core, ops[1], "the source");
+        const Floats a = read(core, ops[1], "the source");
         const std::size_t f = static_cast<std::size_t>(ops[1].free_size());
-        std::vector<float> out(static_cast<std::size_t>(d.rows()) * 6);
+        Floats out(static_cast<std::size_t>(d.rows()) * 6);
         for (std::size_t r = 0; r < static_cast<std::size_t>(d.rows()); ++r)
           isa::bn_stats_row(a.data() + r * f, f, out.data() + r * 6);
         write(core, d, out);
@@ -725,40 +720,39 @@ struct Simulator::Impl {
       case Opcode::bn_aggr: {
         // Chan et al.'s pairwise combination of (count, mean, M2) groups in
         // order, in FP32; variance = M2 / count (population variance).
-        const std::vector<float> a = read(core, ops[1], "the bn_stats input");
+        const Floats a = read(core, ops[1], "the bn_stats input");
         const std::size_t f = static_cast<std::size_t>(ops[1].free_size());
-        std::vector<float> out(static_cast<std::size_t>(d.rows()) * 2);
+        Floats out(static_cast<std::size_t>(d.rows()) * 2);
         for (std::size_t r = 0; r < static_cast<std::size_t>(d.rows()); ++r)
           isa::bn_aggr_row(a.data() + r * f, f / 3, out.data() + r * 2);
         write(core, d, out);
         break;
       }
       case Opcode::select: {
-        const std::vector<float> pred = read(core, ops[1], "the predicate");
-        std::vector<float> a = read(core, ops[2], "input a");
-        const std::vector<float> b = read(core, ops[3], "input b");
+        const Floats pred = read(core, ops[1], "the predicate");
+        Floats a = read(core, ops[2], "input a");
+        const Floats b = read(core, ops[3], "input b");
         for (std::size_t i = 0; i < a.size(); ++i)
           if (pred[i] == 0.0f) a[i] = b[i];
         write(core, d, a);
         break;
       }
       case Opcode::copy_predicated: {
-        const std::vector<float> pred = read(core, ops[1], "the predicate");
-        const std::vector<float> src = read(core, ops[2], "the source");
-        std::vector<float> out =
-            read(core, d, "copy_predicated (the destination keeps unselected values)");
+        const Floats pred = read(core, ops[1], "the predicate");
+        const Floats src = read(core, ops[2], "the source");
+        Floats out = read(core, d, "copy_predicated (the destination keeps unselected values)");
         for (std::size_t i = 0; i < out.size(); ++i)
           if (pred[i] != 0.0f) out[i] = src[i];
         write(core, d, out);
         break;
       }
       case Opcode::exponential: {
-        std::vector<float> a = read(core, ops[1], "the source");
+        Floats a = read(core, ops[1], "the source");
         const std::size_t f = static_cast<std::size_t>(d.free_size());
         const bool has_sub = static_cast<int>(ops.size()) - (in.accumulate ? 1 : 0) > 2;
-        std::vector<float> sub;
+        Floats sub;
         if (has_sub) sub = read(core, ops[2], "the subtrahend");
-        std::vector<float> sums(static_cast<std::size_t>(d.rows()), 0.0f);
+        Floats sums(static_cast<std::size_t>(d.rows()), 0.0f);
         for (std::size_t r = 0; r < sums.size(); ++r) {
           for (std::size_t i = 0; i < f; ++i) {
             float& x = a[r * f + i];
@@ -771,7 +765,7 @@ struct Simulator::Impl {
         break;
       }
       case Opcode::affine_select: {
-        std::vector<float> a = read(core, ops[1], "the source");
+        Floats a = read(core, ops[1], "the source");
         const std::size_t f = static_cast<std::size_t>(d.free_size());
         for (std::size_t r = 0; r < static_cast<std::size_t>(d.rows()); ++r)
           for (std::size_t i = 0; i < f; ++i) {
@@ -783,9 +777,9 @@ struct Simulator::Impl {
         break;
       }
       case Opcode::partition_reduce: {
-        const std::vector<float> a = read(core, ops[1], "the source");
+        const Floats a = read(core, ops[1], "the source");
         const std::size_t f = static_cast<std::size_t>(d.free_size());
-        std::vector<float> out(a.begin(), a.begin() + static_cast<std::ptrdiff_t>(f));
+        Floats out(a.begin(), a.begin() + static_cast<std::ptrdiff_t>(f));
         for (std::size_t r = 1; r < static_cast<std::size_t>(ops[1].rows()); ++r)
           for (std::size_t i = 0; i < f; ++i)
             out[i] = isa::apply_alu(in.alu0, out[i], a[r * f + i]);
@@ -794,12 +788,13 @@ struct Simulator::Impl {
       }
       case Opcode::dma_transpose: {
         const AccessPattern& src = ops[1];
-        const auto so = free_offsets(src), dof = free_offsets(d);
-        const int sz = isa::size_bytes(src.dtype);
-        const int src_run = contiguous(so, sz) ? 1 : 0;
+        const Walk& swk = walk(src);
+        const auto& so = swk.offs;
+        const auto& dof = walk(d).offs;
+        const int sz = swk.size;
         for (int r = 0; r < src.rows(); ++r) {
           auto [sb, sw] = row(core, src, r);
-          check_written(sw, src, r, so, "the DMA source", src_run);
+          check_written(sw, src, r, swk, "the DMA source");
           for (std::size_t i = 0; i < so.size(); ++i) {
             auto [db, dw] = row(core, d, static_cast<int>(i));
             std::memcpy(db + dof[static_cast<std::size_t>(r)], sb + so[i],
@@ -853,18 +848,26 @@ struct Simulator::Impl {
         }
       }
     }
-    const auto hoffs = free_offsets(hbm), soffs = free_offsets(sb);
+    const Walk& hwk = walk(hbm);
+    const auto& hoffs = hwk.offs;
+    const auto& soffs = walk(sb).offs;
     const std::size_t F = hoffs.size();
+    // The SBUF operand's K slots, each a walk of its own.
+    std::vector<Walk> slots;
+    for (std::size_t k = 0; k < K; ++k)
+      slots.push_back(make_walk({soffs.begin() + static_cast<std::ptrdiff_t>(k * F),
+                                 soffs.begin() + static_cast<std::ptrdiff_t>((k + 1) * F)},
+                                isa::size_bytes(sb.dtype)));
     const DType dt = gather ? sb.dtype : hbm.dtype, st = gather ? hbm.dtype : sb.dtype;
     const int dsz = isa::size_bytes(dt);
     const bool raw = !in.accumulate && dt == st;  // same type: the bytes move unchanged
     num::CastOptions co;
     co.rounding = opt.stochastic_rounding ? num::Rounding::stochastic : num::Rounding::nearest_even;
     co.seed = opt.seed;
-    std::vector<float> v(F), old(F);
+    Floats v(F), old(F);
     for (int p = 0; p < P; ++p) {
       for (std::size_t k = 0; k < K; ++k) {
-        const std::span<const std::int64_t> slot(soffs.data() + k * F, F);
+        const std::span<const std::int64_t> slot(slots[k].offs);
         const std::int64_t i = idx[static_cast<std::size_t>(p) * K + k];
         if (i < 0 || i >= rows) continue;  // oob=skip
         auto [hb, hw] = row(core, hbm, static_cast<int>(i));
@@ -877,14 +880,14 @@ struct Simulator::Impl {
         const AccessPattern& dst_ap = gather ? sb : hbm;
         const int src_row = gather ? static_cast<int>(i) : p,
                   dst_row = gather ? p : static_cast<int>(i);
-        check_written(srcw, src_ap, src_row, {soff.begin(), soff.end()}, "the DMA source");
+        check_written(srcw, src_ap, src_row, gather ? hwk : slots[k], "the DMA source");
         if (raw) {
           for (std::size_t e = 0; e < F; ++e)
             std::memcpy(db + doff[e], srcb + soff[e], static_cast<std::size_t>(dsz));
         } else {
           decode_row(st, srcb, soff, v.data());
           if (in.accumulate) {
-            check_written(dw, dst_ap, dst_row, {doff.begin(), doff.end()},
+            check_written(dw, dst_ap, dst_row, gather ? slots[k] : hwk,
                           "the DMA accumulate destination");
             decode_row(dt, db, doff, old.data());
             for (std::size_t e = 0; e < F; ++e) v[e] += old[e];
@@ -1023,6 +1026,9 @@ RunStats Simulator::run(const Options& opt) {
       }
     }
   }
+  // The walks of a training step's programs are a few thousand; a bound
+  // keeps a long session of ever-new shapes from growing without end.
+  if (walks_->size() > 65536) walks_->clear();
   Impl impl(*this, opt);
   impl.stationary.resize(ncores);
   RunStats& st = impl.stats;

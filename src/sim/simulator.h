@@ -19,6 +19,7 @@
 #include "arch/chip.h"
 #include "isa/program.h"
 #include "sim/memory.h"
+#include "sim/walk.h"
 #include "util/units.h"
 
 namespace tern::sim {
@@ -109,6 +110,9 @@ class Simulator {
   // cleared: what the clear at the mark's wrap-around covers.
   std::int64_t sbuf_used_ = 0, psum_used_ = 0;
   bool loaded_ = false;
+  // Operand walks by pattern shape, kept across runs (shared by copies:
+  // the walks are a pure function of the pattern).
+  std::shared_ptr<WalkCache> walks_ = std::make_shared<WalkCache>();
 };
 
 }  // namespace tern::sim

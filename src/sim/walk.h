@@ -1,0 +1,42 @@
+// The free elements of an access pattern as byte offsets from the start of
+// a row, computed once per distinct pattern: a training step runs the same
+// few hundred programs every step, so their operands' walks repeat.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "isa/access.h"
+
+namespace tern::sim {
+
+struct Walk {
+  // Byte offset of each free element (row-major over the free dims) from
+  // its row's base: SBUF/PSUM, the partition's start (the pattern's offset
+  // included); HBM, the row's first element.
+  std::vector<std::int64_t> offs;
+  int size = 1;                 // bytes per element
+  bool run = false;             // the offsets are one ascending run of adjacent elements
+  std::int64_t lo = 0, hi = 0;  // the bytes [lo, hi) the elements span (empty: lo == hi)
+};
+
+// The walk of a pattern's free dims (rows are not part of it).
+Walk make_walk(const isa::AccessPattern& ap);
+// The walk of given element offsets.
+Walk make_walk(std::vector<std::int64_t> offs, int size);
+
+// Walks by pattern shape. References stay valid until clear().
+class WalkCache {
+ public:
+  const Walk& get(const isa::AccessPattern& ap);
+  std::size_t size() const { return map_.size(); }
+  void clear() { map_.clear(); }
+
+ private:
+  std::unordered_map<std::string, Walk> map_;
+  std::string key_;  // scratch
+};
+
+}  // namespace tern::sim
