@@ -68,48 +68,83 @@ ActFunc parse_act(std::string_view s) {
   return parse_named<ActFunc>(s, kActNames, "activation function");
 }
 
-float apply_alu(AluOp op, float a, float b) {
+namespace {
+// One definition of each operator, instantiated per operator so that the
+// array forms dispatch once and their loops compile to straight code.
+template <AluOp Op>
+inline float alu(float a, float b) {
+  if constexpr (Op == AluOp::bypass) return a;
+  if constexpr (Op == AluOp::add) return a + b;
+  if constexpr (Op == AluOp::subtract) return a - b;
+  if constexpr (Op == AluOp::multiply) return a * b;
+  if constexpr (Op == AluOp::divide) return a / b;
+  if constexpr (Op == AluOp::max) return std::fmax(a, b);
+  if constexpr (Op == AluOp::min) return std::fmin(a, b);
+  if constexpr (Op == AluOp::abs_max) return std::fmax(std::fabs(a), std::fabs(b));
+  if constexpr (Op == AluOp::pow) return std::pow(a, b);
+  if constexpr (Op == AluOp::is_equal) return a == b ? 1.0f : 0.0f;
+  if constexpr (Op == AluOp::not_equal) return a != b ? 1.0f : 0.0f;
+  if constexpr (Op == AluOp::is_gt) return a > b ? 1.0f : 0.0f;
+  if constexpr (Op == AluOp::is_ge) return a >= b ? 1.0f : 0.0f;
+  if constexpr (Op == AluOp::is_lt) return a < b ? 1.0f : 0.0f;
+  if constexpr (Op == AluOp::is_le) return a <= b ? 1.0f : 0.0f;
+  // Bitwise and shift operators: integer tensors only (rejected before a run).
+  if constexpr (Op == AluOp::bitwise_and || Op == AluOp::bitwise_or || Op == AluOp::bitwise_xor ||
+                Op == AluOp::shift_left || Op == AluOp::shift_right)
+    return std::numeric_limits<float>::quiet_NaN();
+  return a;
+}
+
+// Calls f(std::integral_constant<AluOp, op>) for the runtime op.
+template <typename F>
+decltype(auto) with_alu(AluOp op, F&& f) {
+  using A = AluOp;
   switch (op) {
-    case AluOp::bypass:
-      return a;
-    case AluOp::add:
-      return a + b;
-    case AluOp::subtract:
-      return a - b;
-    case AluOp::multiply:
-      return a * b;
-    case AluOp::divide:
-      return a / b;
-    case AluOp::max:
-      return std::fmax(a, b);
-    case AluOp::min:
-      return std::fmin(a, b);
-    case AluOp::abs_max:
-      return std::fmax(std::fabs(a), std::fabs(b));
-    case AluOp::pow:
-      return std::pow(a, b);
-    case AluOp::is_equal:
-      return a == b ? 1.0f : 0.0f;
-    case AluOp::not_equal:
-      return a != b ? 1.0f : 0.0f;
-    case AluOp::is_gt:
-      return a > b ? 1.0f : 0.0f;
-    case AluOp::is_ge:
-      return a >= b ? 1.0f : 0.0f;
-    case AluOp::is_lt:
-      return a < b ? 1.0f : 0.0f;
-    case AluOp::is_le:
-      return a <= b ? 1.0f : 0.0f;
-    case AluOp::bitwise_and:
-    case AluOp::bitwise_or:
-    case AluOp::bitwise_xor:
-    case AluOp::shift_left:
-    case AluOp::shift_right:  // integer tensors only (rejected before a run)
-      return std::numeric_limits<float>::quiet_NaN();
-    case AluOp::count_:
+#define TERN_ALU(x) \
+  case A::x:        \
+    return f(std::integral_constant<A, A::x>{});
+    TERN_ALU(bypass)
+    TERN_ALU(add)
+    TERN_ALU(subtract)
+    TERN_ALU(multiply)
+    TERN_ALU(divide)
+    TERN_ALU(max)
+    TERN_ALU(min)
+    TERN_ALU(abs_max)
+    TERN_ALU(pow)
+    TERN_ALU(is_equal)
+    TERN_ALU(not_equal)
+    TERN_ALU(is_gt)
+    TERN_ALU(is_ge)
+    TERN_ALU(is_lt)
+    TERN_ALU(is_le)
+    TERN_ALU(bitwise_and)
+    TERN_ALU(bitwise_or)
+    TERN_ALU(bitwise_xor)
+    TERN_ALU(shift_left)
+    TERN_ALU(shift_right)
+#undef TERN_ALU
+    case A::count_:
       break;
   }
-  return a;
+  return f(std::integral_constant<A, A::bypass>{});
+}
+}  // namespace
+
+float apply_alu(AluOp op, float a, float b) {
+  return with_alu(op, [&](auto o) { return alu<decltype(o)::value>(a, b); });
+}
+
+void apply_alu(AluOp op, float* a, const float* b, std::size_t n) {
+  with_alu(op, [&](auto o) {
+    for (std::size_t i = 0; i < n; ++i) a[i] = alu<decltype(o)::value>(a[i], b[i]);
+  });
+}
+
+void apply_alu(AluOp op, float* a, float s, std::size_t n) {
+  with_alu(op, [&](auto o) {
+    for (std::size_t i = 0; i < n; ++i) a[i] = alu<decltype(o)::value>(a[i], s);
+  });
 }
 
 bool is_bitwise(AluOp op) {
@@ -244,6 +279,17 @@ float apply_act(ActFunc f, float x) {
       break;
   }
   return x;
+}
+
+float apply_act(ActFunc f, float* x, std::size_t n, float scale, float bias) {
+  // Element by element through the one definition above; the switch is
+  // cheap next to the transcendental functions most entries call.
+  float sum = 0.0f;
+  for (std::size_t i = 0; i < n; ++i) {
+    x[i] = apply_act(f, x[i] * scale + bias);
+    sum += x[i];
+  }
+  return sum;
 }
 
 std::int64_t indirect_hbm_bytes(const Instruction& in) {

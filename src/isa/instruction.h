@@ -104,6 +104,10 @@ std::int64_t apply_alu_int(AluOp op, std::int64_t a, std::int64_t b, bool is_sig
 AluOp parse_alu(std::string_view s);
 // a op b in FP32 (comparisons give 1.0 / 0.0).
 float apply_alu(AluOp op, float a, float b);
+// The same over arrays, the operator chosen once: a[i] = a[i] op b[i], and
+// a[i] = a[i] op s (bit-identical to apply_alu element by element).
+void apply_alu(AluOp op, float* a, const float* b, std::size_t n);
+void apply_alu(AluOp op, float* a, float s, std::size_t n);
 
 enum class ActFunc : std::uint8_t {
   identity,
@@ -131,6 +135,9 @@ std::string_view act_name(ActFunc f);
 ActFunc parse_act(std::string_view s);
 // f(x) in FP32 (host libm; see docs/sim.md).
 float apply_act(ActFunc f, float x);
+// x[i] = f(x[i] * scale + bias) for i < n, and the sum of the results in
+// index order (FP32), as apply_act element by element.
+float apply_act(ActFunc f, float* x, std::size_t n, float scale, float bias);
 // bn_stats of one partition's `n` values (stride 1): out[0..2] = count, mean,
 // M2 of the even-indexed elements, out[3..5] of the odd ones, each summed in
 // FP32 in index order.

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <thread>
 #include <vector>
 
 #include "sim/matmul_host.h"
@@ -137,21 +136,21 @@ void matmul_accumulate(const float* w, const float* x, std::ptrdiff_t ldx, float
   // Output rows are independent: split them over threads. Each row's sum
   // keeps its contraction order, so the bits do not depend on the split.
   const long long work = static_cast<long long>(k) * m * n;
-  const int t = std::max(1, std::min({threads, m, static_cast<int>(work >> 20) + 1}));
+  const int t = std::max(1, std::min({threads, m, static_cast<int>(work >> 16) + 1}));
   if (t == 1) {
     HWY_DYNAMIC_DISPATCH(MatmulAccumulate)(w, m, x, ldx, acc, lda, k, m, n, fp32);
     return;
   }
-  std::vector<std::thread> pool;
+  // OpenMP's pool: its threads persist between calls (a thread started per
+  // call cost more than the arithmetic of a small product).
   const int chunk = (m + t - 1) / t;
-  for (int m0 = 0; m0 < m; m0 += chunk) {
-    const int rows = std::min(chunk, m - m0);
-    pool.emplace_back([=] {
-      HWY_DYNAMIC_DISPATCH(MatmulAccumulate)
-      (w + m0, m, x, ldx, acc + static_cast<std::ptrdiff_t>(m0) * lda, lda, k, rows, n, fp32);
-    });
+#pragma omp parallel for num_threads(t) schedule(static, 1)
+  for (int part = 0; part < t; ++part) {
+    const int m0 = part * chunk, rows = std::min(chunk, m - m0);
+    if (rows <= 0) continue;
+    HWY_DYNAMIC_DISPATCH(MatmulAccumulate)
+    (w + m0, m, x, ldx, acc + static_cast<std::ptrdiff_t>(m0) * lda, lda, k, rows, n, fp32);
   }
-  for (auto& th : pool) th.join();
 }
 }  // namespace tern::sim
 #endif

@@ -260,17 +260,53 @@ struct Simulator::Impl {
     }
   }
 
+  // Runs f(r) for the rows [0, rows), on up to `threads` host threads when
+  // the instruction moves enough elements to pay for waking them. Rows are
+  // independent (each its own partition, or disjoint HBM rows), so the bits
+  // do not depend on the split. f must not throw.
+  static constexpr std::int64_t kParallelElements = 16384;
+  template <typename F>
+  void for_rows(int rows, std::int64_t elements, F&& f) const {
+    const int t = elements >= kParallelElements ? std::min(threads, rows) : 1;
+    if (t <= 1) {
+      for (int r = 0; r < rows; ++r) f(r);
+      return;
+    }
+#pragma omp parallel for num_threads(t) schedule(static)
+    for (int r = 0; r < rows; ++r) f(r);
+  }
+
+  // Each row's (data, written-flags) bases, found on this thread (row()
+  // caches the HBM region).
+  std::vector<std::pair<std::uint8_t*, std::uint8_t*>> bases(int core, const AccessPattern& ap) {
+    std::vector<std::pair<std::uint8_t*, std::uint8_t*>> b(static_cast<std::size_t>(ap.rows()));
+    for (int r = 0; r < ap.rows(); ++r) b[static_cast<std::size_t>(r)] = row(core, ap, r);
+    return b;
+  }
+
   Floats read(int core, const AccessPattern& ap, const char* what) {
     const Walk& w = walk(ap);
     const int rows = ap.rows();
     const std::size_t n = w.offs.size();
     Floats v(static_cast<std::size_t>(rows) * n);
-    for (int r = 0; r < rows; ++r) {
-      auto [base, written] = row(core, ap, r);
-      check_written(written, ap, r, w, what);
-      decode_row(ap.dtype, base, w.offs, v.data() + static_cast<std::size_t>(r) * n, w.run);
-    }
+    const auto b = bases(core, ap);
+    for (int r = 0; r < rows; ++r)
+      check_written(b[static_cast<std::size_t>(r)].second, ap, r, w, what);
+    if (rows == 0) return v;
+    decode_row(ap.dtype, b[0].first, w.offs, v.data(), w.run);  // may throw (x4 types)
+    for_rows(rows - 1, static_cast<std::int64_t>(v.size()), [&](int r) {
+      decode_row(ap.dtype, b[static_cast<std::size_t>(r) + 1].first, w.offs,
+                 v.data() + static_cast<std::size_t>(r + 1) * n, w.run);
+    });
     return v;
+  }
+
+  // Whether distinct rows of `ap` never share a byte (always for SBUF/PSUM:
+  // a row is a partition).
+  static bool disjoint_rows(const AccessPattern& ap, const Walk& w) {
+    if (ap.mem != Mem::hbm || ap.rows() <= 1) return true;
+    const std::int64_t stride = ap.dims[0].stride * isa::size_bytes(ap.dtype);
+    return stride >= w.hi - w.lo;
   }
 
   void write(int core, const AccessPattern& ap, const Floats& v) {
@@ -279,8 +315,9 @@ struct Simulator::Impl {
     num::CastOptions co;
     co.rounding = opt.stochastic_rounding ? num::Rounding::stochastic : num::Rounding::nearest_even;
     co.seed = opt.seed;
-    for (int r = 0; r < ap.rows(); ++r) {
-      auto [base, written] = row(core, ap, r);
+    const auto b = bases(core, ap);
+    auto one = [&](int r) {
+      auto [base, written] = b[static_cast<std::size_t>(r)];
       const float* in = v.data() + static_cast<std::size_t>(r) * n;
       if (w.run && ap.dtype == DType::fp32) {
         std::memcpy(base + w.lo, in, n * sizeof(float));
@@ -289,10 +326,20 @@ struct Simulator::Impl {
                    (serial << 24) + static_cast<std::uint64_t>(r) * n);
       }
       mark_written(written, w);
+    };
+    const int rows = ap.rows();
+    if (rows == 0) return;
+    one(0);  // may throw (x4 types)
+    if (disjoint_rows(ap, w)) {
+      for_rows(rows - 1, static_cast<std::int64_t>(v.size()), [&](int r) { one(r + 1); });
+    } else {
+      for (int r = 1; r < rows; ++r) one(r);  // later rows overwrite earlier ones, in order
     }
   }
 
-  static bool int_type(DType t) { return !isa::is_float(t) && !isa::is_x4(t); }
+  static bool int_type(DType t) {
+    return !isa::is_float(t) && !isa::is_x4(t);
+  }
   static bool signed_int(DType t) {
     return t == DType::int8 || t == DType::int16 || t == DType::int32;
   }
@@ -612,7 +659,11 @@ struct Simulator::Impl {
         }
         Floats a = read(core, ops[1], "input a");
         const Floats b = read(core, ops[2], "input b");
-        for (std::size_t i = 0; i < a.size(); ++i) a[i] = isa::apply_alu(in.alu0, a[i], b[i]);
+        const std::size_t f = static_cast<std::size_t>(d.free_size());
+        for_rows(d.rows(), static_cast<std::int64_t>(a.size()), [&](int r) {
+          const std::size_t o = static_cast<std::size_t>(r) * f;
+          isa::apply_alu(in.alu0, a.data() + o, b.data() + o, f);
+        });
         write(core, d, a);
         break;
       }
@@ -634,16 +685,19 @@ struct Simulator::Impl {
           const Floats c0 = in.col0 ? read(core, ops[next++], "column 0") : Floats{};
           const Floats c1 = in.col1 ? read(core, ops[next++], "column 1") : Floats{};
           const std::size_t f = static_cast<std::size_t>(d.free_size());
-          for (std::size_t r = 0; r < static_cast<std::size_t>(d.rows()); ++r) {
-            const float v0 = in.col0 ? c0[r] : in.imm0, v1 = in.col1 ? c1[r] : in.imm1;
-            for (std::size_t i = 0; i < f; ++i) {
-              float& x = a[r * f + i];
-              x = isa::apply_alu(in.alu1, isa::apply_alu(in.alu0, x, v0), v1);
-            }
-          }
+          for_rows(d.rows(), static_cast<std::int64_t>(a.size()), [&](int r) {
+            const std::size_t ru = static_cast<std::size_t>(r);
+            const float v0 = in.col0 ? c0[ru] : in.imm0, v1 = in.col1 ? c1[ru] : in.imm1;
+            // Two passes, one operator each: the same bits as both per element.
+            isa::apply_alu(in.alu0, a.data() + ru * f, v0, f);
+            isa::apply_alu(in.alu1, a.data() + ru * f, v1, f);
+          });
         } else {
-          for (float& x : a)
-            x = isa::apply_alu(in.alu1, isa::apply_alu(in.alu0, x, in.imm0), in.imm1);
+          const std::size_t f = static_cast<std::size_t>(d.free_size());
+          for_rows(d.rows(), static_cast<std::int64_t>(a.size()), [&](int r) {
+            isa::apply_alu(in.alu0, a.data() + static_cast<std::size_t>(r) * f, in.imm0, f);
+            isa::apply_alu(in.alu1, a.data() + static_cast<std::size_t>(r) * f, in.imm1, f);
+          });
         }
         write(core, d, a);
         break;
@@ -678,14 +732,11 @@ struct Simulator::Impl {
         Floats bias;
         if (has_bias) bias = read(core, ops[2], "the bias");
         Floats sums(static_cast<std::size_t>(d.rows()), 0.0f);
-        for (std::size_t r = 0; r < sums.size(); ++r) {
-          const float b = has_bias ? bias[r] : 0.0f;
-          for (std::size_t i = 0; i < f; ++i) {
-            float& x = a[r * f + i];
-            x = isa::apply_act(in.func, x * in.scale + b);
-            sums[r] += x;
-          }
-        }
+        for_rows(d.rows(), static_cast<std::int64_t>(a.size()), [&](int r) {
+          const std::size_t ru = static_cast<std::size_t>(r);
+          sums[ru] =
+              isa::apply_act(in.func, a.data() + ru * f, f, in.scale, has_bias ? bias[ru] : 0.0f);
+        });
         write(core, d, a);
         if (in.accumulate) write(core, ops.back(), sums);
         break;
@@ -753,13 +804,17 @@ struct Simulator::Impl {
         Floats sub;
         if (has_sub) sub = read(core, ops[2], "the subtrahend");
         Floats sums(static_cast<std::size_t>(d.rows()), 0.0f);
-        for (std::size_t r = 0; r < sums.size(); ++r) {
+        for_rows(d.rows(), static_cast<std::int64_t>(a.size()), [&](int r) {
+          const std::size_t ru = static_cast<std::size_t>(r);
+          const float m = has_sub ? sub[ru] : 0.0f;
+          float sum = 0.0f;
           for (std::size_t i = 0; i < f; ++i) {
-            float& x = a[r * f + i];
-            x = std::exp(x - (has_sub ? sub[r] : 0.0f));
-            sums[r] += x;
+            float& x = a[ru * f + i];
+            x = std::exp(x - m);
+            sum += x;
           }
-        }
+          sums[ru] = sum;
+        });
         write(core, d, a);
         if (in.accumulate) write(core, ops.back(), sums);
         break;
