@@ -72,9 +72,23 @@ isa::Program mx_matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
                     "does not fit SBUF in one pass (budget {})",
                     s.m, s.k, need, budget));
   }
+  // Cores split C by M tiles (core, core + cores, ...), every core then
+  // quantizing all of B, or by N tiles, every core quantizing all of A:
+  // whichever leaves the busiest core fewer columns to quantize (its share
+  // of the split operand and all of the other), on a tie the one with less
+  // work in all. Cores without a tile do nothing.
+  const std::int64_t mtiles = ceil_div(s.m, TM), ntiles = ceil_div(s.n, TN);
+  const std::int64_t cm = std::min<std::int64_t>(s.cores, mtiles);
+  const std::int64_t cn = std::min<std::int64_t>(s.cores, ntiles);
+  const std::int64_t core_m = ceil_div(mtiles, cm) * TM + s.n;  // busiest core, split by M
+  const std::int64_t core_n = s.m + ceil_div(ntiles, cn) * TN;  // split by N
+  const bool split_n = core_n < core_m || (core_n == core_m && cn * s.m + s.n < s.m + cm * s.n);
   for (int core = 0; core < s.cores; ++core) {
+    // This core's tiles: its share of the split dimension, all of the other.
+    const std::int64_t n_first = split_n ? core * TN : 0, n_step = split_n ? TN * s.cores : TN;
+    const std::int64_t m_first = split_n ? 0 : core * TM, m_step = split_n ? TM : TM * s.cores;
+    if (n_first >= s.n || m_first >= s.m) continue;  // nothing for this core
     b.set_core(core);
-    // This core's rows of C: M tiles core, core + cores, ...
     std::vector<Tensor> aq(KT), as(KT), bq[2], bs[2];
     for (std::int64_t kt = 0; kt < KT; ++kt) {
       const int parts = static_cast<int>(std::min(TKL, s.k - kt * TKL) / 4);
@@ -129,12 +143,12 @@ isa::Program mx_matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
     auto prepare_b = [&](std::int64_t n0, int which) {
       quantize_columns(bt, bt_s, b_src, n0, std::min(TN, s.n - n0), bq[which], bs[which], 0);
     };
-    prepare_b(0, 0);
-    for (std::int64_t n0 = 0; n0 < s.n; n0 += TN) {
+    prepare_b(n_first, 0);
+    for (std::int64_t n0 = n_first; n0 < s.n; n0 += n_step) {
       const std::int64_t tn = std::min(TN, s.n - n0);
       auto& q = bq[set];
       auto& qs = bs[set];
-      if (n0 + TN < s.n) prepare_b(n0 + TN, set ^ 1);
+      if (n0 + n_step < s.n) prepare_b(n0 + n_step, set ^ 1);
       const Tensor* bias = nullptr;
       if (ep.bias) {
         const int rows = static_cast<int>(std::min(TM, s.m));
@@ -142,8 +156,8 @@ isa::Program mx_matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
         bias = &bias_sets[set];
       }
       set ^= 1;
-      for (std::int64_t m0 = core * TM; m0 < s.m; m0 += TM * s.cores) {
-        if (n0 == 0) prepare_a(m0);
+      for (std::int64_t m0 = m_first; m0 < s.m; m0 += m_step) {
+        if (n0 == n_first) prepare_a(m0);
         const int tm = static_cast<int>(std::min(TM, s.m - m0));
         const Tensor p = ps[pi].tile(0, tm, 0, tn);
         pi = (pi + 1) % kPsum;
