@@ -480,29 +480,41 @@ struct Simulator::Impl {
     const auto& soffs = swk.offs;
     const std::size_t F = doffs.size();
     Floats out(static_cast<std::size_t>(data.partitions) * 4 * F);
+    const auto db = bases(core, data);
+    const auto sb = bases(core, scale);
     for (int p = 0; p < data.partitions; ++p) {
-      auto [db, dw] = row(core, data, p);
-      check_written(dw, data, p, dwk, what);
-      auto [sb, sw] = row(core, scale, p / 8);
-      if (p % 8 == 0) check_written(sw, scale, p / 8, swk, what);
+      check_written(db[static_cast<std::size_t>(p)].second, data, p, dwk, what);
+      if (p % 8 == 0)
+        check_written(sb[static_cast<std::size_t>(p / 8)].second, scale, p / 8, swk, what);
+    }
+    // The scale rows' tables first (they fill on this thread), then the
+    // partitions on the host threads.
+    std::vector<const float*> luts(static_cast<std::size_t>(sb.size()) * F);
+    for (std::size_t g = 0; g < sb.size(); ++g)
+      for (std::size_t f = 0; f < F; ++f)
+        luts[g * F + f] = scaled_lut(data.dtype, sb[g].first[soffs[f]]);
+    for_rows(data.partitions, static_cast<std::int64_t>(out.size()), [&](int p) {
+      const std::uint8_t* base = db[static_cast<std::size_t>(p)].first;
+      const float* const* lut = luts.data() + static_cast<std::size_t>(p / 8) * F;
       float* o = out.data() + static_cast<std::size_t>(p) * 4 * F;
       for (std::size_t f = 0; f < F; ++f) {
-        const float* lut = scaled_lut(data.dtype, sb[soffs[f]]);
         if (fp4) {
           std::uint16_t w;
-          std::memcpy(&w, db + doffs[f], 2);
-          for (int j = 0; j < 4; ++j) o[j * F + f] = lut[(w >> (4 * j)) & 0xFu];
+          std::memcpy(&w, base + doffs[f], 2);
+          for (int j = 0; j < 4; ++j) o[j * F + f] = lut[f][(w >> (4 * j)) & 0xFu];
         } else {
-          const std::uint8_t* q = db + doffs[f];
-          for (int j = 0; j < 4; ++j) o[j * F + f] = lut[q[j]];
+          const std::uint8_t* q = base + doffs[f];
+          for (int j = 0; j < 4; ++j) o[j * F + f] = lut[f][q[j]];
         }
       }
-    }
+    });
     return out;
   }
 
   // Vector QuantizeMX: each group of 8 partitions x 4 values (32 contraction
-  // values) shares one E8M0 scale chosen by Trainium3's policy.
+  // values) shares one E8M0 scale chosen by Trainium3's policy. Groups are
+  // independent (the stochastic-rounding stream is indexed by element), so
+  // they run on the host threads.
   void quantize_mx(int core, const Instruction& in) {
     const AccessPattern& d = in.operands[0];
     const AccessPattern& sc = in.operands[1];
@@ -510,33 +522,36 @@ struct Simulator::Impl {
     const Floats x = read(core, src, "the quantize_mx source");
     const std::size_t F = static_cast<std::size_t>(src.free_size()), C = F / 4;
     const std::size_t groups = static_cast<std::size_t>(src.partitions) / 8;
-    Floats blocks(groups * C * num::kMxBlock);
-    for (std::size_t g = 0; g < groups; ++g)
-      for (std::size_t pp = 0; pp < 8; ++pp) {
-        const float* xr = x.data() + (8 * g + pp) * F;
-        float* br = blocks.data() + g * C * num::kMxBlock + 4 * pp;
-        for (std::size_t c = 0; c < C; ++c) std::memcpy(br + c * num::kMxBlock, xr + 4 * c, 16);
-      }
-    std::vector<std::uint8_t> codes(blocks.size()), scales(groups * C);
     num::CastOptions co;
     co.rounding = opt.stochastic_rounding ? num::Rounding::stochastic : num::Rounding::nearest_even;
     co.seed = opt.seed;
     const num::MxFormat& mf = num::mx_format(d.dtype == DType::fp8_e4m3_x4 ? num::MxId::mxfp8_e4m3
                                                                            : num::MxId::mxfp8_e5m2);
-    num::mx_quantize(mf, num::ScalePolicy::trn3, blocks, codes, scales, co, serial << 24);
     const Walk& dwk = walk(d);
     const Walk& swk = walk(sc);
-    for (std::size_t g = 0; g < groups; ++g) {
-      auto [sb, sw] = row(core, sc, static_cast<int>(g));
-      for (std::size_t c = 0; c < C; ++c) sb[swk.offs[c]] = scales[g * C + c];
-      mark_written(sw, swk);
+    const auto db = bases(core, d);
+    const auto sb = bases(core, sc);
+    const std::size_t block = num::kMxBlock;
+    for_rows(static_cast<int>(groups), static_cast<std::int64_t>(x.size()), [&](int gi) {
+      const std::size_t g = static_cast<std::size_t>(gi);
+      Floats blocks(C * block);
       for (std::size_t pp = 0; pp < 8; ++pp) {
-        auto [db, dw] = row(core, d, static_cast<int>(8 * g + pp));
-        for (std::size_t c = 0; c < C; ++c)
-          std::memcpy(db + dwk.offs[c], &codes[(g * C + c) * num::kMxBlock + 4 * pp], 4);
-        mark_written(dw, dwk);
+        const float* xr = x.data() + (8 * g + pp) * F;
+        float* br = blocks.data() + 4 * pp;
+        for (std::size_t c = 0; c < C; ++c) std::memcpy(br + c * block, xr + 4 * c, 16);
       }
-    }
+      std::vector<std::uint8_t> codes(blocks.size()), scales(C);
+      num::mx_quantize(mf, num::ScalePolicy::trn3, blocks, codes, scales, co,
+                       (serial << 24) + g * C * block);
+      for (std::size_t c = 0; c < C; ++c) sb[g].first[swk.offs[c]] = scales[c];
+      mark_written(sb[g].second, swk);
+      for (std::size_t pp = 0; pp < 8; ++pp) {
+        std::uint8_t* drow = db[8 * g + pp].first;
+        for (std::size_t c = 0; c < C; ++c)
+          std::memcpy(drow + dwk.offs[c], &codes[c * block + 4 * pp], 4);
+        mark_written(db[8 * g + pp].second, dwk);
+      }
+    });
   }
 
   // Decoded x4 element codes times 2^(scale - 127), by E8M0 scale code:
@@ -641,9 +656,10 @@ struct Simulator::Impl {
         const Floats v = read(core, src, "the transpose source");
         const int p = src.partitions, f = static_cast<int>(src.free_size());
         Floats t(v.size());
-        for (int i = 0; i < p; ++i)
-          for (int j = 0; j < f; ++j)
-            t[static_cast<std::size_t>(j) * p + i] = v[static_cast<std::size_t>(i) * f + j];
+        for_rows(f, static_cast<std::int64_t>(v.size()), [&](int j) {
+          float* out = t.data() + static_cast<std::size_t>(j) * p;
+          for (int i = 0; i < p; ++i) out[i] = v[static_cast<std::size_t>(i) * f + j];
+        });
         write(core, d, t);
         break;
       }
@@ -842,22 +858,39 @@ struct Simulator::Impl {
         break;
       }
       case Opcode::dma_transpose: {
+        // Destination row i, element r <- source row r, element i.
         const AccessPattern& src = ops[1];
         const Walk& swk = walk(src);
-        const auto& so = swk.offs;
-        const auto& dof = walk(d).offs;
-        const int sz = swk.size;
-        for (int r = 0; r < src.rows(); ++r) {
-          auto [sb, sw] = row(core, src, r);
-          check_written(sw, src, r, swk, "the DMA source");
-          for (std::size_t i = 0; i < so.size(); ++i) {
-            auto [db, dw] = row(core, d, static_cast<int>(i));
-            std::memcpy(db + dof[static_cast<std::size_t>(r)], sb + so[i],
-                        static_cast<std::size_t>(sz));
-            if (dw)
-              std::memset(dw + dof[static_cast<std::size_t>(r)], s.mark_,
-                          static_cast<std::size_t>(sz));
+        const Walk& dwk = walk(d);
+        const auto sb = bases(core, src);
+        for (int r = 0; r < src.rows(); ++r)
+          check_written(sb[static_cast<std::size_t>(r)].second, src, r, swk, "the DMA source");
+        const auto db = bases(core, d);
+        auto one = [&](int i) {
+          const std::size_t iu = static_cast<std::size_t>(i);
+          std::uint8_t* dst = db[iu].first;
+          const std::int64_t so = swk.offs[iu];
+          switch (swk.size) {
+            case 2:
+              for (std::size_t r = 0; r < sb.size(); ++r)
+                std::memcpy(dst + dwk.offs[r], sb[r].first + so, 2);
+              break;
+            case 4:
+              for (std::size_t r = 0; r < sb.size(); ++r)
+                std::memcpy(dst + dwk.offs[r], sb[r].first + so, 4);
+              break;
+            default:
+              for (std::size_t r = 0; r < sb.size(); ++r)
+                std::memcpy(dst + dwk.offs[r], sb[r].first + so,
+                            static_cast<std::size_t>(swk.size));
           }
+          mark_written(db[iu].second, dwk);
+        };
+        const int drows = static_cast<int>(swk.offs.size());
+        if (disjoint_rows(d, dwk)) {
+          for_rows(drows, src.elements(), one);
+        } else {
+          for (int i = 0; i < drows; ++i) one(i);
         }
         break;
       }
