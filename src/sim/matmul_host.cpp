@@ -7,6 +7,8 @@
 #include <cmath>
 #include <vector>
 
+#include <omp.h>
+
 #include "sim/matmul_host.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -137,7 +139,7 @@ void matmul_accumulate(const float* w, const float* x, std::ptrdiff_t ldx, float
   // keeps its contraction order, so the bits do not depend on the split.
   const long long work = static_cast<long long>(k) * m * n;
   const int t = std::max(1, std::min({threads, m, static_cast<int>(work >> 16) + 1}));
-  if (t == 1) {
+  if (t == 1 || omp_in_parallel()) {
     HWY_DYNAMIC_DISPATCH(MatmulAccumulate)(w, m, x, ldx, acc, lda, k, m, n, fp32);
     return;
   }

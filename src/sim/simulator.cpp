@@ -5,10 +5,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <deque>
+#include <exception>
 #include <limits>
 #include <thread>
 
 #include <fmt/format.h>
+#include <omp.h>
 
 #include "sim/check.h"
 #include "sim/codec.h"
@@ -267,7 +270,8 @@ struct Simulator::Impl {
   static constexpr std::int64_t kParallelElements = 16384;
   template <typename F>
   void for_rows(int rows, std::int64_t elements, F&& f) const {
-    const int t = elements >= kParallelElements ? std::min(threads, rows) : 1;
+    // Inside a replay's per-core threads the rows stay on the caller's.
+    const int t = elements >= kParallelElements && !omp_in_parallel() ? std::min(threads, rows) : 1;
     if (t <= 1) {
       for (int r = 0; r < rows; ++r) f(r);
       return;
@@ -1096,6 +1100,118 @@ std::string detail(const Instruction& in) {
 
 }  // namespace
 
+// A program's first run, for replays: the instructions that touch data in
+// the order they ran, with their serial numbers (stochastic-rounding
+// streams), and the run's statistics.
+struct Simulator::Recording {
+  std::weak_ptr<const isa::Program> program;
+  struct Step {
+    int core;
+    std::size_t index;      // in its engine's stream (error messages)
+    std::uint64_t serial;   // the instruction's number in the run
+    const Instruction* in;  // the program's, or a register-resolved copy below
+  };
+  std::vector<Step> steps;                  // in run order
+  std::vector<std::vector<Step>> per_core;  // the same, core by core
+  std::deque<Instruction> resolved;
+  RunStats stats;
+  // No core writes HBM bytes that another core reads or writes: each
+  // core's steps may then run on their own, in their recorded order.
+  bool cores_independent = false;
+};
+
+namespace {
+
+// [lo, hi) byte ranges, sorted and merged.
+using Ranges = std::vector<std::pair<std::int64_t, std::int64_t>>;
+Ranges merged(Ranges r) {
+  std::sort(r.begin(), r.end());
+  Ranges out;
+  for (const auto& x : r) {
+    if (!out.empty() && x.first <= out.back().second)
+      out.back().second = std::max(out.back().second, x.second);
+    else
+      out.push_back(x);
+  }
+  return out;
+}
+bool intersect(const Ranges& a, const Ranges& b) {
+  std::size_t i = 0, j = 0;
+  while (i < a.size() && j < b.size()) {
+    if (a[i].second <= b[j].first)
+      ++i;
+    else if (b[j].second <= a[i].first)
+      ++j;
+    else
+      return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+RunStats Simulator::replay(const Recording& rec, const Options& opt) {
+  const int ncores = static_cast<int>(program_->cores.size());
+  // One functional model per host thread (row() caches an HBM region);
+  // each core runs wholly on one of them.
+  auto run_steps = [&](Impl& impl, const std::vector<Recording::Step>& steps,
+                       std::uint64_t& failed_serial, std::exception_ptr& error) {
+    for (const Recording::Step& s : steps) {
+      impl.serial = s.serial;
+      try {
+        impl.tensor_state(s.core, *s.in);
+        impl.execute(s.core, *s.in);
+      } catch (const Error& err) {
+        failed_serial = s.serial;
+        error = std::make_exception_ptr(
+            Error(fmt::format("{}: {}", where(s.core, *s.in, s.index), err.what())));
+        return;
+      } catch (...) {
+        failed_serial = s.serial;
+        error = std::current_exception();
+        return;
+      }
+    }
+  };
+  std::vector<int> busy;
+  for (int c = 0; c < ncores; ++c)
+    if (!rec.per_core[static_cast<std::size_t>(c)].empty()) busy.push_back(c);
+  const int hw = opt.threads > 0
+                     ? opt.threads
+                     : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int t = rec.cores_independent ? std::min(hw, static_cast<int>(busy.size())) : 1;
+  if (t <= 1) {
+    Impl impl(*this, opt);
+    impl.stationary.resize(static_cast<std::size_t>(ncores));
+    std::uint64_t serial = 0;
+    std::exception_ptr error;
+    run_steps(impl, rec.steps, serial, error);
+    if (error) std::rethrow_exception(error);
+    RunStats st = rec.stats;
+    st.replay_threads = 1;
+    return st;
+  }
+  // Cores on the host threads; the first error in run order is the one
+  // reported.
+  std::vector<std::uint64_t> serials(busy.size(), std::numeric_limits<std::uint64_t>::max());
+  std::vector<std::exception_ptr> errors(busy.size());
+#pragma omp parallel num_threads(t)
+  {
+    Impl impl(*this, opt);
+    impl.stationary.resize(static_cast<std::size_t>(ncores));
+#pragma omp for schedule(dynamic, 1)
+    for (std::size_t i = 0; i < busy.size(); ++i)
+      run_steps(impl, rec.per_core[static_cast<std::size_t>(busy[i])], serials[i], errors[i]);
+  }
+  std::size_t first = busy.size();
+  for (std::size_t i = 0; i < busy.size(); ++i)
+    if (errors[i] && (first == busy.size() || serials[i] < serials[first])) first = i;
+  if (first < busy.size()) std::rethrow_exception(errors[first]);
+  RunStats st = rec.stats;
+  st.replay_threads = t;
+  return st;
+}
+
 RunStats Simulator::run(const Options& opt) {
   if (!loaded_) throw Error("no program loaded");
   const isa::Program& p = *program_;
@@ -1117,6 +1233,22 @@ RunStats Simulator::run(const Options& opt) {
   // The walks of a training step's programs are a few thousand; a bound
   // keeps a long session of ever-new shapes from growing without end.
   if (walks_->size() > 65536) walks_->clear();
+  const bool replayable = data && !opt.trace;
+  if (replayable) {
+    if (const auto it = recordings_.find(program_.get()); it != recordings_.end()) {
+      const Recording& rec = *it->second;
+      if (rec.program.lock() == program_ && rec.stats.instructions <= opt.max_instructions) {
+        sbuf_used_ = std::max(sbuf_used_, rec.stats.sbuf_high_water);
+        psum_used_ = std::max(psum_used_, rec.stats.psum_high_water);
+        return replay(rec, opt);
+      }
+    }
+  }
+  // This run is recorded for later ones, with each core's HBM writes and
+  // reads (bounding bytes) to tell whether cores can replay independently.
+  const std::shared_ptr<Recording> rec = replayable ? std::make_shared<Recording>() : nullptr;
+  std::vector<Ranges> hbm_writes(static_cast<std::size_t>(ncores)),
+      hbm_reads(static_cast<std::size_t>(ncores));
   Impl impl(*this, opt);
   impl.stationary.resize(ncores);
   RunStats& st = impl.stats;
@@ -1308,6 +1440,18 @@ RunStats Simulator::run(const Options& opt) {
     // the instruction runs: it may throw).
     sbuf_used_ = std::max(sbuf_used_, st.sbuf_high_water);
     psum_used_ = std::max(psum_used_, st.psum_high_water);
+    if (rec && !in.operands.empty()) {
+      const Instruction* kept = &in;
+      if (inp == &resolved) kept = &rec->resolved.emplace_back(resolved);
+      rec->steps.push_back({c, index, impl.serial, kept});
+      for (std::size_t i = 0; i < in.operands.size(); ++i) {
+        const AccessPattern& ap = in.operands[i];
+        if (ap.mem != Mem::hbm) continue;
+        // Operand 0 is a DMA's destination; the others are read.
+        (i == 0 ? hbm_writes : hbm_reads)[static_cast<std::size_t>(c)].emplace_back(ap.min_byte(),
+                                                                                    ap.max_byte());
+      }
+    }
     try {
       impl.tensor_state(c, in);
       if (data) impl.execute(c, in);
@@ -1326,6 +1470,27 @@ RunStats Simulator::run(const Options& opt) {
   }
   st.instructions = executed;
   st.dma_engine_busy_ns = dma.busy_ns();
+  if (rec) {
+    rec->program = program_;
+    rec->stats = st;
+    std::vector<Ranges> writes(static_cast<std::size_t>(ncores)),
+        touched(static_cast<std::size_t>(ncores));
+    for (std::size_t c = 0; c < writes.size(); ++c) {
+      Ranges all = hbm_writes[c];
+      all.insert(all.end(), hbm_reads[c].begin(), hbm_reads[c].end());
+      writes[c] = merged(std::move(hbm_writes[c]));
+      touched[c] = merged(std::move(all));
+    }
+    rec->cores_independent = true;
+    for (std::size_t a = 0; a < writes.size(); ++a)
+      for (std::size_t b = 0; b < writes.size(); ++b)
+        if (a != b && intersect(writes[a], touched[b])) rec->cores_independent = false;
+    rec->per_core.resize(static_cast<std::size_t>(ncores));
+    for (const auto& step : rec->steps)
+      rec->per_core[static_cast<std::size_t>(step.core)].push_back(step);
+    std::erase_if(recordings_, [](const auto& kv) { return kv.second->program.expired(); });
+    recordings_[program_.get()] = rec;
+  }
   return st;
 }
 

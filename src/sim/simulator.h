@@ -70,6 +70,9 @@ struct RunStats {
   std::int64_t sbuf_high_water = 0;  // highest byte offset used in a partition
   std::int64_t psum_high_water = 0;
   std::int64_t instructions = 0;
+  // 0: this run simulated timing; else it replayed its program's first run
+  // (Simulator::run) on this many host threads.
+  int replay_threads = 0;
   std::vector<TraceEvent> events;
 };
 
@@ -95,10 +98,18 @@ class Simulator {
   // The tensor's raw bytes in its dtype.
   std::vector<std::uint8_t> read_bytes(const std::string& tensor) const;
 
+  // Runs the loaded program. The first run of a program (load_shared's
+  // pointer) simulates its timing and records the order its instructions
+  // ran in; later runs of it replay that order for the data alone and
+  // return the same statistics (timing never depends on data), with cores
+  // on host threads when they share no HBM bytes. Results are bit-identical
+  // either way. A traced or timing-only run always simulates.
   RunStats run(const Options& opt = {});
 
  private:
   struct Impl;
+  struct Recording;
+  RunStats replay(const Recording& rec, const Options& opt);
   arch::ChipSpec chip_;
   std::shared_ptr<const isa::Program> program_;
   Hbm hbm_;
@@ -113,6 +124,9 @@ class Simulator {
   // Operand walks by pattern shape, kept across runs (shared by copies:
   // the walks are a pure function of the pattern).
   std::shared_ptr<WalkCache> walks_ = std::make_shared<WalkCache>();
+  // Recorded runs by program (a recording holds its program weakly: a
+  // program freed and another allocated at its address is not a match).
+  std::map<const isa::Program*, std::shared_ptr<const Recording>> recordings_;
 };
 
 }  // namespace tern::sim

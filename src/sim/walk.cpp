@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 
 #include "sim/codec.h"
 
@@ -55,17 +56,32 @@ Walk make_walk(const isa::AccessPattern& ap) {
 const Walk& WalkCache::get(const isa::AccessPattern& ap) {
   // The key: what the walk depends on (memory kind, dtype, the SBUF/PSUM
   // offset, the free dims), as raw bytes.
-  key_.clear();
-  auto put = [&](std::int64_t v) { key_.append(reinterpret_cast<const char*>(&v), sizeof v); };
+  thread_local std::string key;
+  key.clear();
+  auto put = [&](std::int64_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof v); };
   put(ap.mem == Mem::hbm ? -1 : ap.offset);
   put(static_cast<std::int64_t>(ap.dtype));
   for (const auto& d : ap.dims) {
     put(d.count);
     put(d.stride);
   }
-  auto it = map_.find(key_);
-  if (it == map_.end()) it = map_.emplace(key_, make_walk(ap)).first;
-  return it->second;
+  {
+    std::shared_lock lock(mutex_);
+    if (const auto it = map_.find(key); it != map_.end()) return it->second;
+  }
+  Walk w = make_walk(ap);
+  std::unique_lock lock(mutex_);
+  return map_.try_emplace(key, std::move(w)).first->second;
+}
+
+std::size_t WalkCache::size() const {
+  std::shared_lock lock(mutex_);
+  return map_.size();
+}
+
+void WalkCache::clear() {
+  std::unique_lock lock(mutex_);
+  map_.clear();
 }
 
 }  // namespace tern::sim

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <shared_mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -27,16 +28,18 @@ Walk make_walk(const isa::AccessPattern& ap);
 // The walk of given element offsets.
 Walk make_walk(std::vector<std::int64_t> offs, int size);
 
-// Walks by pattern shape. References stay valid until clear().
+// Walks by pattern shape, safe to use from several threads at once (the
+// cores of a replayed run). References stay valid until clear(), which must
+// not race with get().
 class WalkCache {
  public:
   const Walk& get(const isa::AccessPattern& ap);
-  std::size_t size() const { return map_.size(); }
-  void clear() { map_.clear(); }
+  std::size_t size() const;
+  void clear();
 
  private:
+  mutable std::shared_mutex mutex_;
   std::unordered_map<std::string, Walk> map_;
-  std::string key_;  // scratch
 };
 
 }  // namespace tern::sim
