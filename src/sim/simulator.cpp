@@ -177,6 +177,11 @@ struct Simulator::Impl {
   std::vector<Stationary> stationary;
 
   int threads = 1;  // host threads for the Tensor engine's arithmetic
+  // A replay neither checks nor sets SBUF/PSUM written flags: a program
+  // starts with fresh SBUF and PSUM, and its recorded run already found
+  // every read of them written, in the same order. HBM flags stay checked
+  // (the host may leave an input unwritten on a later run).
+  bool sram_flags = true;
 
   Impl(Simulator& sim, const Options& o) : s(sim), opt(o) {
     threads = o.threads > 0 ? o.threads
@@ -205,7 +210,7 @@ struct Simulator::Impl {
     }
     Sram& m = sram(core, ap.mem);
     return {m.row(ap.start_partition + r),
-            m.tracks_written() ? m.written_row(ap.start_partition + r) : nullptr};
+            sram_flags && m.tracks_written() ? m.written_row(ap.start_partition + r) : nullptr};
   }
 
   [[noreturn]] static void uninitialized(const char* what, const AccessPattern& ap, int r,
@@ -625,12 +630,12 @@ struct Simulator::Impl {
           const std::int64_t first = dwk.lo;
           for (int r = 0; r < d.partitions; ++r) {
             std::uint8_t* w = ps.written_row(d.start_partition + r) + first;
-            if (in.accumulate) {
+            if (in.accumulate && sram_flags) {
               if (const void* z = find_unwritten(w, static_cast<std::size_t>(n) * 4, s.mark_)) {
                 uninitialized("accumulate=True onto PSUM", d, r,
                               static_cast<const std::uint8_t*>(z) - w + first);
               }
-            } else {
+            } else if (!in.accumulate) {
               std::memset(ps.row(d.start_partition + r) + first, 0,
                           static_cast<std::size_t>(n) * 4);
             }
@@ -638,7 +643,7 @@ struct Simulator::Impl {
           float* acc = reinterpret_cast<float*>(ps.row(d.start_partition) + first);
           matmul_accumulate(st.w.data(), m.data(), n, acc, ps.bytes_per_partition() / 4, st.k, st.m,
                             n, fp32, threads);
-          for (int r = 0; r < d.partitions; ++r) {
+          for (int r = 0; r < d.partitions && sram_flags; ++r) {
             std::memset(ps.written_row(d.start_partition + r) + first, s.mark_,
                         static_cast<std::size_t>(n) * 4);
           }
@@ -1182,6 +1187,7 @@ RunStats Simulator::replay(const Recording& rec, const Options& opt) {
   const int t = rec.cores_independent ? std::min(hw, static_cast<int>(busy.size())) : 1;
   if (t <= 1) {
     Impl impl(*this, opt);
+    impl.sram_flags = false;
     impl.stationary.resize(static_cast<std::size_t>(ncores));
     std::uint64_t serial = 0;
     std::exception_ptr error;
@@ -1198,6 +1204,7 @@ RunStats Simulator::replay(const Recording& rec, const Options& opt) {
 #pragma omp parallel num_threads(t)
   {
     Impl impl(*this, opt);
+    impl.sram_flags = false;
     impl.stationary.resize(static_cast<std::size_t>(ncores));
 #pragma omp for schedule(dynamic, 1)
     for (std::size_t i = 0; i < busy.size(); ++i)
