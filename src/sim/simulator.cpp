@@ -1123,6 +1123,10 @@ struct Simulator::Recording {
   // No core writes HBM bytes that another core reads or writes: each
   // core's steps may then run on their own, in their recorded order.
   bool cores_independent = false;
+  // Which SBUF bytes the program writes depends on data (a gather that
+  // skips out-of-range rows leaves their slots as they were): replays keep
+  // checking SBUF/PSUM flags.
+  bool data_dependent_writes = false;
 };
 
 namespace {
@@ -1187,7 +1191,7 @@ RunStats Simulator::replay(const Recording& rec, const Options& opt) {
   const int t = rec.cores_independent ? std::min(hw, static_cast<int>(busy.size())) : 1;
   if (t <= 1) {
     Impl impl(*this, opt);
-    impl.sram_flags = false;
+    impl.sram_flags = rec.data_dependent_writes;
     impl.stationary.resize(static_cast<std::size_t>(ncores));
     std::uint64_t serial = 0;
     std::exception_ptr error;
@@ -1204,7 +1208,7 @@ RunStats Simulator::replay(const Recording& rec, const Options& opt) {
 #pragma omp parallel num_threads(t)
   {
     Impl impl(*this, opt);
-    impl.sram_flags = false;
+    impl.sram_flags = rec.data_dependent_writes;
     impl.stationary.resize(static_cast<std::size_t>(ncores));
 #pragma omp for schedule(dynamic, 1)
     for (std::size_t i = 0; i < busy.size(); ++i)
@@ -1451,6 +1455,7 @@ RunStats Simulator::run(const Options& opt) {
       const Instruction* kept = &in;
       if (inp == &resolved) kept = &rec->resolved.emplace_back(resolved);
       rec->steps.push_back({c, index, impl.serial, kept});
+      if (in.op == Opcode::dma_gather && in.oob_skip) rec->data_dependent_writes = true;
       for (std::size_t i = 0; i < in.operands.size(); ++i) {
         const AccessPattern& ap = in.operands[i];
         if (ap.mem != Mem::hbm) continue;

@@ -11,6 +11,7 @@
 
 #include "arch/chip.h"
 #include "helpers.h"
+#include "kernel/builder.h"
 #include "kernel/kernels.h"
 #include "sim/simulator.h"
 #include "util/error.h"
@@ -188,6 +189,38 @@ TEST(Replay, ErrorsMatchFreshSimulation) {
   const std::string want = message(fresh, std::make_shared<const isa::Program>(*p));
   EXPECT_NE(want.find("never-written"), std::string::npos) << want;
   EXPECT_EQ(replayed, want);
+}
+
+// A gather that skips out-of-range rows writes SBUF slots chosen by data:
+// a replay whose indices skip a slot the recorded run wrote must still
+// report the read of it as uninitialized.
+TEST(Replay, DataDependentWritesStayChecked) {
+  const auto chip = arch::load_chip("trn3");
+  kernel::Builder b(chip);
+  const auto table = b.hbm("table", {5, 3}, DType::fp32, isa::TensorKind::input);
+  const auto idxh = b.hbm("idx", {4, 1}, DType::int32, isa::TensorKind::input);
+  const auto out = b.hbm("out", {4, 3}, DType::fp32, isa::TensorKind::output);
+  const auto ix = b.sbuf(4, 1, DType::int32);
+  const auto dst = b.sbuf(4, 3, DType::fp32);
+  b.dma_copy(ix, idxh);
+  b.dma_gather(dst, table, ix, -1, /*oob_skip=*/true);
+  b.dma_copy(out, dst);
+  const auto p = std::make_shared<const isa::Program>(b.finish());
+  sim::Simulator s(chip);
+  auto run = [&](std::vector<float> idx) {
+    s.load_shared(p);
+    s.write("table", random_values(15, 3));
+    s.write("idx", idx);
+    return s.run();
+  };
+  EXPECT_EQ(run({0, 1, 2, 3}).replay_threads, 0);
+  EXPECT_EQ(run({4, 3, 2, 1}).replay_threads, 1);
+  try {
+    run({0, 9, 2, 3});  // row 9 is skipped: partition 1 never written
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("never-written"), std::string::npos) << e.what();
+  }
 }
 
 // A traced run simulates (the trace needs the timeline) and times the same.
