@@ -1143,6 +1143,9 @@ struct Simulator::Recording {
   // skips out-of-range rows leaves their slots as they were): replays keep
   // checking SBUF/PSUM flags.
   bool data_dependent_writes = false;
+  // Elements each core's instructions move (operands summed): a replay puts
+  // cores on threads only when that balances the threads' work.
+  std::vector<std::int64_t> core_work;
 };
 
 namespace {
@@ -1204,7 +1207,15 @@ RunStats Simulator::replay(const Recording& rec, const Options& opt) {
   const int hw = opt.threads > 0
                      ? opt.threads
                      : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const int t = rec.cores_independent ? std::min(hw, static_cast<int>(busy.size())) : 1;
+  // Cores on threads when they are independent and their work balances
+  // (the busiest core at most a quarter over an even share); otherwise one
+  // thread runs the recorded order and splits large instructions' rows.
+  int t = rec.cores_independent ? std::min(hw, static_cast<int>(busy.size())) : 1;
+  if (t > 1) {
+    std::int64_t total = 0, most = 0;
+    for (const std::int64_t w : rec.core_work) total += w, most = std::max(most, w);
+    if (4 * most * t > 5 * total) t = 1;
+  }
   if (t <= 1) {
     Impl impl(*this, opt);
     impl.sram_flags = rec.data_dependent_writes;
@@ -1475,9 +1486,20 @@ RunStats Simulator::run(const Options& opt) {
       for (std::size_t i = 0; i < in.operands.size(); ++i) {
         const AccessPattern& ap = in.operands[i];
         if (ap.mem != Mem::hbm) continue;
-        // Operand 0 is a DMA's destination; the others are read.
-        (i == 0 ? hbm_writes : hbm_reads)[static_cast<std::size_t>(c)].emplace_back(ap.min_byte(),
-                                                                                    ap.max_byte());
+        // Operand 0 is a DMA's destination; the others are read. Each row
+        // counts by the bytes its elements span (cores often write column
+        // blocks of one tensor); an indirect DMA's rows are chosen by data,
+        // so it counts by its whole view.
+        Ranges& to = (i == 0 ? hbm_writes : hbm_reads)[static_cast<std::size_t>(c)];
+        if (isa::is_indirect_dma(in.op)) {
+          to.emplace_back(ap.min_byte(), ap.max_byte());
+          continue;
+        }
+        const Walk& w = impl.walk(ap);
+        for (int r = 0; r < ap.rows(); ++r) {
+          const std::int64_t row = ap.row_address(r);
+          to.emplace_back(row + w.lo, row + w.hi);
+        }
       }
     }
     try {
@@ -1514,8 +1536,12 @@ RunStats Simulator::run(const Options& opt) {
       for (std::size_t b = 0; b < writes.size(); ++b)
         if (a != b && intersect(writes[a], touched[b])) rec->cores_independent = false;
     rec->per_core.resize(static_cast<std::size_t>(ncores));
-    for (const auto& step : rec->steps)
+    rec->core_work.assign(static_cast<std::size_t>(ncores), 0);
+    for (const auto& step : rec->steps) {
       rec->per_core[static_cast<std::size_t>(step.core)].push_back(step);
+      for (const auto& ap : step.in->operands)
+        rec->core_work[static_cast<std::size_t>(step.core)] += ap.elements();
+    }
     std::erase_if(recordings_, [](const auto& kv) { return kv.second->program.expired(); });
     recordings_[program_.get()] = rec;
   }
