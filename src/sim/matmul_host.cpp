@@ -26,6 +26,31 @@ HWY_INLINE V Step(V w, V x, V acc) {
   }
 }
 
+// An MR x (NV vectors) block of outputs: acc[m][n] += sum over k in order
+// of w[k][m] x[k][n]. Every output keeps its own k order, so the block
+// shape changes only speed.
+template <bool kFp32, int MR, int NV, class D>
+HWY_INLINE void Block(D d, const float* w, std::ptrdiff_t ldw, const float* x, std::ptrdiff_t ldx,
+                      float* acc, std::ptrdiff_t lda, int K) {
+  const std::ptrdiff_t L = static_cast<std::ptrdiff_t>(hn::Lanes(d));
+  using V = hn::Vec<D>;
+  V c[MR][NV];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) c[r][v] = hn::LoadU(d, acc + r * lda + v * L);
+  for (int k = 0; k < K; ++k) {
+    const float* xr = x + static_cast<std::ptrdiff_t>(k) * ldx;
+    const float* wr = w + static_cast<std::ptrdiff_t>(k) * ldw;
+    V xv[NV];
+    for (int v = 0; v < NV; ++v) xv[v] = hn::LoadU(d, xr + v * L);
+    for (int r = 0; r < MR; ++r) {
+      const V wv = hn::Set(d, wr[r]);
+      for (int v = 0; v < NV; ++v) c[r][v] = Step<kFp32>(wv, xv[v], c[r][v]);
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) hn::StoreU(c[r][v], d, acc + r * lda + v * L);
+}
+
 template <bool kFp32>
 void Kernel(const float* w, std::ptrdiff_t ldw, const float* x, std::ptrdiff_t ldx, float* acc,
             std::ptrdiff_t lda, int K, int M, int N) {
@@ -34,41 +59,15 @@ void Kernel(const float* w, std::ptrdiff_t ldw, const float* x, std::ptrdiff_t l
   int m = 0;
   for (; m + 4 <= M; m += 4) {
     float* a0 = acc + static_cast<std::ptrdiff_t>(m) * lda;
-    float* a1 = a0 + lda;
-    float* a2 = a1 + lda;
-    float* a3 = a2 + lda;
     int n = 0;
-    for (; n + 2 * L <= N; n += 2 * L) {
-      auto c00 = hn::LoadU(d, a0 + n), c01 = hn::LoadU(d, a0 + n + L);
-      auto c10 = hn::LoadU(d, a1 + n), c11 = hn::LoadU(d, a1 + n + L);
-      auto c20 = hn::LoadU(d, a2 + n), c21 = hn::LoadU(d, a2 + n + L);
-      auto c30 = hn::LoadU(d, a3 + n), c31 = hn::LoadU(d, a3 + n + L);
-      for (int k = 0; k < K; ++k) {
-        const float* xr = x + static_cast<std::ptrdiff_t>(k) * ldx + n;
-        const float* wr = w + static_cast<std::ptrdiff_t>(k) * ldw + m;
-        const auto x0 = hn::LoadU(d, xr), x1 = hn::LoadU(d, xr + L);
-        auto wv = hn::Set(d, wr[0]);
-        c00 = Step<kFp32>(wv, x0, c00);
-        c01 = Step<kFp32>(wv, x1, c01);
-        wv = hn::Set(d, wr[1]);
-        c10 = Step<kFp32>(wv, x0, c10);
-        c11 = Step<kFp32>(wv, x1, c11);
-        wv = hn::Set(d, wr[2]);
-        c20 = Step<kFp32>(wv, x0, c20);
-        c21 = Step<kFp32>(wv, x1, c21);
-        wv = hn::Set(d, wr[3]);
-        c30 = Step<kFp32>(wv, x0, c30);
-        c31 = Step<kFp32>(wv, x1, c31);
-      }
-      hn::StoreU(c00, d, a0 + n);
-      hn::StoreU(c01, d, a0 + n + L);
-      hn::StoreU(c10, d, a1 + n);
-      hn::StoreU(c11, d, a1 + n + L);
-      hn::StoreU(c20, d, a2 + n);
-      hn::StoreU(c21, d, a2 + n + L);
-      hn::StoreU(c30, d, a3 + n);
-      hn::StoreU(c31, d, a3 + n + L);
-    }
+    // 4 x 4 vectors: 16 accumulators, for targets with 32 vector registers
+    // (16-lane AVX-512); 4 x 2 elsewhere.
+    if (L >= 16)
+      for (; n + 4 * L <= N; n += 4 * L)
+        Block<kFp32, 4, 4>(d, w + m, ldw, x + n, ldx, a0 + n, lda, K);
+    for (; n + 2 * L <= N; n += 2 * L)
+      Block<kFp32, 4, 2>(d, w + m, ldw, x + n, ldx, a0 + n, lda, K);
+    for (; n + L <= N; n += L) Block<kFp32, 4, 1>(d, w + m, ldw, x + n, ldx, a0 + n, lda, K);
     for (int r = 0; r < 4; ++r) {
       float* ar = acc + static_cast<std::ptrdiff_t>(m + r) * lda;
       for (int nn = n; nn < N; ++nn) {
