@@ -23,8 +23,10 @@ bool is_run(std::span<const std::int64_t> offs, int sz);
 void decode_row(isa::DType d, const std::uint8_t* base, std::span<const std::int64_t> offs,
                 float* out, int run = -1);
 // Encodes n floats into elements of `d` at base + offs[i]. `index_base`
-// numbers the elements for stochastic rounding.
+// numbers the elements for stochastic rounding. `run`: whether offs is_run
+// (1 / 0), when the caller knows; -1: checked here.
 void encode_row(isa::DType d, const float* in, std::span<const std::int64_t> offs,
-                std::uint8_t* base, const num::CastOptions& opt, std::uint64_t index_base);
+                std::uint8_t* base, const num::CastOptions& opt, std::uint64_t index_base,
+                int run = -1);
 
 }  // namespace tern::sim

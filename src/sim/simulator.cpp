@@ -334,7 +334,7 @@ struct Simulator::Impl {
         std::memcpy(base + w.lo, in, n * sizeof(float));
       } else {
         encode_row(ap.dtype, in, w.offs, base, co,
-                   (serial << 24) + static_cast<std::uint64_t>(r) * n);
+                   (serial << 24) + static_cast<std::uint64_t>(r) * n, w.run ? 1 : 0);
       }
       mark_written(written, w);
     };
