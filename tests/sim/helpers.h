@@ -1,12 +1,24 @@
 // Small helpers to write raw programs in tests.
 #pragma once
 
+#include <cstdint>
+#include <random>
 #include <string>
+#include <vector>
 
 #include "arch/chip.h"
 #include "isa/program.h"
 
 namespace tern::testing_helpers {
+
+// n draws of N(0, scale^2) from mt19937 seeded with `seed`.
+inline std::vector<float> random_values(std::size_t n, std::uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
 
 inline isa::AccessPattern sbuf(int p0, int np, std::int64_t offset, std::int64_t free,
                                isa::DType dt = isa::DType::fp32, isa::Mem mem = isa::Mem::sbuf) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "arch/chip.h"
+#include "helpers.h"
 #include "kernel/kernels.h"
 #include "num/convert.h"
 #include "num/mx.h"
@@ -20,14 +21,7 @@ namespace tern {
 namespace {
 
 using isa::DType;
-
-std::vector<float> random_values(std::size_t n, std::uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
+using testing_helpers::random_values;
 
 // Rounds values to what a tensor of `dt` holds.
 std::vector<float> as_dtype(std::vector<float> v, DType dt) {
