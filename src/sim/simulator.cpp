@@ -888,14 +888,34 @@ struct Simulator::Impl {
         const Walk& swk = walk(src);
         const Walk& dwk = walk(d);
         const auto sb = bases(core, src);
+        const auto db = bases(core, d);
+        const std::size_t sz = static_cast<std::size_t>(swk.size);
+        const int drows = static_cast<int>(swk.offs.size());
+        const bool apart =
+            src.mem != d.mem || src.max_byte() <= d.min_byte() || d.max_byte() <= src.min_byte() ||
+            (src.mem != Mem::hbm && (src.start_partition + src.partitions <= d.start_partition ||
+                                     d.start_partition + d.partitions <= src.start_partition));
+        if (!apart || !disjoint_rows(d, dwk)) {
+          // Source and destination share bytes, or destination rows do:
+          // element by element in source order, each source row checked
+          // just before it is read (what an earlier row wrote counts).
+          for (int r = 0; r < src.rows(); ++r) {
+            const std::size_t ru = static_cast<std::size_t>(r);
+            check_written(sb[ru].second, src, r, swk, "the DMA source");
+            for (std::size_t i = 0; i < swk.offs.size(); ++i) {
+              std::memcpy(db[i].first + dwk.offs[ru], sb[ru].first + swk.offs[i], sz);
+              if (db[i].second) std::memset(db[i].second + dwk.offs[ru], s.mark_, sz);
+            }
+          }
+          break;
+        }
         for (int r = 0; r < src.rows(); ++r)
           check_written(sb[static_cast<std::size_t>(r)].second, src, r, swk, "the DMA source");
-        const auto db = bases(core, d);
-        auto one = [&](int i) {
+        for_rows(drows, src.elements(), [&](int i) {
           const std::size_t iu = static_cast<std::size_t>(i);
           std::uint8_t* dst = db[iu].first;
           const std::int64_t so = swk.offs[iu];
-          switch (swk.size) {
+          switch (sz) {
             case 2:
               for (std::size_t r = 0; r < sb.size(); ++r)
                 std::memcpy(dst + dwk.offs[r], sb[r].first + so, 2);
@@ -906,17 +926,10 @@ struct Simulator::Impl {
               break;
             default:
               for (std::size_t r = 0; r < sb.size(); ++r)
-                std::memcpy(dst + dwk.offs[r], sb[r].first + so,
-                            static_cast<std::size_t>(swk.size));
+                std::memcpy(dst + dwk.offs[r], sb[r].first + so, sz);
           }
           mark_written(db[iu].second, dwk);
-        };
-        const int drows = static_cast<int>(swk.offs.size());
-        if (disjoint_rows(d, dwk)) {
-          for_rows(drows, src.elements(), one);
-        } else {
-          for (int i = 0; i < drows; ++i) one(i);
-        }
+        });
         break;
       }
       case Opcode::dma_gather:
@@ -1139,9 +1152,9 @@ struct Simulator::Recording {
   // No core writes HBM bytes that another core reads or writes: each
   // core's steps may then run on their own, in their recorded order.
   bool cores_independent = false;
-  // Which SBUF bytes the program writes depends on data (a gather that
-  // skips out-of-range rows leaves their slots as they were): replays keep
-  // checking SBUF/PSUM flags.
+  // Which SBUF bytes the program writes or reads depends on data (a gather
+  // or scatter that skips out-of-range rows): replays keep checking
+  // SBUF/PSUM flags.
   bool data_dependent_writes = false;
   // Elements each core's instructions move (operands summed): a replay puts
   // cores on threads only when that balances the threads' work.
@@ -1270,7 +1283,7 @@ RunStats Simulator::run(const Options& opt) {
   }
   // The walks of a training step's programs are a few thousand; a bound
   // keeps a long session of ever-new shapes from growing without end.
-  if (walks_->size() > 65536) walks_->clear();
+  if (walks_->size() > 65536 || walks_->bytes() > (std::size_t{256} << 20)) walks_->clear();
   const bool replayable = data && !opt.trace;
   if (replayable) {
     if (const auto it = recordings_.find(program_.get()); it != recordings_.end()) {
@@ -1482,7 +1495,9 @@ RunStats Simulator::run(const Options& opt) {
       const Instruction* kept = &in;
       if (inp == &resolved) kept = &rec->resolved.emplace_back(resolved);
       rec->steps.push_back({c, index, impl.serial, kept});
-      if (in.op == Opcode::dma_gather && in.oob_skip) rec->data_dependent_writes = true;
+      // A gather that skips rows leaves SBUF slots unwritten, a scatter that
+      // skips leaves them unread: which depends on the indices.
+      if (isa::is_indirect_dma(in.op) && in.oob_skip) rec->data_dependent_writes = true;
       for (std::size_t i = 0; i < in.operands.size(); ++i) {
         const AccessPattern& ap = in.operands[i];
         if (ap.mem != Mem::hbm) continue;

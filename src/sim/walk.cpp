@@ -71,7 +71,9 @@ const Walk& WalkCache::get(const isa::AccessPattern& ap) {
   }
   Walk w = make_walk(ap);
   std::unique_lock lock(mutex_);
-  return map_.try_emplace(key, std::move(w)).first->second;
+  const auto [it, added] = map_.try_emplace(key, std::move(w));
+  if (added) bytes_ += it->second.offs.size() * sizeof(std::int64_t);
+  return it->second;
 }
 
 std::size_t WalkCache::size() const {
@@ -79,9 +81,15 @@ std::size_t WalkCache::size() const {
   return map_.size();
 }
 
+std::size_t WalkCache::bytes() const {
+  std::shared_lock lock(mutex_);
+  return bytes_;
+}
+
 void WalkCache::clear() {
   std::unique_lock lock(mutex_);
   map_.clear();
+  bytes_ = 0;
 }
 
 }  // namespace tern::sim

@@ -35,11 +35,13 @@ class WalkCache {
  public:
   const Walk& get(const isa::AccessPattern& ap);
   std::size_t size() const;
+  std::size_t bytes() const;  // the walks' offsets, in all
   void clear();
 
  private:
   mutable std::shared_mutex mutex_;
   std::unordered_map<std::string, Walk> map_;
+  std::size_t bytes_ = 0;
 };
 
 }  // namespace tern::sim

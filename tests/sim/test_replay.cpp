@@ -215,6 +215,69 @@ TEST(Replay, DataDependentWritesStayChecked) {
   }
 }
 
+// The same for a scatter that skips out-of-range rows: which SBUF slots it
+// reads depends on data, so a slot the recorded run skipped (never
+// written) must still be reported when a later run reads it.
+TEST(Replay, DataDependentReadsStayChecked) {
+  const auto chip = arch::load_chip("trn3");
+  kernel::Builder b(chip);
+  const auto out = b.hbm("out", {4, 3}, DType::fp32, isa::TensorKind::output);
+  const auto idxh = b.hbm("idx", {2, 1}, DType::int32, isa::TensorKind::input);
+  const auto ix = b.sbuf(2, 1, DType::int32);
+  const auto src = b.sbuf(2, 3, DType::fp32);
+  b.dma_copy(ix, idxh);
+  b.memset(src.tile(0, 1, 0, 3), 5.0f);  // partition 1 never written
+  b.dma_scatter(out, src, ix);
+  isa::Program prog = b.finish();
+  for (auto& stream : prog.cores[0].streams)
+    for (auto& in : stream)
+      if (in.op == Opcode::dma_scatter) in.oob_skip = true;
+  const auto p = std::make_shared<const isa::Program>(prog);
+  sim::Simulator s(chip);
+  auto run = [&](std::vector<float> idx) {
+    s.load_shared(p);
+    s.write("idx", idx);
+    return s.run();
+  };
+  EXPECT_EQ(run({0, 99}).replay_threads, 0);  // partition 1 skipped: never read
+  try {
+    run({0, 1});
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("never-written"), std::string::npos) << e.what();
+  }
+}
+
+// A DMA transpose into HBM rows that overlap: the later source row's
+// element wins, as element by element in source order.
+TEST(Replay, OverlappingTransposeKeepsSourceOrder) {
+  const auto chip = arch::load_chip("trn3");
+  isa::Program p = program(chip);
+  p.tensors.push_back({"x", 1 << 22, {2, 2}, DType::bf16, isa::TensorKind::input});
+  p.tensors.push_back({"out", 1 << 23, {64}, DType::bf16, isa::TensorKind::output});
+  auto fill = ins(Engine::sync, Opcode::dma_copy,
+                  {sbuf(0, 2, 0, 2, DType::bf16), hbm(1 << 22, 2, 2, DType::bf16)});
+  fill.signals = {1};
+  add(p, fill);
+  // Destination row i, element r at out + i + r (elements): (i, r) = (1, 0)
+  // and (0, 1) are the same element.
+  isa::AccessPattern dst = hbm(1 << 23, 2, 2, DType::bf16);
+  dst.dims = {{1, 2}, {1, 2}};
+  auto t = ins(Engine::sync, Opcode::dma_transpose, {dst, sbuf(0, 2, 0, 2, DType::bf16)});
+  t.waits = {{1, 1}};
+  add(p, t);
+  sim::Simulator s(chip);
+  s.load(p);
+  s.write("x", std::vector<float>{1.0f, 2.0f, 3.0f, 4.0f});
+  s.write("out", std::vector<float>(64, 0.0f));
+  s.run();
+  const std::vector<float> out = s.read("out");
+  // Source row 1 (3, 4) is copied after row 0 (1, 2): element 1 holds 3.
+  EXPECT_EQ(out[0], 1.0f);
+  EXPECT_EQ(out[1], 3.0f);
+  EXPECT_EQ(out[2], 4.0f);
+}
+
 // A traced run simulates (the trace needs the timeline) and times the same.
 TEST(Replay, TracedRunSimulates) {
   const auto chip = arch::load_chip("trn3");
