@@ -178,7 +178,7 @@ struct Simulator::Impl {
   };
   std::vector<Stationary> stationary;
 
-  int threads = 1;  // host threads for the Tensor engine's arithmetic
+  int threads = 1;  // host threads for rows of large instructions and the matmul
   // A replay neither checks nor sets SBUF/PSUM written flags: a program
   // starts with fresh SBUF and PSUM, and its recorded run already found
   // every read of them written, in the same order. HBM flags stay checked

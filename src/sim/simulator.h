@@ -121,9 +121,9 @@ class Simulator {
   // cleared: what the clear at the mark's wrap-around covers.
   std::int64_t sbuf_used_ = 0, psum_used_ = 0;
   bool loaded_ = false;
-  // Operand walks by pattern shape, kept across runs (shared by copies:
-  // the walks are a pure function of the pattern).
-  std::shared_ptr<WalkCache> walks_ = std::make_shared<WalkCache>();
+  // Operand walks by pattern shape, kept across runs (behind a pointer: the
+  // cache holds a mutex, and a simulator stays movable).
+  std::unique_ptr<WalkCache> walks_ = std::make_unique<WalkCache>();
   // Recorded runs by program (a recording holds its program weakly: a
   // program freed and another allocated at its address is not a match).
   std::map<const isa::Program*, std::shared_ptr<const Recording>> recordings_;
