@@ -16,6 +16,68 @@ int FabricLevel::size() const {
   return n;
 }
 
+FlopRate DeviceSpec::peak_for(std::string_view dtype) const {
+  const auto it = peak.find(dtype);
+  if (it == peak.end()) {
+    std::vector<std::string> known;
+    for (const auto& [k, v] : peak) known.push_back(k);
+    throw NotSupported(
+        fmt::format("{} has no {} peak (it has: {})", name, dtype, fmt::join(known, ", ")));
+  }
+  return it->second;
+}
+
+namespace {
+
+// A bandwidth as its source counted it, stored one way.
+Bandwidth one_way(const TomlReader& r, const std::string& table, const std::string& key) {
+  const double v = r.number(table + "." + key, 0);
+  const std::string counts = r.string(table + ".bandwidth_counts");
+  if (counts == "bidirectional") return gigabytes_per_second(v / 2);
+  if (counts == "one-way") return gigabytes_per_second(v);
+  r.fail(table + ".bandwidth_counts", "\"bidirectional\" or \"one-way\"",
+         r.root().at_path(table + ".bandwidth_counts").node());
+}
+
+DeviceSpec trainium_device(const ChipSpec& c) {
+  DeviceSpec d;
+  d.name = c.display_name;
+  d.trainium = true;
+  d.hbm_capacity = c.hbm_capacity;
+  d.hbm_bandwidth = c.hbm_bandwidth;
+  for (const auto& [dtype, rate] : c.tensor.rate) {
+    if (dtype != "sparse") d.peak[dtype] = c.tensor_peak_per_chip(dtype);
+  }
+  return d;
+}
+
+DeviceSpec gpu_device(const TomlReader& r) {
+  r.check_keys("device", r.table("device"),
+               {"name", "hbm_gib", "hbm_bandwidth_gbps", "peak_tflops", "gemm_efficiency",
+                "memory_efficiency"});
+  DeviceSpec d;
+  d.name = r.string("device.name");
+  d.trainium = false;
+  d.hbm_capacity = gibibytes(r.number("device.hbm_gib", 0));
+  d.hbm_bandwidth = gigabytes_per_second(r.number("device.hbm_bandwidth_gbps", 0));
+  for (const auto& [k, v] : r.table("device.peak_tflops")) {
+    const std::string dtype(k.str());
+    d.peak[dtype] = FlopRate(r.number("device.peak_tflops." + dtype, 0) * 1e12);
+  }
+  if (d.peak.empty()) r.fail("device.peak_tflops", "one or more dtype = TFLOPS entries", nullptr);
+  d.gemm_efficiency = r.number("device.gemm_efficiency", 0);
+  d.memory_efficiency = r.number("device.memory_efficiency", 0);
+  for (const char* k : {"gemm_efficiency", "memory_efficiency"}) {
+    const double e = r.number(std::string("device.") + k, 0);
+    if (e > 1)
+      r.fail(std::string("device.") + k, "a fraction in (0, 1]",
+             r.root().at_path(std::string("device.") + k).node());
+  }
+  return d;
+}
+
+}  // namespace
+
 std::string_view topology_name(Topology t) {
   switch (t) {
     case Topology::torus2d:
@@ -30,7 +92,7 @@ std::string_view topology_name(Topology t) {
 
 SystemSpec load_system_file(const std::filesystem::path& file) {
   const TomlReader r(file);
-  r.check_keys("", r.root(), {"schema", "system", "fabric", "scale_out", "published"});
+  r.check_keys("", r.root(), {"schema", "system", "device", "fabric", "scale_out", "published"});
   r.integer("schema", 1, 1);
   r.check_keys("system", r.table("system"),
                {"name", "display_name", "chip", "chips", "cross_rack_direct_gbps"});
@@ -38,7 +100,14 @@ SystemSpec load_system_file(const std::filesystem::path& file) {
   s.source = file;
   s.name = r.string("system.name");
   s.display_name = r.string("system.display_name");
-  const std::string chip = r.string("system.chip");
+  const bool gpu = r.has("device");
+  if (gpu == r.has("system.chip")) {
+    throw Error(
+        fmt::format("{}: a system names either a chip (system.chip) or describes its "
+                    "device ([device]), not {}",
+                    file.string(), gpu ? "both" : "neither"));
+  }
+  const std::string chip = gpu ? "" : r.string("system.chip");
   s.chips = static_cast<int>(r.integer("system.chips", 1, 1 << 24));
   if (r.has("system.cross_rack_direct_gbps")) {
     s.cross_rack_direct = gigabytes_per_second(r.number("system.cross_rack_direct_gbps", 0));
@@ -51,7 +120,9 @@ SystemSpec load_system_file(const std::filesystem::path& file) {
   for (std::size_t i = 0; i < levels.size(); ++i) {
     const std::string key = fmt::format("fabric[{}]", i);
     const auto& t = *levels[i].as_table();
-    r.check_keys(key, t, {"name", "topology", "dims", "size", "bandwidth_gbps_per_chip"});
+    r.check_keys(key, t,
+                 {"name", "topology", "dims", "size", "bandwidth_gbps_per_chip", "bandwidth_counts",
+                  "latency_ns"});
     FabricLevel l;
     l.name = r.string(key + ".name");
     const std::string topo = r.string(key + ".topology");
@@ -69,7 +140,8 @@ SystemSpec load_system_file(const std::filesystem::path& file) {
     } else {
       r.fail(key + ".topology", "one of torus2d, ring, switched", t.get("topology"));
     }
-    l.bandwidth_per_chip = gigabytes_per_second(r.number(key + ".bandwidth_gbps_per_chip", 0));
+    l.bandwidth_per_chip = one_way(r, key, "bandwidth_gbps_per_chip");
+    l.latency = Nanoseconds(r.number(key + ".latency_ns", 0, false));
     s.fabric.push_back(std::move(l));
   }
   int product = 1;
@@ -81,21 +153,31 @@ SystemSpec load_system_file(const std::filesystem::path& file) {
                     file.string(), product, s.chips));
   }
   if (r.has("scale_out")) {
-    r.check_keys("scale_out", r.table("scale_out"), {"name", "bandwidth_gbps_per_instance"});
-    s.scale_out =
-        ScaleOut{r.string("scale_out.name"),
-                 gigabytes_per_second(r.number("scale_out.bandwidth_gbps_per_instance", 0))};
+    r.check_keys("scale_out", r.table("scale_out"),
+                 {"name", "bandwidth_gbps_per_instance", "bandwidth_counts", "instance_chips",
+                  "latency_ns"});
+    ScaleOut o;
+    o.name = r.string("scale_out.name");
+    o.bandwidth_per_instance = one_way(r, "scale_out", "bandwidth_gbps_per_instance");
+    o.instance_chips = static_cast<int>(r.integer("scale_out.instance_chips", 1, s.chips));
+    o.latency = Nanoseconds(r.number("scale_out.latency_ns", 0, false));
+    s.scale_out = o;
   }
   if (r.has("published")) {
     for (const auto& [k, v] : r.table("published")) {
       s.published[std::string(k.str())] = r.number("published." + std::string(k.str()), 0);
     }
   }
+  if (gpu) {
+    s.device = gpu_device(r);
+    return s;
+  }
   // The chip file sits beside the system folder (data/arch/<chip>.toml).
   const auto sibling = file.parent_path().parent_path() / (chip + ".toml");
   std::error_code ec;
   s.chip =
       std::filesystem::is_regular_file(sibling, ec) ? load_chip_file(sibling) : load_chip(chip);
+  s.device = trainium_device(*s.chip);
   return s;
 }
 

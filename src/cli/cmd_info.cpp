@@ -154,25 +154,28 @@ json system_json(const arch::SystemSpec& s) {
                       {"topology", arch::topology_name(l.topology)},
                       {"dims", l.dims},
                       {"size", l.size()},
-                      {"bandwidth_gbps_per_chip", l.bandwidth_per_chip.value()}});
+                      {"bandwidth_gbps_per_chip_one_way", l.bandwidth_per_chip.value()},
+                      {"latency_ns", l.latency.value()}});
   }
   json j = {{"name", s.name},
             {"display_name", s.display_name},
             {"source", s.source.string()},
             {"chips", s.chips},
-            {"chip", chip_json(s.chip)},
+            {"device", s.device.name},
             {"fabric", levels},
             {"hbm_bytes", s.hbm_capacity().value()},
             {"hbm_bandwidth_gbps", s.hbm_bandwidth().value()},
             {"published", s.published}};
+  if (s.chip) j["chip"] = chip_json(*s.chip);
   json peaks = json::object();
-  for (const char* d : kDtypes) {
-    if (s.chip.supports(d)) peaks[d] = s.tensor_peak(d).value() / 1e15;
-  }
+  for (const auto& [d, rate] : s.device.peak) peaks[d] = rate.value() * s.chips / 1e15;
   j["tensor_peak_pflops"] = peaks;
   if (s.scale_out) {
-    j["scale_out"] = {{"name", s.scale_out->name},
-                      {"bandwidth_gbps_per_instance", s.scale_out->bandwidth_per_instance.value()}};
+    j["scale_out"] = {
+        {"name", s.scale_out->name},
+        {"bandwidth_gbps_per_instance_one_way", s.scale_out->bandwidth_per_instance.value()},
+        {"instance_chips", s.scale_out->instance_chips},
+        {"latency_ns", s.scale_out->latency.value()}};
   }
   if (s.cross_rack_direct) j["cross_rack_direct_gbps"] = s.cross_rack_direct->value();
   return j;
@@ -180,19 +183,20 @@ json system_json(const arch::SystemSpec& s) {
 
 std::string system_text(const arch::SystemSpec& s) {
   std::string out = fmt::format("{} ({}): {} x {}   [{}]\n\n", s.display_name, s.name, s.chips,
-                                s.chip.display_name, s.source.string());
-  Table fab({"fabric level", "topology", "chips", "GB/s per chip"});
-  fab.set_align_right({false, false, true, true});
+                                s.device.name, s.source.string());
+  Table fab({"fabric level", "topology", "chips", "GB/s per chip (one way)", "latency"});
+  fab.set_align_right({false, false, true, true, true});
   for (const auto& l : s.fabric) {
     std::string topo(arch::topology_name(l.topology));
     if (l.topology == arch::Topology::torus2d) topo += fmt::format(" {}x{}", l.dims[0], l.dims[1]);
     fab.add({l.name, topo, std::to_string(l.size()),
-             fmt::format("{:g}", l.bandwidth_per_chip.value())});
+             fmt::format("{:g}", l.bandwidth_per_chip.value()),
+             fmt::format("{:g} ns", l.latency.value())});
   }
   out += fab.render() + "\n";
   Table tot({"system total", "value"});
-  for (const char* d : {"bf16", "fp8", "mxfp8"}) {
-    if (s.chip.supports(d)) {
+  for (const char* d : {"bf16", "fp8", "mxfp8", "mxfp4"}) {
+    if (s.device.peak.count(d)) {
       tot.add({fmt::format("{} peak", d),
                fmt::format("{:.1f} PFLOPS", s.tensor_peak(d).value() / 1e15)});
     }
@@ -202,12 +206,13 @@ std::string system_text(const arch::SystemSpec& s) {
                           gib(s.hbm_capacity()))});
   tot.add({"HBM bandwidth", fmt::format("{:.1f} TB/s", s.hbm_bandwidth().value() / 1e3)});
   if (s.scale_out) {
-    tot.add({"scale-out", fmt::format("{} {} per instance", s.scale_out->name,
-                                      gbps(s.scale_out->bandwidth_per_instance))});
+    tot.add({"scale-out", fmt::format("{} {} per instance of {} chips (one way), {:g} ns",
+                                      s.scale_out->name, gbps(s.scale_out->bandwidth_per_instance),
+                                      s.scale_out->instance_chips, s.scale_out->latency.value())});
   }
   if (s.cross_rack_direct) tot.add({"cross-rack direct", gbps(*s.cross_rack_direct) + " per chip"});
   out += tot.render();
-  return out + "\nChip:\n" + chip_text(s.chip);
+  return s.chip ? out + "\nChip:\n" + chip_text(*s.chip) : out;
 }
 
 }  // namespace
@@ -241,7 +246,7 @@ void add_info_command(CLI::App& app) {
       for (const auto& n : arch::list_systems()) {
         const auto s = arch::load_system(n);
         j["systems"].push_back({{"name", n}, {"display_name", s.display_name}, {"chips", s.chips}});
-        t.add({"system", n, fmt::format("{}, {} x {}", s.display_name, s.chips, s.chip.name)});
+        t.add({"system", n, fmt::format("{}, {} x {}", s.display_name, s.chips, s.device.name)});
       }
       std::fputs(opts->json ? (j.dump(2) + "\n").c_str() : t.render().c_str(), stdout);
       return;

@@ -117,6 +117,17 @@ TEST_F(Broken, SystemFabricMustHoldTheChips) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("'fabric[0].topology'"), std::string::npos) << e.what();
   }
+  text = system_text_;
+  text.replace(text.find("bandwidth_counts = \"bidirectional\""), 34,
+               "bandwidth_counts = \"both\"");
+  std::ofstream(file) << text;
+  try {
+    load_system_file(file);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'fabric[0].bandwidth_counts'"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

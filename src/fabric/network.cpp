@@ -1,0 +1,98 @@
+#include "fabric/network.h"
+
+#include <fmt/format.h>
+
+#include "util/error.h"
+
+namespace tern::fabric {
+
+int Level::size() const {
+  int n = 1;
+  for (int d : dims) n *= d;
+  return n;
+}
+
+Network::Network(std::vector<Level> levels) : levels_(std::move(levels)) {
+  if (levels_.empty()) throw Error("network: no levels");
+  for (const auto& l : levels_) {
+    if (l.size() < 1 || l.bandwidth.value() <= 0 || l.latency.value() < 0) {
+      throw Error(
+          fmt::format("network level '{}': size, bandwidth and latency must be positive", l.name));
+    }
+  }
+}
+
+int Network::chips() const {
+  int n = 1;
+  for (const auto& l : levels_) n *= l.size();
+  return n;
+}
+
+Network Network::of(const arch::SystemSpec& s, int chips) {
+  if (chips < 1) throw Error(fmt::format("{}: chip count must be positive, got {}", s.name, chips));
+  std::vector<Level> levels;
+  for (const auto& f : s.fabric) {
+    levels.push_back({f.name, f.topology, f.dims, f.bandwidth_per_chip, f.latency});
+  }
+  if (chips >= s.chips) {
+    if (chips % s.chips != 0) {
+      throw Error(fmt::format("{} holds {} chips; {} chips is not a whole number of systems",
+                              s.name, s.chips, chips));
+    }
+    if (chips > s.chips) {
+      if (!s.scale_out) {
+        throw Error(
+            fmt::format("{} has no scale-out network in its file, so it cannot grow "
+                        "beyond {} chips (asked for {})",
+                        s.name, s.chips, chips));
+      }
+      levels.push_back({s.scale_out->name,
+                        arch::Topology::switched,
+                        {chips / s.chips},
+                        s.scale_out->bandwidth_per_chip(),
+                        s.scale_out->latency});
+    }
+    return Network(std::move(levels));
+  }
+  // Part of one system: whole inner levels, then a part of one level. A
+  // torus may only be cut along whole rows; a part of a ring or switch keeps
+  // its per-chip bandwidth.
+  std::vector<Level> part;
+  int left = chips;
+  for (auto& l : levels) {
+    if (left == 1) break;
+    const int n = l.size();
+    if (left % n == 0) {
+      part.push_back(l);
+      left /= n;
+      continue;
+    }
+    if (n % left != 0) break;
+    if (l.topology == arch::Topology::torus2d) {
+      if (left % l.dims[0] != 0) break;
+      l.dims = {l.dims[0], left / l.dims[0]};
+      // One row of a torus is a ring with half the chip's links.
+      if (l.dims[1] == 1)
+        l = Level{l.name, arch::Topology::ring, {l.dims[0]}, l.bandwidth / 2.0, l.latency};
+    } else {
+      l.dims = {left};
+    }
+    part.push_back(l);
+    left = 1;
+  }
+  if (left != 1) {
+    throw Error(
+        fmt::format("{} chips is not a part of {} that fills whole fabric levels "
+                    "(levels of {})",
+                    chips, s.name, [&] {
+                      std::string out;
+                      for (const auto& l : s.fabric)
+                        out += (out.empty() ? "" : " x ") + std::to_string(l.size());
+                      return out;
+                    }()));
+  }
+  if (part.empty()) part.push_back(levels.front()), part.back().dims = {1};
+  return Network(std::move(part));
+}
+
+}  // namespace tern::fabric

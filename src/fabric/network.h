@@ -1,0 +1,40 @@
+// The network a collective runs on: the fabric levels of a system, from the
+// innermost (fastest) outwards, plus the scale-out network when a cluster
+// holds several systems. Built from arch::SystemSpec; knows nothing of
+// chips' compute.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "arch/system.h"
+#include "util/units.h"
+
+namespace tern::fabric {
+
+struct Level {
+  std::string name;
+  arch::Topology topology = arch::Topology::switched;
+  std::vector<int> dims;  // torus2d: {x, y}; ring / switched: {size}
+  Bandwidth bandwidth;    // per chip, one way, at this level
+  Nanoseconds latency;    // one algorithm step at this level
+  int size() const;
+};
+
+class Network {
+ public:
+  // `chips` of system `s`: a divisor of s.chips that fills whole inner levels
+  // (a part of one system), or a multiple of s.chips (that many systems over
+  // s.scale_out, which must exist). Errors name the system and the count.
+  static Network of(const arch::SystemSpec& s, int chips);
+  // A network from explicit levels (tests, what-if studies).
+  explicit Network(std::vector<Level> levels);
+
+  const std::vector<Level>& levels() const { return levels_; }
+  int chips() const;
+
+ private:
+  std::vector<Level> levels_;
+};
+
+}  // namespace tern::fabric
