@@ -92,7 +92,8 @@ std::string_view topology_name(Topology t) {
 
 SystemSpec load_system_file(const std::filesystem::path& file) {
   const TomlReader r(file);
-  r.check_keys("", r.root(), {"schema", "system", "device", "fabric", "scale_out", "published"});
+  r.check_keys("", r.root(),
+               {"schema", "system", "device", "fabric", "scale_out", "published", "collectives"});
   r.integer("schema", 1, 1);
   r.check_keys("system", r.table("system"),
                {"name", "display_name", "chip", "chips", "cross_rack_direct_gbps"});
@@ -122,7 +123,7 @@ SystemSpec load_system_file(const std::filesystem::path& file) {
     const auto& t = *levels[i].as_table();
     r.check_keys(key, t,
                  {"name", "topology", "dims", "size", "bandwidth_gbps_per_chip", "bandwidth_counts",
-                  "latency_ns"});
+                  "latency_ns", "efficiency"});
     FabricLevel l;
     l.name = r.string(key + ".name");
     const std::string topo = r.string(key + ".topology");
@@ -142,6 +143,10 @@ SystemSpec load_system_file(const std::filesystem::path& file) {
     }
     l.bandwidth_per_chip = one_way(r, key, "bandwidth_gbps_per_chip");
     l.latency = Nanoseconds(r.number(key + ".latency_ns", 0, false));
+    if (r.has(key + ".efficiency")) {
+      l.efficiency = r.number(key + ".efficiency", 0);
+      if (l.efficiency > 1) r.fail(key + ".efficiency", "a fraction in (0, 1]", t.get("efficiency"));
+    }
     s.fabric.push_back(std::move(l));
   }
   int product = 1;
@@ -162,6 +167,21 @@ SystemSpec load_system_file(const std::filesystem::path& file) {
     o.instance_chips = static_cast<int>(r.integer("scale_out.instance_chips", 1, s.chips));
     o.latency = Nanoseconds(r.number("scale_out.latency_ns", 0, false));
     s.scale_out = o;
+  }
+  if (r.has("collectives")) {
+    r.check_keys("collectives", r.table("collectives"), {"algorithms"});
+    const toml::node* n = r.table("collectives").get("algorithms");
+    const toml::array* arr = n ? n->as_array() : nullptr;
+    if (!arr || arr->empty()) r.fail("collectives.algorithms", "a list of algorithm names", n);
+    for (std::size_t i = 0; i < arr->size(); ++i) {
+      const std::string a = r.string(fmt::format("collectives.algorithms[{}]", i));
+      if (a != "ring" && a != "tree" && a != "halving-doubling" && a != "direct" &&
+          a != "hierarchical") {
+        r.fail(fmt::format("collectives.algorithms[{}]", i),
+               "ring, tree, halving-doubling, direct or hierarchical", arr->get(i));
+      }
+      s.collective_algorithms.push_back(a);
+    }
   }
   if (r.has("published")) {
     for (const auto& [k, v] : r.table("published")) {

@@ -25,6 +25,7 @@ struct FabricLevel {
   std::vector<int> dims;         // torus2d: two dims; ring/switched: one (size)
   Bandwidth bandwidth_per_chip;  // one way: bytes/ns one chip sends at this level
   Nanoseconds latency;           // one step: link + switch + software start
+  double efficiency = 1;         // payload share of the bandwidth a collective gets
   int size() const;
 };
 
@@ -66,6 +67,9 @@ struct SystemSpec {
   std::optional<ScaleOut> scale_out;
   std::optional<Bandwidth> cross_rack_direct;
   std::map<std::string, double, std::less<>> published;
+  // The collective algorithms the system's library offers (NCCL, Neuron
+  // collectives); empty: all of fabric::kAlgorithms.
+  std::vector<std::string> collective_algorithms;
 
   // ---- derived
   Bytes hbm_capacity() const { return device.hbm_capacity * chips; }

@@ -13,5 +13,6 @@ void add_compile_command(CLI::App& app);
 void add_data_command(CLI::App& app);
 void add_train_command(CLI::App& app);
 void add_sample_command(CLI::App& app);  // cmd_train.cpp
+void add_plan_command(CLI::App& app);    // plan, search, compare, validate
 
 }  // namespace tern::cli

@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   tern::cli::add_data_command(app);
   tern::cli::add_train_command(app);
   tern::cli::add_sample_command(app);
+  tern::cli::add_plan_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -74,10 +74,9 @@ std::vector<Seg> segments(const Network& net, const Group& g) {
   for (std::size_t i = 0; i < g.span.size(); ++i) {
     const int s = g.span[i];
     const Level& l = lv[i];
-    if (s < 1 || s > l.size() || l.size() % s != 0) {
+    if (s < 1 || s > l.size()) {
       throw Error(
-          fmt::format("collective group: {} ranks at level '{}' (of {} chips) do not "
-                      "divide it",
+          fmt::format("collective group: {} ranks at level '{}' of {} chips do not fit",
                       s, l.name, l.size()));
     }
     if (s == 1) continue;
@@ -116,7 +115,7 @@ Nanoseconds unsupported(Algorithm, Op, std::string_view why) {
   return Nanoseconds(std::numeric_limits<double>::quiet_NaN());
 }
 
-Nanoseconds time_segs(const std::vector<Seg>& segs, Op op, Bytes n, Algorithm a);
+Nanoseconds time_segs(const std::vector<Seg>& segs, Op op, Bytes n, Algorithm a, unsigned mask);
 
 // The ring algorithms on one ring of p ranks with step latency alpha and
 // per-chip bandwidth bw (Thakur et al. 2005; nccl-tests):
@@ -241,7 +240,7 @@ Nanoseconds direct(const std::vector<Seg>& segs, Op op, double n, int p) {
 // and y rings the same way; two such all-reduces on halves of the data run
 // at once in opposite dimension orders, so each ring has the chip's full
 // bandwidth.
-Nanoseconds hierarchical(const std::vector<Seg>& segs, Op op, Bytes n) {
+Nanoseconds hierarchical(const std::vector<Seg>& segs, Op op, Bytes n, unsigned mask) {
   std::vector<Seg> inner, rest;
   if (segs.size() == 1 && segs[0].topo == Topology::torus2d) {
     const Seg& t = segs[0];
@@ -253,10 +252,11 @@ Nanoseconds hierarchical(const std::vector<Seg>& segs, Op op, Bytes n) {
   } else {
     return unsupported(Algorithm::hierarchical, op, "the group lies in one level");
   }
-  const auto best_of = [](const std::vector<Seg>& s, Op o, Bytes b) {
+  const auto best_of = [mask](const std::vector<Seg>& s, Op o, Bytes b) {
     Nanoseconds t(std::numeric_limits<double>::infinity());
-    for (Algorithm a : kAlgorithms) {
-      const Nanoseconds x = time_segs(s, o, b, a);
+    for (unsigned i = 0; i < std::size(kAlgorithms); ++i) {
+      if (!(mask >> i & 1u)) continue;
+      const Nanoseconds x = time_segs(s, o, b, kAlgorithms[i], mask);
       if (x < t) t = x;  // NaN (not applicable) never compares less
     }
     return t;
@@ -279,7 +279,7 @@ Nanoseconds hierarchical(const std::vector<Seg>& segs, Op op, Bytes n) {
   return unsupported(Algorithm::hierarchical, op, "not a group operation");
 }
 
-Nanoseconds time_segs(const std::vector<Seg>& segs, Op op, Bytes n, Algorithm a) {
+Nanoseconds time_segs(const std::vector<Seg>& segs, Op op, Bytes n, Algorithm a, unsigned mask) {
   int p = 1;
   for (const auto& s : segs) p *= s.p;
   if (op == Op::send_recv) {
@@ -300,7 +300,7 @@ Nanoseconds time_segs(const std::vector<Seg>& segs, Op op, Bytes n, Algorithm a)
     case Algorithm::direct:
       return direct(segs, op, nbytes(n), p);
     case Algorithm::hierarchical:
-      return hierarchical(segs, op, n);
+      return hierarchical(segs, op, n, mask);
   }
   return unsupported(a, op, "unknown algorithm");
 }
@@ -309,7 +309,7 @@ Nanoseconds time_segs(const std::vector<Seg>& segs, Op op, Bytes n, Algorithm a)
 
 Nanoseconds time(const Network& net, const Collective& c, Algorithm a) {
   if (c.bytes.value() < 0) throw Error(fmt::format("{}: negative size", op_name(c.op)));
-  const Nanoseconds t = time_segs(segments(net, c.group), c.op, c.bytes, a);
+  const Nanoseconds t = time_segs(segments(net, c.group), c.op, c.bytes, a, net.algorithms());
   if (std::isnan(t.value())) {
     throw NotSupported(fmt::format("{} {}: {}", algorithm_name(a), op_name(c.op), g_why));
   }
@@ -320,10 +320,15 @@ Cost best(const Network& net, const Collective& c) {
   const auto segs = segments(net, c.group);
   if (c.bytes.value() < 0) throw Error(fmt::format("{}: negative size", op_name(c.op)));
   Cost out{Algorithm::ring, Nanoseconds(std::numeric_limits<double>::infinity())};
-  for (Algorithm a : kAlgorithms) {
-    const Nanoseconds t = time_segs(segs, c.op, c.bytes, a);
+  const unsigned mask = net.algorithms();
+  for (unsigned i = 0; i < std::size(kAlgorithms); ++i) {
+    if (!(mask >> i & 1u)) continue;
+    const Algorithm a = kAlgorithms[i];
+    // send/recv goes directly whatever the library's collective algorithms.
+    const Nanoseconds t = time_segs(segs, c.op, c.bytes, a, mask);
     if (t < out.time) out = {a, t};  // NaN (not applicable) never compares less
   }
+  if (c.op == Op::send_recv) out = {Algorithm::direct, time_segs(segs, c.op, c.bytes, Algorithm::direct, mask)};
   if (!std::isfinite(out.time.value())) {
     throw NotSupported(fmt::format("{} on this group: no algorithm applies", op_name(c.op)));
   }

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "fabric/collective.h"
 #include "util/error.h"
 
 namespace tern::fabric {
@@ -28,11 +29,33 @@ int Network::chips() const {
   return n;
 }
 
+namespace {
+
+unsigned algorithm_mask(const arch::SystemSpec& s) {
+  if (s.collective_algorithms.empty()) return ~0u;
+  unsigned mask = 0;
+  for (const auto& name : s.collective_algorithms) {
+    for (unsigned i = 0; i < std::size(kAlgorithms); ++i) {
+      if (algorithm_name(kAlgorithms[i]) == name) mask |= 1u << i;
+    }
+  }
+  return mask;
+}
+
+}  // namespace
+
 Network Network::of(const arch::SystemSpec& s, int chips) {
+  Network net = build(s, chips);
+  net.set_algorithms(algorithm_mask(s));
+  return net;
+}
+
+Network Network::build(const arch::SystemSpec& s, int chips) {
   if (chips < 1) throw Error(fmt::format("{}: chip count must be positive, got {}", s.name, chips));
   std::vector<Level> levels;
   for (const auto& f : s.fabric) {
-    levels.push_back({f.name, f.topology, f.dims, f.bandwidth_per_chip, f.latency});
+    // A link's payload share (protocol overhead) scales its bandwidth.
+    levels.push_back({f.name, f.topology, f.dims, f.bandwidth_per_chip * f.efficiency, f.latency});
   }
   if (chips >= s.chips) {
     if (chips % s.chips != 0) {

@@ -32,9 +32,15 @@ class Network {
 
   const std::vector<Level>& levels() const { return levels_; }
   int chips() const;
+  // Bit i set: the collective library offers fabric::kAlgorithms[i]. All by
+  // default; a system file's [collectives] narrows it.
+  unsigned algorithms() const { return algorithms_; }
+  void set_algorithms(unsigned mask) { algorithms_ = mask; }
 
  private:
+  static Network build(const arch::SystemSpec& s, int chips);
   std::vector<Level> levels_;
+  unsigned algorithms_ = ~0u;
 };
 
 }  // namespace tern::fabric

@@ -1,0 +1,54 @@
+// How fast one chip runs the two kinds of work a training step is made of:
+// GEMMs (tensor-engine bound) and elementwise / normalization kernels
+// (HBM bound). GPUs take their efficiency from the system file (public
+// microbenchmarks); Trainium chips from data/plan/efficiency/<chip>.toml,
+// tables of `tern bench` runs on the simulator (scripts/plan_efficiency.py).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "arch/system.h"
+#include "util/units.h"
+
+namespace tern::plan {
+
+struct GemmPoint {
+  std::string dtype;
+  double m = 0, k = 0, n = 0;
+  double efficiency = 0;  // achieved / peak of that dtype
+  double lm = 0, lk = 0, ln = 0;  // log2 of m, k, n
+};
+
+class ComputeModel {
+ public:
+  // Loads the chip's table for Trainium systems; errors name the file.
+  static ComputeModel of(const arch::SystemSpec& s);
+
+  // Time of C[m, n] = A[m, k] B[k, n] in `dtype` (bf16, fp8, mxfp8):
+  // 2 m k n / (peak(dtype) x efficiency(m, k, n)).
+  Nanoseconds gemm(double m, double k, double n, const std::string& dtype) const;
+  // Attention core (QK^T and PV) of FLOPs `flops`, fused (FlashAttention,
+  // forward or backward efficiency) when `fused`, else two batched GEMMs:
+  // flops / (bf16 peak x efficiency).
+  Nanoseconds attention(double flops, double seq, double head_dim, bool fused,
+                        bool backward) const;
+  // Moving `bytes` through HBM at its bandwidth x memory efficiency.
+  Nanoseconds memory(double bytes) const;
+  // Adam's update of one parameter element: read master, m, v and the
+  // gradient, write master, m, v and the 16-bit weight.
+  static constexpr double kAdamBytesPerParam = 4 * 3 * 2 + 2 + 2;
+
+  double gemm_efficiency(double m, double k, double n, const std::string& dtype) const;
+  double memory_efficiency() const { return memory_eff_; }
+  const std::string& source() const { return source_; }
+  FlopRate peak(const std::string& dtype) const;
+
+ private:
+  arch::DeviceSpec device_;
+  std::vector<GemmPoint> gemms_;  // empty: device_.gemm_efficiency everywhere
+  double attention_eff_ = 0, attention_bwd_eff_ = 0, memory_eff_ = 0;
+  std::string source_;
+};
+
+}  // namespace tern::plan

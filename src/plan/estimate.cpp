@@ -1,0 +1,314 @@
+#include "plan/estimate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include "util/error.h"
+
+namespace tern::plan {
+
+using fabric::Collective;
+using fabric::Group;
+using fabric::Op;
+
+std::optional<Group> group_of(const Layout& l, std::string_view dim, const fabric::Network& net) {
+  const auto size_of = [&](std::string_view d) {
+    return d == "tp" ? l.tp : d == "cp" ? l.cp : d == "dp" ? l.dp : l.pp;
+  };
+  // Ranks are numbered with order[0] fastest: a dimension's group is `g`
+  // ranks `stride` apart. Expert-parallel groups are the first ep of dp.
+  const std::string_view base = dim == "ep" ? std::string_view("dp") : dim;
+  std::int64_t stride = 1;
+  for (const auto& d : l.order) {
+    if (d == base) break;
+    stride *= size_of(d);
+  }
+  const std::int64_t g = dim == "ep" ? l.ep : size_of(base);
+  // Rank r sits at level j's coordinate (r / P_j) mod L_j, P_j the product
+  // of the inner levels' sizes. For {i * stride}, i < g, that takes
+  // min(g, L / gcd(stride / P, L)) values when P divides the stride, and
+  // min(L, ceil(g / (P / stride))) when the stride divides P.
+  Group out;
+  std::int64_t P = 1, product = 1;
+  for (const auto& lv : net.levels()) {
+    const std::int64_t L = lv.size();
+    std::int64_t s;
+    if (stride % P == 0) {
+      s = std::min<std::int64_t>(g, L / std::gcd((stride / P) % L, L));
+    } else if (P % stride == 0) {
+      const std::int64_t r = P / stride;
+      s = std::min<std::int64_t>(L, (g + r - 1) / r);
+    } else {
+      return std::nullopt;
+    }
+    out.span.push_back(static_cast<int>(s));
+    product *= s;
+    P *= L;
+  }
+  if (product != g) return std::nullopt;
+  return out;
+}
+
+namespace {
+
+double ns(Nanoseconds t) {
+  return t.value();
+}
+
+}  // namespace
+
+Planner::Planner(const arch::SystemSpec& system, Model model, Training training, int chips)
+    : system_(system),
+      model_(std::move(model)),
+      training_(std::move(training)),
+      chips_(chips),
+      net_(fabric::Network::of(system, chips)),
+      compute_(ComputeModel::of(system)) {
+  if (auto e = validate(model_); !e.empty()) throw Error("model: " + e);
+  if (auto e = validate(training_); !e.empty()) throw Error("training: " + e);
+  dtype_ = training_.recipe;
+  compute_.peak(dtype_);  // NotSupported naming the device when it lacks the recipe's type
+  compute_.peak("bf16");
+  const Model& m = model_;
+  const double h = m.hidden, kvd = static_cast<double>(m.kv()) * m.head_dim(), f = m.ffn_dim();
+  const double V = m.vocab, s = m.seq;
+  const double attn = h * (h + 2 * kvd) + h * h + (m.biases ? h + 2 * kvd + h : 0);
+  const double norms = 2 * (m.biases ? 2 * h : h);
+  const double mlp_one = (m.gated_mlp ? 3 : 2) * h * f + (m.biases ? f * (m.gated_mlp ? 2 : 1) + h : 0);
+  const double experts = m.moe() ? m.experts : 1;
+  const double router = m.moe() ? h * m.experts : 0;
+  layer_params_ = attn + norms + router;
+  expert_params_ = mlp_one * experts;
+  embed_params_ = V * h + (m.learned_positions ? s * h : 0);
+  output_params_ = (m.tied_embeddings ? 0 : V * h) + (m.biases ? 2 * h : h);
+  params_ = m.layers * (layer_params_ + expert_params_) + embed_params_ + output_params_;
+  flop_params_ = m.layers * (attn + norms + router + mlp_one * (m.moe() ? m.top_k : 1)) + V * h;
+}
+
+Estimate Planner::estimate(const Layout& l) const {
+  if (auto e = validate(model_, training_, l, chips_); !e.empty()) throw Error("layout: " + e);
+  auto est = evaluate(l);
+  if (!est) {
+    throw NotSupported(fmt::format(
+        "layout: the rank order {} places a group irregularly across the fabric levels of {}",
+        fmt::format("{}", fmt::join(l.order, "-")), system_.name));
+  }
+  return *est;
+}
+
+std::optional<Estimate> Planner::evaluate(const Layout& l) const {
+  const Model& m = model_;
+  const Training& t = training_;
+  const ComputeModel& c = compute_;
+  const double T = l.tp, h = m.hidden, f = m.ffn_dim(), a = m.heads, d = m.head_dim();
+  const double kvd = static_cast<double>(m.kv()) * d, V = m.vocab, s = m.seq;
+  const int micro = l.micro_batch > 0 ? l.micro_batch : t.micro_batch;
+  const double b = micro, sl = s / l.cp, tok = b * sl;
+  const double layers = static_cast<double>(m.layers) / l.pp;  // per device, all chunks
+  const std::int64_t mb = t.global_batch / (static_cast<std::int64_t>(l.dp) * micro);
+  const bool flash = t.attention == "flash";
+  const double topk = m.moe() ? m.top_k : 1;
+
+  // ---- compute of one layer, one micro-batch, forward
+  const double kv_cols = std::max(2 * kvd / T, 2 * d);  // K, V heads replicate when kv < tp
+  double gemm = ns(c.gemm(tok, h, h / T + kv_cols, dtype_)) + ns(c.gemm(tok, h / T, h, dtype_));
+  if (m.moe()) {
+    const double local = static_cast<double>(m.experts) / l.ep;
+    const double rows = tok * topk / local;  // tokens each local expert gets, on average
+    gemm += local * (ns(c.gemm(rows, h, f * (m.gated_mlp ? 2 : 1) / T, dtype_)) +
+                     ns(c.gemm(rows, f / T, h, dtype_)));
+  } else {
+    gemm += ns(c.gemm(tok, h, f * (m.gated_mlp ? 2 : 1) / T, dtype_)) +
+            ns(c.gemm(tok, f / T, h, dtype_));
+  }
+  // QK^T and PV: 4 b (a/t) s_local s d FLOPs; a fused causal kernel skips
+  // the masked half, the unfused one computes all of it.
+  const double attn_flops = 4 * b * (a / T) * sl * s * d * (flash ? 0.5 : 1);
+  const double attn_f = ns(c.attention(attn_flops, sl, d, flash, false));
+  const double attn_b = flash ? ns(c.attention(2.5 * attn_flops, sl, d, true, true)) : 2 * attn_f;
+  // HBM traffic of the bandwidth-bound kernels, bytes: two LayerNorms (read,
+  // write: 4 B/element) and two bias-dropout-adds (two reads, a write, a
+  // mask: 7 B), replicated across TP unless sequence parallel; the MLP
+  // activation (read, write; gated: 3 tensors); unfused attention's scores:
+  // written by QK^T, softmax in and out, dropout in, out and mask, read by PV
+  // (13 B per score).
+  const double rows_h = tok * h;
+  const double scores = b * (a / T) * sl * s;
+  const double mem_bytes = (l.sp ? rows_h / T : rows_h) * (8 + 14) +
+                           tok * f / T * (m.gated_mlp ? 6 : 4) * topk + (flash ? 0 : 13 * scores);
+  const double mem_f = ns(c.memory(mem_bytes));
+  const double layer_f = gemm + attn_f + mem_f;
+  const double layer_b = 2 * gemm + attn_b + 2 * mem_f;
+  double layer_r = 0;
+  if (l.recompute == Recompute::full) layer_r = layer_f;
+  if (l.recompute == Recompute::selective && !flash) layer_r = attn_f + ns(c.memory(13 * scores));
+
+  // ---- communication of one layer, one micro-batch
+  const auto tp_g = group_of(l, "tp", net_), dp_g = group_of(l, "dp", net_);
+  const auto pp_g = group_of(l, "pp", net_), cp_g = group_of(l, "cp", net_);
+  const auto ep_g = group_of(l, "ep", net_);
+  if (!tp_g || !dp_g || !pp_g || !cp_g || !ep_g) return std::nullopt;
+  const auto cost = [&](Op op, double bytes, const Group& g) {
+    return fabric::best(net_, Collective{op, Bytes(static_cast<std::int64_t>(bytes)), g});
+  };
+  Estimate e;
+  e.layout = l;
+  double tp_one = 0;  // one forward all-reduce (or gather + scatter)
+  if (l.tp > 1) {
+    const double n = rows_h * 2;
+    if (l.sp) {
+      const auto ag = cost(Op::all_gather, n, *tp_g), rs = cost(Op::reduce_scatter, n, *tp_g);
+      tp_one = ns(ag.time) + ns(rs.time);
+      e.time.tp_algorithm = std::string(fabric::algorithm_name(ag.algorithm));
+    } else {
+      const auto ar = cost(Op::all_reduce, n, *tp_g);
+      tp_one = 2 * ns(ar.time);  // attention and MLP: two per pass
+      e.time.tp_algorithm = std::string(fabric::algorithm_name(ar.algorithm));
+    }
+    tp_one *= 1 - t.tp_overlap;
+  }
+  double cp_f = 0, cp_b = 0;
+  if (l.cp > 1) {
+    const double kv_bytes = b * s * 2 * kvd / T * 2;  // the whole sequence's K and V
+    cp_f = ns(cost(Op::all_gather, kv_bytes, *cp_g).time);
+    cp_b = cp_f + ns(cost(Op::reduce_scatter, kv_bytes, *cp_g).time);
+  }
+  double ep_one = 0;  // dispatch + combine
+  if (l.ep > 1) ep_one = 2 * ns(cost(Op::all_to_all, rows_h * topk * 2, *ep_g).time);
+  const double full = l.recompute == Recompute::full ? 1 : 0;
+
+  // ---- the last stage (it holds the output layer), one micro-batch
+  const double logit_f = ns(c.gemm(tok, h, V / T, dtype_)) + ns(c.memory(12 * tok * V / T));
+  const double logit_b = 2 * ns(c.gemm(tok, h, V / T, dtype_)) + ns(c.memory(8 * tok * V / T));
+  // Weight gradients accumulate into FP32 main-gradient buffers: every
+  // micro-batch reads and writes 8 bytes per local parameter.
+  const double stage_params =
+      layers * (layer_params_ + expert_params_ / l.ep) / T +
+      std::max(embed_params_, output_params_ + (m.tied_embeddings ? V * h : 0)) / T;
+  const double accumulate = ns(c.memory(8 * stage_params));
+  const double fwd = layers * layer_f + logit_f;
+  const double bwd = layers * layer_b + logit_b + accumulate;
+  const double rec = layers * layer_r;
+  const double tp = layers * tp_one * (2 + full);  // forward, backward, recomputed forward
+  const double cp = layers * (cp_f * (1 + full) + cp_b);
+  const double ep = layers * ep_one * (2 + full);
+  double p2p = 0;
+  if (l.pp > 1) {
+    // Adjacent stages differ at the innermost level the pipeline spans.
+    Group pair{std::vector<int>(pp_g->span.size(), 1)};
+    for (std::size_t i = 0; i < pair.span.size(); ++i) {
+      if (pp_g->span[i] > 1) {
+        pair.span[i] = 2;
+        break;
+      }
+    }
+    // Megatron's scatter/gather: each TP rank sends 1/t of the activation.
+    const double n = rows_h * 2 / T;
+    p2p = 2 * l.vpp * ns(cost(Op::send_recv, n, pair).time);
+  }
+  const double slot = fwd + bwd + rec + tp + cp + ep + p2p;
+  const double mbd = static_cast<double>(mb);
+
+  // ---- data parallel and the optimizer, on this chip's parameters
+  const double dp = l.dp;
+  double dp_sync = 0, dp_window = bwd + tp / (2 + full);
+  double zero3 = 0;
+  if (l.dp > 1) {
+    const double grads = stage_params * t.grad_bytes;
+    if (l.zero == 0) {
+      const auto ar = cost(Op::all_reduce, grads, *dp_g);
+      dp_sync = ns(ar.time);
+      e.time.dp_algorithm = std::string(fabric::algorithm_name(ar.algorithm));
+    } else {
+      const auto rs = cost(Op::reduce_scatter, grads, *dp_g);
+      dp_sync = ns(rs.time) + ns(cost(Op::all_gather, stage_params * 2, *dp_g).time);
+      e.time.dp_algorithm = std::string(fabric::algorithm_name(rs.algorithm));
+      // ZeRO-3 gathers the parameters again for every micro-batch's forward
+      // and backward; prefetching hides them behind compute.
+      if (l.zero == 3) {
+        zero3 = 2 * mbd * ns(cost(Op::all_gather, stage_params * 2, *dp_g).time);
+      }
+    }
+  }
+  const double dp_exposed = ns(fabric::exposed(Nanoseconds(dp_sync), Nanoseconds(dp_window), t.dp_overlap)) +
+                            ns(fabric::exposed(Nanoseconds(zero3), Nanoseconds(mbd * (fwd + bwd)), t.dp_overlap));
+  const double shard = l.zero >= 1 ? stage_params / dp : stage_params;
+  const double opt = ns(c.memory(shard * ComputeModel::kAdamBytesPerParam));
+
+  StepTime& st = e.time;
+  st.forward = Nanoseconds(mbd * fwd);
+  st.backward = Nanoseconds(mbd * bwd);
+  st.recompute = Nanoseconds(mbd * rec);
+  st.tp_comm = Nanoseconds(mbd * tp);
+  st.cp_comm = Nanoseconds(mbd * cp);
+  st.ep_comm = Nanoseconds(mbd * ep);
+  st.pp_p2p = Nanoseconds(mbd * p2p);
+  st.pp_bubble = Nanoseconds((l.pp - 1.0) / l.vpp * slot);
+  st.dp_exposed = Nanoseconds(dp_exposed);
+  st.dp_total = Nanoseconds(dp_sync + zero3);
+  st.optimizer = Nanoseconds(opt);
+  st.step = st.forward + st.backward + st.recompute + st.tp_comm + st.cp_comm + st.ep_comm +
+            st.pp_p2p + st.pp_bubble + st.dp_exposed + st.optimizer;
+
+  // ---- memory per chip (the first stage holds the most activations)
+  MemoryUse& mu = e.memory;
+  const double P = stage_params;
+  mu.weights = Bytes(static_cast<std::int64_t>(l.zero == 3 ? 2 * P / dp : 2 * P));
+  mu.grads = Bytes(static_cast<std::int64_t>(l.zero >= 2 ? 2 * P / dp : 2 * P));
+  mu.optimizer = Bytes(static_cast<std::int64_t>(l.zero >= 1 ? 12 * P / dp : 12 * P));
+  // Saved activations per layer per token row, bytes (Korthikanti et al.
+  // 2022, generalized to GQA, any ffn and gated MLPs): attention 7h + 4 kv d
+  // (11h without GQA), MLP 3h + 4f (gated 3h + 6f; 19h for f = 4h) per
+  // routed expert, LayerNorms 4h: 34h for GPT. Without sequence parallel,
+  // 10h of it is replicated on every TP rank. Unfused attention adds the
+  // scores: 5 a s / t.
+  const double attn_h = 7 * h + 4 * kvd, mlp_h = (3 * h + (m.gated_mlp ? 6 : 4) * f) * topk;
+  const double all_h = attn_h + mlp_h + 4 * h;
+  const double base = l.sp ? all_h / T : 10 * h + (all_h - 10 * h) / T;
+  const double score_row = 5 * a * s / T;
+  double per_layer = base + (flash ? 0 : score_row);
+  double working = 0;
+  if (l.recompute == Recompute::selective) per_layer = base;
+  if (l.recompute == Recompute::full) {
+    working = (base + (flash ? 0 : score_row)) * sl * b;  // one layer rebuilt at a time
+    per_layer = l.sp ? 2 * h / T : 2 * h;
+  }
+  const double inflight = std::min<double>(mbd, l.pp) * (l.vpp > 1 ? 1 + (l.pp - 1.0) / (l.pp * l.vpp) : 1);
+  mu.activations = Bytes(static_cast<std::int64_t>(layers * per_layer * sl * b * inflight + working));
+  mu.logits = Bytes(static_cast<std::int64_t>(2 * 4 * tok * V / T));
+  mu.total = mu.weights + mu.grads + mu.optimizer + mu.activations + mu.logits;
+  mu.usable = Bytes(static_cast<std::int64_t>(static_cast<double>(system_.device.hbm_capacity.value()) *
+                                              (1 - t.hbm_reserve)));
+  mu.fits = mu.total <= mu.usable;
+
+  // ---- throughput
+  e.micro_batches = mb;
+  e.tokens_per_step = static_cast<double>(t.global_batch) * s;
+  const double step_s = st.step.value() * 1e-9;
+  e.tokens_per_s = e.tokens_per_step / step_s;
+  // MFU: 6 N + 12 L h s FLOPs per token (training.md; N = flop_params()).
+  e.model_flops_per_token = 6 * flop_params_ + 12.0 * m.layers * h * s;
+  double recompute_per_token = 0;
+  if (l.recompute == Recompute::full) {
+    recompute_per_token = 2 * (flop_params_ - V * h) + 4.0 * m.layers * h * s;
+  } else if (l.recompute == Recompute::selective && !flash) {
+    recompute_per_token = 4.0 * m.layers * h * s;
+  }
+  const double chips = chips_;
+  e.mfu = e.tokens_per_s * e.model_flops_per_token / (chips * c.peak(dtype_).value());
+  e.hfu = e.tokens_per_s * (e.model_flops_per_token + recompute_per_token) /
+          (chips * c.peak(dtype_).value());
+  e.mfu_bf16 = e.tokens_per_s * e.model_flops_per_token / (chips * c.peak("bf16").value());
+  if (t.tokens > 0) {
+    const double seconds = t.tokens / e.tokens_per_s;
+    e.days_to_train = seconds / 86400;
+    e.chip_hours = seconds / 3600 * chips;
+    e.cost_usd = e.chip_hours * t.price_per_chip_hour;
+  }
+  return e;
+}
+
+}  // namespace tern::plan

@@ -1,0 +1,44 @@
+// A plan request read from TOML or JSON (the same structure), with model
+// presets from data/plan/models/<name>.toml. Unknown keys and wrong types
+// are errors naming the file and the key.
+//
+//   [model]    preset = "llama3-70b" and/or layers, hidden, heads, ...
+//   [training] global_batch, micro_batch, tokens, recipe, attention, ...
+//   [system]   name, chips
+//   [layout]   dp, tp, pp, vpp, ep, cp, sp, zero, recompute, order
+#pragma once
+
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "plan/inputs.h"
+
+namespace tern::plan {
+
+struct Request {
+  Model model;
+  Training training;
+  std::string system;
+  int chips = 0;
+  std::optional<Layout> layout;  // absent: search; dp 0: chips / (tp pp cp)
+};
+
+// Parses a .toml or .json file into its JSON tree (TOML converted).
+nlohmann::json read_tree(const std::filesystem::path& file);
+// Fills `r` from a tree; `where` names the source in errors.
+void apply(const nlohmann::json& tree, const std::string& where, Request& r);
+Request load_request(const std::filesystem::path& file);
+
+// A model preset by name (data/plan/models/<name>.toml) or path.
+Model load_model(const std::string& name_or_path);
+std::vector<std::string> list_models();
+
+// Helpers shared with the CLI's flags.
+Recompute parse_recompute(const std::string& s);
+std::vector<std::string> parse_order(const std::string& s);
+
+}  // namespace tern::plan

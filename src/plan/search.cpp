@@ -1,0 +1,77 @@
+#include "plan/search.h"
+
+#include <algorithm>
+
+namespace tern::plan {
+
+namespace {
+
+std::vector<int> divisors(int n) {
+  std::vector<int> out;
+  for (int i = 1; i <= n; ++i) {
+    if (n % i == 0) out.push_back(i);
+  }
+  return out;
+}
+
+}  // namespace
+
+SearchResult search(const Planner& planner, const SearchOptions& opt) {
+  const Model& m = planner.model();
+  const Training& t = planner.training();
+  const int chips = planner.chips();
+  SearchResult r;
+  std::vector<Estimate> kept;
+  const auto consider = [&](const Layout& l) {
+    ++r.evaluated;
+    auto e = planner.evaluate(l);
+    if (!e || !e->memory.fits) return;
+    ++r.fitting;
+    kept.push_back(std::move(*e));
+    // Keep the list short: trim to the best `top` now and then.
+    if (kept.size() >= static_cast<std::size_t>(4 * opt.top + 64)) {
+      std::nth_element(kept.begin(), kept.begin() + opt.top, kept.end(),
+                       [](const Estimate& a, const Estimate& b) { return a.time.step < b.time.step; });
+      kept.resize(opt.top);
+    }
+  };
+  const std::vector<int> ep_choices = m.moe() ? divisors(m.experts) : std::vector<int>{1};
+  for (int tp : divisors(chips)) {
+    if (m.heads % tp != 0 || m.ffn_dim() % tp != 0) continue;
+    if (m.kv() % tp != 0 && tp % m.kv() != 0) continue;
+    for (int cp : divisors(chips / tp)) {
+      if (m.seq % cp != 0 || (cp > 1 && (cp & (cp - 1)) != 0)) continue;
+      for (int pp : divisors(chips / (tp * cp))) {
+        if (m.layers % pp != 0) continue;
+        const int dp = chips / (tp * cp * pp);
+        for (int micro : opt.micro_batches) {
+          if (t.global_batch % (static_cast<std::int64_t>(dp) * micro) != 0) continue;
+          const std::int64_t mb = t.global_batch / (static_cast<std::int64_t>(dp) * micro);
+          for (int vpp : divisors(m.layers / pp)) {
+            if (vpp > opt.max_vpp || (vpp > 1 && (pp == 1 || mb % pp != 0))) continue;
+            for (int ep : ep_choices) {
+              if (dp % ep != 0) continue;
+              for (int sp = 0; sp <= (tp > 1 ? 1 : 0); ++sp) {
+                for (int zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero) {
+                  for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full}) {
+                    Layout l;
+                    l.dp = dp, l.tp = tp, l.pp = pp, l.vpp = vpp, l.ep = ep, l.cp = cp;
+                    l.sp = sp != 0, l.zero = zero, l.recompute = rc, l.micro_batch = micro;
+                    consider(l);
+                  }
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  std::sort(kept.begin(), kept.end(),
+            [](const Estimate& a, const Estimate& b) { return a.time.step < b.time.step; });
+  if (kept.size() > static_cast<std::size_t>(opt.top)) kept.resize(opt.top);
+  r.best = std::move(kept);
+  return r;
+}
+
+}  // namespace tern::plan
