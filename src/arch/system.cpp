@@ -145,7 +145,8 @@ SystemSpec load_system_file(const std::filesystem::path& file) {
     l.latency = Nanoseconds(r.number(key + ".latency_ns", 0, false));
     if (r.has(key + ".efficiency")) {
       l.efficiency = r.number(key + ".efficiency", 0);
-      if (l.efficiency > 1) r.fail(key + ".efficiency", "a fraction in (0, 1]", t.get("efficiency"));
+      if (l.efficiency > 1)
+        r.fail(key + ".efficiency", "a fraction in (0, 1]", t.get("efficiency"));
     }
     s.fabric.push_back(std::move(l));
   }

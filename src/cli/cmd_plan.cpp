@@ -6,9 +6,9 @@
 #include <cstdio>
 #include <memory>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "arch/system.h"
@@ -46,16 +46,19 @@ struct PlanArgs {
 };
 
 void add_request_flags(CLI::App& c, PlanArgs& a, bool layout) {
-  c.add_option("--config", a.config, "Request file (.toml or .json): [model] [training] [system] [layout]");
-  c.add_option("--model", a.model, "Model preset (data/plan/models) or a .toml file")->capture_default_str();
+  c.add_option("--config", a.config,
+               "Request file (.toml or .json): [model] [training] [system] [layout]");
+  c.add_option("--model", a.model, "Model preset (data/plan/models) or a .toml file")
+      ->capture_default_str();
   c.add_option("--system", a.system, "System (tern info --list)")->capture_default_str();
   c.add_option("--chips", a.chips, "Chips (default: one system)");
-  c.add_option("--global-batch", a.global_batch, "Sequences per step (default 1024)");
+  c.add_option("--global-batch", a.global_batch, "Sequences per step (default 8 per chip)");
   c.add_option("--micro-batch", a.micro_batch, "Sequences per micro-batch (default 1)");
   c.add_option("--tokens", a.tokens, "Tokens to train, for time and cost to train (e.g. 1e12)");
   c.add_option("--recipe", a.recipe, "GEMM precision: bf16, fp8, mxfp8 (default bf16)");
   c.add_option("--attention", a.attention, "flash (default) or unfused (scores through HBM)");
-  c.add_option("--dp-overlap", a.dp_overlap, "Fraction of the last backward that hides DP traffic (default 1)");
+  c.add_option("--dp-overlap", a.dp_overlap,
+               "Fraction of the last backward that hides DP traffic (default 1)");
   c.add_option("--tp-overlap", a.tp_overlap, "Fraction of TP traffic hidden (default 0)");
   c.add_option("--price", a.price, "USD per chip-hour, for cost");
   if (layout) {
@@ -77,7 +80,7 @@ plan::Request build_request(const PlanArgs& a, bool layout) {
   plan::Request r;
   r.model = plan::load_model(a.model);
   r.system = a.system;
-  r.training.global_batch = 1024;
+  r.training.global_batch = 0;  // default below: 8 sequences per chip
   if (!a.config.empty()) {
     plan::Request f = r;
     plan::apply(plan::read_tree(a.config), a.config, f);
@@ -93,6 +96,8 @@ plan::Request build_request(const PlanArgs& a, bool layout) {
   if (a.price >= 0) r.training.price_per_chip_hour = a.price;
   if (a.chips) r.chips = a.chips;
   if (r.chips == 0) r.chips = arch::load_system(r.system).chips;
+  if (r.training.global_batch == 0)
+    r.training.global_batch = 8 * static_cast<std::int64_t>(r.chips);
   if (layout) {
     Layout l = r.layout.value_or(Layout{});
     if (a.tp) l.tp = a.tp;
@@ -108,9 +113,9 @@ plan::Request build_request(const PlanArgs& a, bool layout) {
     const int rest = l.tp * l.pp * l.cp;
     if (l.dp == 0 && rest > 0 && r.chips % rest == 0) l.dp = r.chips / rest;
     if (l.dp == 0) {
-      throw Error(fmt::format("layout: tp {} x pp {} x cp {} = {} chips {} the {} chips given", l.tp,
-                              l.pp, l.cp, rest, rest > r.chips ? "is more than" : "does not divide",
-                              r.chips));
+      throw Error(fmt::format("layout: tp {} x pp {} x cp {} = {} chips {} the {} chips given",
+                              l.tp, l.pp, l.cp, rest,
+                              rest > r.chips ? "is more than" : "does not divide", r.chips));
     }
     if (!a.sp.empty()) {
       if (a.sp != "true" && a.sp != "false") throw Error("--sp must be true or false");
@@ -140,8 +145,15 @@ std::string layout_text(const Layout& l) {
 }
 
 json layout_json(const Layout& l) {
-  return {{"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"vpp", l.vpp}, {"ep", l.ep}, {"cp", l.cp},
-          {"sp", l.sp}, {"zero", l.zero}, {"micro_batch", l.micro_batch},
+  return {{"dp", l.dp},
+          {"tp", l.tp},
+          {"pp", l.pp},
+          {"vpp", l.vpp},
+          {"ep", l.ep},
+          {"cp", l.cp},
+          {"sp", l.sp},
+          {"zero", l.zero},
+          {"micro_batch", l.micro_batch},
           {"recompute", plan::recompute_name(l.recompute)},
           {"order", fmt::format("{}", fmt::join(l.order, "-"))}};
 }
@@ -154,21 +166,36 @@ json estimate_json(const Estimate& e) {
   return {{"layout", layout_json(e.layout)},
           {"step_ms", v(t.step)},
           {"time_ms",
-           {{"forward", v(t.forward)}, {"backward", v(t.backward)}, {"recompute", v(t.recompute)},
-            {"tp_comm", v(t.tp_comm)}, {"cp_comm", v(t.cp_comm)}, {"ep_all_to_all", v(t.ep_comm)},
-            {"pp_p2p", v(t.pp_p2p)}, {"pp_bubble", v(t.pp_bubble)},
-            {"dp_exposed", v(t.dp_exposed)}, {"optimizer", v(t.optimizer)},
+           {{"forward", v(t.forward)},
+            {"backward", v(t.backward)},
+            {"recompute", v(t.recompute)},
+            {"tp_comm", v(t.tp_comm)},
+            {"cp_comm", v(t.cp_comm)},
+            {"ep_all_to_all", v(t.ep_comm)},
+            {"pp_p2p", v(t.pp_p2p)},
+            {"pp_bubble", v(t.pp_bubble)},
+            {"dp_exposed", v(t.dp_exposed)},
+            {"optimizer", v(t.optimizer)},
             {"dp_total", v(t.dp_total)}}},
           {"algorithms", {{"tp", t.tp_algorithm}, {"dp", t.dp_algorithm}}},
           {"memory_gib",
-           {{"weights", g(m.weights)}, {"grads", g(m.grads)}, {"optimizer", g(m.optimizer)},
-            {"activations", g(m.activations)}, {"logits", g(m.logits)}, {"total", g(m.total)},
-            {"usable", g(m.usable)}, {"fits", m.fits}}},
+           {{"weights", g(m.weights)},
+            {"grads", g(m.grads)},
+            {"optimizer", g(m.optimizer)},
+            {"activations", g(m.activations)},
+            {"logits", g(m.logits)},
+            {"total", g(m.total)},
+            {"usable", g(m.usable)},
+            {"fits", m.fits}}},
           {"micro_batches", e.micro_batches},
           {"tokens_per_s", e.tokens_per_s},
           {"model_flops_per_token", e.model_flops_per_token},
-          {"mfu", e.mfu}, {"hfu", e.hfu}, {"mfu_bf16_peak", e.mfu_bf16},
-          {"days_to_train", e.days_to_train}, {"chip_hours", e.chip_hours}, {"cost_usd", e.cost_usd}};
+          {"mfu", e.mfu},
+          {"hfu", e.hfu},
+          {"mfu_bf16_peak", e.mfu_bf16},
+          {"days_to_train", e.days_to_train},
+          {"chip_hours", e.chip_hours},
+          {"cost_usd", e.cost_usd}};
 }
 
 std::string estimate_text(const plan::Planner& p, const Estimate& e) {
@@ -179,11 +206,16 @@ std::string estimate_text(const plan::Planner& p, const Estimate& e) {
       p.training().global_batch, p.model().seq, layout_text(e.layout));
   Table tt({"step time", "ms", "%"});
   const double step = t.step.value();
-  for (auto [name, v] :
-       {std::pair{"forward", t.forward}, {"backward", t.backward}, {"recompute", t.recompute},
-        {"TP comm" , t.tp_comm}, {"CP comm", t.cp_comm}, {"EP all-to-all", t.ep_comm},
-        {"PP send/recv", t.pp_p2p}, {"PP bubble", t.pp_bubble}, {"DP comm (exposed)", t.dp_exposed},
-        {"optimizer", t.optimizer}}) {
+  for (auto [name, v] : {std::pair{"forward", t.forward},
+                         {"backward", t.backward},
+                         {"recompute", t.recompute},
+                         {"TP comm", t.tp_comm},
+                         {"CP comm", t.cp_comm},
+                         {"EP all-to-all", t.ep_comm},
+                         {"PP send/recv", t.pp_p2p},
+                         {"PP bubble", t.pp_bubble},
+                         {"DP comm (exposed)", t.dp_exposed},
+                         {"optimizer", t.optimizer}}) {
     tt.add({name, ms(v), fmt::format("{:.1f}", 100 * v.value() / step)});
   }
   tt.add({"step", ms(t.step), "100.0"});
@@ -195,22 +227,27 @@ std::string estimate_text(const plan::Planner& p, const Estimate& e) {
   }
   const auto& m = e.memory;
   Table mt({"memory per chip", "GiB"});
-  for (auto [name, v] : {std::pair{"weights", m.weights}, {"gradients", m.grads},
-                         {"optimizer state", m.optimizer}, {"activations", m.activations},
-                         {"logits", m.logits}, {"total", m.total}}) {
+  for (auto [name, v] : {std::pair{"weights", m.weights},
+                         {"gradients", m.grads},
+                         {"optimizer state", m.optimizer},
+                         {"activations", m.activations},
+                         {"logits", m.logits},
+                         {"total", m.total}}) {
     mt.add({name, gib(v)});
   }
   mt.add({"usable HBM", gib(m.usable)});
   out += "\n" + mt.render();
   out += fmt::format("{}\n\n", m.fits ? "fits" : "DOES NOT FIT in HBM");
-  out += fmt::format("{} micro-batches per step; {:.0f} tokens/s\n", e.micro_batches, e.tokens_per_s);
+  out +=
+      fmt::format("{} micro-batches per step; {:.0f} tokens/s\n", e.micro_batches, e.tokens_per_s);
   out += fmt::format("MFU {:.1f} % (HFU {:.1f} %) of the {} peak; {:.1f} % of BF16 peak\n",
                      100 * e.mfu, 100 * e.hfu, p.training().recipe, 100 * e.mfu_bf16);
-  out += fmt::format("  MFU = tokens/s x (6 N + 12 L h s) / (chips x peak), N = {:.3g} (of {:.3g} parameters)\n",
-                     p.flop_params(), p.params());
+  out += fmt::format(
+      "  MFU = tokens/s x (6 N + 12 L h s) / (chips x peak), N = {:.3g} (of {:.3g} parameters)\n",
+      p.flop_params(), p.params());
   if (e.days_to_train > 0) {
-    out += fmt::format("to train {:.3g} tokens: {:.1f} days, {:.3g} chip-hours", p.training().tokens,
-                       e.days_to_train, e.chip_hours);
+    out += fmt::format("to train {:.3g} tokens: {:.1f} days, {:.3g} chip-hours",
+                       p.training().tokens, e.days_to_train, e.chip_hours);
     if (e.cost_usd > 0) out += fmt::format(", ${:.3g}", e.cost_usd);
     out += "\n";
   }
@@ -222,16 +259,18 @@ plan::Planner make_planner(const plan::Request& r) {
 }
 
 Table ranking_table() {
-  Table t({"#", "layout", "step ms", "tokens/s", "MFU %", "memory GiB", "bubble %", "exposed comm %"});
+  Table t(
+      {"#", "layout", "step ms", "tokens/s", "MFU %", "memory GiB", "bubble %", "exposed comm %"});
   return t;
 }
 void ranking_row(Table& t, int i, const Estimate& e) {
   const double step = e.time.step.value();
-  const double comm = (e.time.tp_comm + e.time.cp_comm + e.time.ep_comm + e.time.pp_p2p +
-                       e.time.dp_exposed).value();
-  t.add({std::to_string(i), layout_text(e.layout), ms(e.time.step), fmt::format("{:.0f}", e.tokens_per_s),
-         fmt::format("{:.1f}", 100 * e.mfu), gib(e.memory.total),
-         fmt::format("{:.1f}", 100 * e.time.pp_bubble.value() / step),
+  const double comm =
+      (e.time.tp_comm + e.time.cp_comm + e.time.ep_comm + e.time.pp_p2p + e.time.dp_exposed)
+          .value();
+  t.add({std::to_string(i), layout_text(e.layout), ms(e.time.step),
+         fmt::format("{:.0f}", e.tokens_per_s), fmt::format("{:.1f}", 100 * e.mfu),
+         gib(e.memory.total), fmt::format("{:.1f}", 100 * e.time.pp_bubble.value() / step),
          fmt::format("{:.1f}", 100 * comm / step)});
 }
 
@@ -253,7 +292,8 @@ void add_plan_command(CLI::App& app) {
                stdout);
   });
 
-  auto* s = cmd->add_subcommand("search", "Every valid layout evaluated; the best that fit HBM, ranked");
+  auto* s =
+      cmd->add_subcommand("search", "Every valid layout evaluated; the best that fit HBM, ranked");
   auto sa = std::make_shared<PlanArgs>();
   auto top = std::make_shared<int>(10);
   add_request_flags(*s, *sa, false);
@@ -265,20 +305,26 @@ void add_plan_command(CLI::App& app) {
     o.top = *top;
     const auto t0 = std::chrono::steady_clock::now();
     const auto res = plan::search(p, o);
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (sa->json) {
-      json j = {{"model", p.model().name}, {"system", p.system().name}, {"chips", p.chips()},
-                {"evaluated", res.evaluated}, {"fitting", res.fitting}, {"seconds", secs},
+      json j = {{"model", p.model().name},
+                {"system", p.system().name},
+                {"chips", p.chips()},
+                {"evaluated", res.evaluated},
+                {"fitting", res.fitting},
+                {"seconds", secs},
                 {"layouts_per_second", res.evaluated / std::max(secs, 1e-9)},
                 {"best", json::array()}};
       for (const auto& e : res.best) j["best"].push_back(estimate_json(e));
       std::puts(j.dump(2).c_str());
       return;
     }
-    std::printf("%s on %d x %s (%s): %lld layouts evaluated in %.3f s (%.0f per second), %lld fit HBM\n\n",
-                p.model().name.c_str(), p.chips(), p.system().device.name.c_str(), p.system().name.c_str(),
-                static_cast<long long>(res.evaluated), secs, res.evaluated / std::max(secs, 1e-9),
-                static_cast<long long>(res.fitting));
+    std::printf(
+        "%s on %d x %s (%s): %lld layouts evaluated in %.3f s (%.0f per second), %lld fit HBM\n\n",
+        p.model().name.c_str(), p.chips(), p.system().device.name.c_str(), p.system().name.c_str(),
+        static_cast<long long>(res.evaluated), secs, res.evaluated / std::max(secs, 1e-9),
+        static_cast<long long>(res.fitting));
     if (res.best.empty()) throw Error("no layout fits HBM: try more chips or a smaller batch");
     Table t = ranking_table();
     int i = 0;
@@ -287,7 +333,8 @@ void add_plan_command(CLI::App& app) {
     std::printf("\nThe best layout:\n\n%s", estimate_text(p, res.best.front()).c_str());
   });
 
-  auto* c = cmd->add_subcommand("compare", "The same model on several systems: each one's best layout");
+  auto* c =
+      cmd->add_subcommand("compare", "The same model on several systems: each one's best layout");
   auto ca = std::make_shared<PlanArgs>();
   auto systems = std::make_shared<std::vector<std::string>>(
       std::vector<std::string>{"trn3-ultraserver-gen2", "gb300-nvl72", "p5"});
@@ -298,10 +345,12 @@ void add_plan_command(CLI::App& app) {
       ->delimiter(',');
   c->callback([ca, systems, prices] {
     if (!prices->empty() && prices->size() != systems->size()) {
-      throw Error(fmt::format("--prices gives {} prices for {} systems", prices->size(), systems->size()));
+      throw Error(
+          fmt::format("--prices gives {} prices for {} systems", prices->size(), systems->size()));
     }
     json j = json::array();
-    Table t({"system", "chips", "best layout", "step ms", "tokens/s", "MFU %", "memory GiB", "$ per 1M tokens"});
+    Table t({"system", "chips", "best layout", "step ms", "tokens/s", "MFU %", "memory GiB",
+             "$ per 1M tokens"});
     for (std::size_t i = 0; i < systems->size(); ++i) {
       PlanArgs one = *ca;
       one.system = (*systems)[i];
@@ -315,11 +364,14 @@ void add_plan_command(CLI::App& app) {
         continue;
       }
       const Estimate& e = res.best.front();
-      const double per_mtok = p.training().price_per_chip_hour * p.chips() / 3600.0 / e.tokens_per_s * 1e6;
+      const double per_mtok =
+          p.training().price_per_chip_hour * p.chips() / 3600.0 / e.tokens_per_s * 1e6;
       t.add({one.system, std::to_string(p.chips()), layout_text(e.layout), ms(e.time.step),
-             fmt::format("{:.0f}", e.tokens_per_s), fmt::format("{:.1f}", 100 * e.mfu), gib(e.memory.total),
-             per_mtok > 0 ? fmt::format("{:.3f}", per_mtok) : "-"});
-      j.push_back({{"system", one.system}, {"chips", p.chips()}, {"best", estimate_json(e)},
+             fmt::format("{:.0f}", e.tokens_per_s), fmt::format("{:.1f}", 100 * e.mfu),
+             gib(e.memory.total), per_mtok > 0 ? fmt::format("{:.3f}", per_mtok) : "-"});
+      j.push_back({{"system", one.system},
+                   {"chips", p.chips()},
+                   {"best", estimate_json(e)},
                    {"usd_per_million_tokens", per_mtok}});
     }
     std::fputs(ca->json ? (j.dump(2) + "\n").c_str() : t.render().c_str(), stdout);

@@ -4,8 +4,8 @@
 #include <cstdio>
 #include <memory>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "arch/chip.h"
@@ -28,19 +28,23 @@ void add_validate_command(CLI::App& plan_cmd) {
     double max_mae = 0;
   };
   auto o = std::make_shared<Opts>();
-  v->add_option("file", o->file, "Validation set (default data/plan/validation/megatron-a100.toml)");
+  v->add_option("file", o->file,
+                "Validation set (default data/plan/validation/megatron-a100.toml)");
   v->add_flag("--markdown", o->markdown, "Print a Markdown table (docs/validation.md)");
   v->add_flag("--json", o->json, "Print JSON");
-  v->add_option("--max-mae", o->max_mae, "Exit non-zero when the mean absolute error (%) exceeds this");
+  v->add_option("--max-mae", o->max_mae,
+                "Exit non-zero when the mean absolute error (%) exceeds this");
   v->callback([o] {
-    const std::string file = o->file.empty()
-                                 ? (arch::data_dir() / "plan" / "validation" / "megatron-a100.toml").string()
-                                 : o->file;
+    const std::string file =
+        o->file.empty() ? (arch::data_dir() / "plan" / "validation" / "megatron-a100.toml").string()
+                        : o->file;
     const json tree = plan::read_tree(file);
-    if (!tree.contains("run") || !tree["run"].is_array()) throw Error(file + ": no [[run]] entries");
+    if (!tree.contains("run") || !tree["run"].is_array())
+      throw Error(file + ": no [[run]] entries");
     Table t({"source", "configuration", "layout", "measured s", "predicted s", "error %"});
     std::string md =
-        "| source | configuration | layout | measured (s) | predicted (s) | error |\n|---|---|---|---:|---:|---:|\n";
+        "| source | configuration | layout | measured (s) | predicted (s) | error "
+        "|\n|---|---|---|---:|---:|---:|\n";
     json out = json::array();
     double sum = 0;
     int n = 0;
@@ -66,28 +70,34 @@ void add_validate_command(CLI::App& plan_cmd) {
       const double err = (pred - measured) / measured * 100;
       sum += std::fabs(err);
       ++n;
-      const std::string lay = fmt::format("tp{} pp{} dp{}{}{} mb{} {}{}", l.tp, l.pp, l.dp,
-                                          l.vpp > 1 ? fmt::format(" v{}", l.vpp) : "",
-                                          l.sp ? " sp" : "", r.training.micro_batch,
-                                          plan::recompute_name(l.recompute), "");
+      const std::string lay =
+          fmt::format("tp{} pp{} dp{}{}{} mb{} {}{}", l.tp, l.pp, l.dp,
+                      l.vpp > 1 ? fmt::format(" v{}", l.vpp) : "", l.sp ? " sp" : "",
+                      r.training.micro_batch, plan::recompute_name(l.recompute), "");
       t.add({source, label, lay, fmt::format("{:.2f}", measured), fmt::format("{:.2f}", pred),
              fmt::format("{:+.1f}", err)});
       md += fmt::format("| {} | {} | {} | {:.2f} | {:.2f} | {:+.1f} % |\n", source, label, lay,
                         measured, pred, err);
-      out.push_back({{"source", source}, {"label", label}, {"measured_s", measured},
-                     {"predicted_s", pred}, {"error_percent", err}});
+      out.push_back({{"source", source},
+                     {"label", label},
+                     {"measured_s", measured},
+                     {"predicted_s", pred},
+                     {"error_percent", err}});
     }
     const double mae = sum / n;
     if (o->json) {
       std::puts(json{{"runs", out}, {"mean_absolute_error_percent", mae}}.dump(2).c_str());
     } else if (o->markdown) {
-      std::fputs((md + fmt::format("\nMean absolute error over {} runs: {:.1f} %\n", n, mae)).c_str(), stdout);
+      std::fputs(
+          (md + fmt::format("\nMean absolute error over {} runs: {:.1f} %\n", n, mae)).c_str(),
+          stdout);
     } else {
       std::fputs(t.render().c_str(), stdout);
       std::printf("\nmean absolute error over %d runs: %.1f %%\n", n, mae);
     }
     if (o->max_mae > 0 && mae > o->max_mae) {
-      throw Error(fmt::format("mean absolute error {:.1f} % exceeds --max-mae {:.1f} %", mae, o->max_mae));
+      throw Error(
+          fmt::format("mean absolute error {:.1f} % exceeds --max-mae {:.1f} %", mae, o->max_mae));
     }
   });
 }

@@ -75,9 +75,8 @@ std::vector<Seg> segments(const Network& net, const Group& g) {
     const int s = g.span[i];
     const Level& l = lv[i];
     if (s < 1 || s > l.size()) {
-      throw Error(
-          fmt::format("collective group: {} ranks at level '{}' of {} chips do not fit",
-                      s, l.name, l.size()));
+      throw Error(fmt::format("collective group: {} ranks at level '{}' of {} chips do not fit", s,
+                              l.name, l.size()));
     }
     if (s == 1) continue;
     Seg seg{l.topology, s, {}, l.bandwidth, l.latency};
@@ -328,7 +327,8 @@ Cost best(const Network& net, const Collective& c) {
     const Nanoseconds t = time_segs(segs, c.op, c.bytes, a, mask);
     if (t < out.time) out = {a, t};  // NaN (not applicable) never compares less
   }
-  if (c.op == Op::send_recv) out = {Algorithm::direct, time_segs(segs, c.op, c.bytes, Algorithm::direct, mask)};
+  if (c.op == Op::send_recv)
+    out = {Algorithm::direct, time_segs(segs, c.op, c.bytes, Algorithm::direct, mask)};
   if (!std::isfinite(out.time.value())) {
     throw NotSupported(fmt::format("{} on this group: no algorithm applies", op_name(c.op)));
   }

@@ -66,8 +66,7 @@ FlopRate ComputeModel::peak(const std::string& dtype) const {
   return device_.peak_for(dtype);
 }
 
-double ComputeModel::gemm_efficiency(double m, double k, double n,
-                                     const std::string& dtype) const {
+double ComputeModel::gemm_efficiency(double m, double k, double n, const std::string& dtype) const {
   if (gemms_.empty()) return device_.gemm_efficiency;
   // The nearest measured shape of this dtype (else BF16's): sum of |log2|
   // ratios over m, k and n, sizes beyond the table clamped to its edge.

@@ -16,7 +16,7 @@ namespace tern::plan {
 struct GemmPoint {
   std::string dtype;
   double m = 0, k = 0, n = 0;
-  double efficiency = 0;  // achieved / peak of that dtype
+  double efficiency = 0;          // achieved / peak of that dtype
   double lm = 0, lk = 0, ln = 0;  // log2 of m, k, n
 };
 
@@ -31,8 +31,7 @@ class ComputeModel {
   // Attention core (QK^T and PV) of FLOPs `flops`, fused (FlashAttention,
   // forward or backward efficiency) when `fused`, else two batched GEMMs:
   // flops / (bf16 peak x efficiency).
-  Nanoseconds attention(double flops, double seq, double head_dim, bool fused,
-                        bool backward) const;
+  Nanoseconds attention(double flops, double seq, double head_dim, bool fused, bool backward) const;
   // Moving `bytes` through HBM at its bandwidth x memory efficiency.
   Nanoseconds memory(double bytes) const;
   // Adam's update of one parameter element: read master, m, v and the

@@ -77,7 +77,8 @@ Planner::Planner(const arch::SystemSpec& system, Model model, Training training,
   const double V = m.vocab, s = m.seq;
   const double attn = h * (h + 2 * kvd) + h * h + (m.biases ? h + 2 * kvd + h : 0);
   const double norms = 2 * (m.biases ? 2 * h : h);
-  const double mlp_one = (m.gated_mlp ? 3 : 2) * h * f + (m.biases ? f * (m.gated_mlp ? 2 : 1) + h : 0);
+  const double mlp_one =
+      (m.gated_mlp ? 3 : 2) * h * f + (m.biases ? f * (m.gated_mlp ? 2 : 1) + h : 0);
   const double experts = m.moe() ? m.experts : 1;
   const double router = m.moe() ? h * m.experts : 0;
   layer_params_ = attn + norms + router;
@@ -233,8 +234,9 @@ std::optional<Estimate> Planner::evaluate(const Layout& l) const {
       }
     }
   }
-  const double dp_exposed = ns(fabric::exposed(Nanoseconds(dp_sync), Nanoseconds(dp_window), t.dp_overlap)) +
-                            ns(fabric::exposed(Nanoseconds(zero3), Nanoseconds(mbd * (fwd + bwd)), t.dp_overlap));
+  const double dp_exposed =
+      ns(fabric::exposed(Nanoseconds(dp_sync), Nanoseconds(dp_window), t.dp_overlap)) +
+      ns(fabric::exposed(Nanoseconds(zero3), Nanoseconds(mbd * (fwd + bwd)), t.dp_overlap));
   const double shard = l.zero >= 1 ? stage_params / dp : stage_params;
   const double opt = ns(c.memory(shard * ComputeModel::kAdamBytesPerParam));
 
@@ -276,12 +278,14 @@ std::optional<Estimate> Planner::evaluate(const Layout& l) const {
     working = (base + (flash ? 0 : score_row)) * sl * b;  // one layer rebuilt at a time
     per_layer = l.sp ? 2 * h / T : 2 * h;
   }
-  const double inflight = std::min<double>(mbd, l.pp) * (l.vpp > 1 ? 1 + (l.pp - 1.0) / (l.pp * l.vpp) : 1);
-  mu.activations = Bytes(static_cast<std::int64_t>(layers * per_layer * sl * b * inflight + working));
+  const double inflight =
+      std::min<double>(mbd, l.pp) * (l.vpp > 1 ? 1 + (l.pp - 1.0) / (l.pp * l.vpp) : 1);
+  mu.activations =
+      Bytes(static_cast<std::int64_t>(layers * per_layer * sl * b * inflight + working));
   mu.logits = Bytes(static_cast<std::int64_t>(2 * 4 * tok * V / T));
   mu.total = mu.weights + mu.grads + mu.optimizer + mu.activations + mu.logits;
-  mu.usable = Bytes(static_cast<std::int64_t>(static_cast<double>(system_.device.hbm_capacity.value()) *
-                                              (1 - t.hbm_reserve)));
+  mu.usable = Bytes(static_cast<std::int64_t>(
+      static_cast<double>(system_.device.hbm_capacity.value()) * (1 - t.hbm_reserve)));
   mu.fits = mu.total <= mu.usable;
 
   // ---- throughput

@@ -42,7 +42,7 @@ struct Estimate {
   Layout layout;
   StepTime time;
   MemoryUse memory;
-  std::int64_t micro_batches = 0;   // per pipeline per step
+  std::int64_t micro_batches = 0;  // per pipeline per step
   double tokens_per_step = 0;
   double tokens_per_s = 0;
   double model_flops_per_token = 0;  // 6 N + 12 L h s (N: see Planner::flop_params)

@@ -29,8 +29,11 @@ void add(std::string& out, const std::string& what) {
 
 std::string validate(const Model& m) {
   std::string e;
-  for (auto [name, v] : {std::pair{"layers", m.layers}, {"hidden", m.hidden}, {"heads", m.heads},
-                         {"vocab", m.vocab}, {"seq", m.seq}}) {
+  for (auto [name, v] : {std::pair{"layers", m.layers},
+                         {"hidden", m.hidden},
+                         {"heads", m.heads},
+                         {"vocab", m.vocab},
+                         {"seq", m.seq}}) {
     if (v <= 0) add(e, fmt::format("model.{} must be positive (got {})", name, v));
   }
   if (!e.empty()) return e;
@@ -50,8 +53,10 @@ std::string validate(const Model& m) {
 
 std::string validate(const Training& t) {
   std::string e;
-  if (t.global_batch <= 0) add(e, fmt::format("training.global_batch must be positive (got {})", t.global_batch));
-  if (t.micro_batch <= 0) add(e, fmt::format("training.micro_batch must be positive (got {})", t.micro_batch));
+  if (t.global_batch <= 0)
+    add(e, fmt::format("training.global_batch must be positive (got {})", t.global_batch));
+  if (t.micro_batch <= 0)
+    add(e, fmt::format("training.micro_batch must be positive (got {})", t.micro_batch));
   if (t.recipe != "bf16" && t.recipe != "fp8" && t.recipe != "mxfp8") {
     add(e, fmt::format("training.recipe '{}' is not one of bf16, fp8, mxfp8", t.recipe));
   }
@@ -75,8 +80,12 @@ std::string validate(const Model& m, const Training& t, const Layout& l, int chi
   std::string e = validate(m);
   add(e, validate(t));
   if (!e.empty()) return e;
-  for (auto [name, v] : {std::pair{"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"vpp", l.vpp},
-                         {"ep", l.ep}, {"cp", l.cp}}) {
+  for (auto [name, v] : {std::pair{"dp", l.dp},
+                         {"tp", l.tp},
+                         {"pp", l.pp},
+                         {"vpp", l.vpp},
+                         {"ep", l.ep},
+                         {"cp", l.cp}}) {
     if (v < 1) add(e, fmt::format("{} must be at least 1 (got {})", name, v));
   }
   if (!e.empty()) return e;
@@ -84,19 +93,23 @@ std::string validate(const Model& m, const Training& t, const Layout& l, int chi
     add(e, fmt::format("the layout needs dp {} x tp {} x pp {} x cp {} = {} chips but {} are given",
                        l.dp, l.tp, l.pp, l.cp, l.chips(), chips));
   }
-  if (m.heads % l.tp != 0) add(e, fmt::format("tp {} does not divide heads {}", l.tp, m.heads));
+  if (m.heads % l.tp != 0)
+    add(e, fmt::format("tp {} does not divide heads {}", l.tp, m.heads));
   else if (m.kv() % l.tp != 0 && l.tp % m.kv() != 0) {
     add(e, fmt::format("tp {} and kv_heads {} do not divide one another", l.tp, m.kv()));
   }
-  if (m.ffn_dim() % l.tp != 0) add(e, fmt::format("tp {} does not divide ffn {}", l.tp, m.ffn_dim()));
+  if (m.ffn_dim() % l.tp != 0)
+    add(e, fmt::format("tp {} does not divide ffn {}", l.tp, m.ffn_dim()));
   if (m.layers % (l.pp * l.vpp) != 0) {
     add(e, fmt::format("pp {} x vpp {} does not divide layers {}", l.pp, l.vpp, m.layers));
   }
   if (l.vpp > 1 && l.pp == 1) add(e, "vpp > 1 needs pipeline parallelism (pp > 1)");
   if (m.seq % l.cp != 0) add(e, fmt::format("cp {} does not divide seq {}", l.cp, m.seq));
   if (l.ep > 1) {
-    if (!m.moe()) add(e, fmt::format("ep {} needs an MoE model (experts > 1)", l.ep));
-    else if (m.experts % l.ep != 0) add(e, fmt::format("ep {} does not divide experts {}", l.ep, m.experts));
+    if (!m.moe())
+      add(e, fmt::format("ep {} needs an MoE model (experts > 1)", l.ep));
+    else if (m.experts % l.ep != 0)
+      add(e, fmt::format("ep {} does not divide experts {}", l.ep, m.experts));
     if (l.dp % l.ep != 0) add(e, fmt::format("ep {} does not divide dp {}", l.ep, l.dp));
   }
   if (l.sp && l.tp == 1) add(e, "sequence parallelism needs tp > 1");
@@ -107,8 +120,9 @@ std::string validate(const Model& m, const Training& t, const Layout& l, int chi
     add(e, fmt::format("global batch {} is not a multiple of dp {} x micro-batch {}",
                        t.global_batch, l.dp, micro));
   } else if (l.vpp > 1 && (t.global_batch / per_replica) % l.pp != 0) {
-    add(e, fmt::format("the interleaved schedule needs micro-batches ({}) to be a multiple of pp {}",
-                       t.global_batch / per_replica, l.pp));
+    add(e,
+        fmt::format("the interleaved schedule needs micro-batches ({}) to be a multiple of pp {}",
+                    t.global_batch / per_replica, l.pp));
   }
   std::vector<std::string> o = l.order;
   std::sort(o.begin(), o.end());

@@ -19,12 +19,12 @@ struct Model {
   int ffn = 0;       // 0: 4 x hidden
   int vocab = 0;
   int seq = 0;
-  int experts = 0;  // 0 or 1: dense MLP
-  int top_k = 1;    // experts per token (MoE)
+  int experts = 0;                // 0 or 1: dense MLP
+  int top_k = 1;                  // experts per token (MoE)
   bool gated_mlp = false;         // SwiGLU (Llama): three ffn matrices instead of two
   bool tied_embeddings = false;   // the output projection reuses the input embedding
   bool learned_positions = true;  // GPT: a [seq, hidden] position table; Llama: RoPE
-  bool biases = true;             // GPT: linear biases and LayerNorm (weight + bias); Llama: none, RMSNorm
+  bool biases = true;  // GPT: linear biases and LayerNorm (weight + bias); Llama: none, RMSNorm
 
   int kv() const { return kv_heads > 0 ? kv_heads : heads; }
   int ffn_dim() const { return ffn > 0 ? ffn : 4 * hidden; }
@@ -43,18 +43,18 @@ struct Training {
   // "flash": attention never writes its scores to HBM (FlashAttention);
   // "unfused": scores and probabilities go through HBM (Megatron 2021-22).
   std::string attention = "flash";
-  double dp_overlap = 1.0;  // fraction of the last backward that can hide DP traffic
-  double tp_overlap = 0.0;  // fraction of TP traffic hidden behind GEMMs
-  int grad_bytes = 2;       // bytes per gradient element in the DP reduction
+  double dp_overlap = 1.0;         // fraction of the last backward that can hide DP traffic
+  double tp_overlap = 0.0;         // fraction of TP traffic hidden behind GEMMs
+  int grad_bytes = 2;              // bytes per gradient element in the DP reduction
   double price_per_chip_hour = 0;  // USD; 0: no cost
   double hbm_reserve = 0.05;       // HBM kept free (allocator, workspace), fraction
 };
 
 struct Layout {
   int dp = 1, tp = 1, pp = 1;
-  int vpp = 1;  // interleaved pipeline: model chunks per device
-  int ep = 1;   // expert parallel, carved out of dp
-  int cp = 1;   // context parallel (sequence split across chips)
+  int vpp = 1;      // interleaved pipeline: model chunks per device
+  int ep = 1;       // expert parallel, carved out of dp
+  int cp = 1;       // context parallel (sequence split across chips)
   bool sp = false;  // Megatron sequence parallelism (with tp > 1)
   int zero = 0;     // ZeRO stage 0-3
   Recompute recompute = Recompute::none;

@@ -5,8 +5,8 @@
 #include <sstream>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 #include <toml++/toml.h>
+#include <nlohmann/json.hpp>
 
 #include "arch/chip.h"
 #include "util/error.h"
@@ -115,8 +115,8 @@ json read_tree(const std::filesystem::path& file) {
     out << toml::json_formatter(t);
     return json::parse(out.str());
   } catch (const toml::parse_error& e) {
-    throw Error(fmt::format("{}:{}: TOML syntax error: {}", file.string(),
-                            e.source().begin.line, e.description()));
+    throw Error(fmt::format("{}:{}: TOML syntax error: {}", file.string(), e.source().begin.line,
+                            e.description()));
   }
 }
 
@@ -148,8 +148,9 @@ void apply(const json& tree, const std::string& where, Request& r) {
   }
   if (tree.contains("layout")) {
     const json& t = tree["layout"];
-    check_keys(t, where, "layout",
-               {"dp", "tp", "pp", "vpp", "ep", "cp", "sp", "zero", "recompute", "order", "micro_batch"});
+    check_keys(
+        t, where, "layout",
+        {"dp", "tp", "pp", "vpp", "ep", "cp", "sp", "zero", "recompute", "order", "micro_batch"});
     Layout l = r.layout.value_or(Layout{});
     if (!r.layout) l.dp = 0;  // 0: what the other dimensions leave of the chips
     get(t, "dp", where, "layout", l.dp);
@@ -199,7 +200,8 @@ Model load_model(const std::string& name_or_path) {
   const json tree = read_tree(file);
   check_keys(tree, file.string(), "(top level)", {"model"});
   if (!tree.contains("model")) bad(file.string(), "model", "missing [model] table");
-  if (tree["model"].contains("preset")) bad(file.string(), "model.preset", "a preset cannot name another");
+  if (tree["model"].contains("preset"))
+    bad(file.string(), "model.preset", "a preset cannot name another");
   Model m;
   apply_model(tree["model"], file.string(), m);
   return m;

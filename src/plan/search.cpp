@@ -30,8 +30,9 @@ SearchResult search(const Planner& planner, const SearchOptions& opt) {
     kept.push_back(std::move(*e));
     // Keep the list short: trim to the best `top` now and then.
     if (kept.size() >= static_cast<std::size_t>(4 * opt.top + 64)) {
-      std::nth_element(kept.begin(), kept.begin() + opt.top, kept.end(),
-                       [](const Estimate& a, const Estimate& b) { return a.time.step < b.time.step; });
+      std::nth_element(
+          kept.begin(), kept.begin() + opt.top, kept.end(),
+          [](const Estimate& a, const Estimate& b) { return a.time.step < b.time.step; });
       kept.resize(opt.top);
     }
   };

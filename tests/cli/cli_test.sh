@@ -69,7 +69,7 @@ expect_json 'j["hbm"]["bytes"] == 144 * 2**30' info --arch trn3 --json
 expect_ok "SBUF / core +32 MiB" info
 expect_ok "mxfp8 +4x +314.6 TFLOPS +2516.6 TFLOPS" info --arch trn3
 expect_ok "^system +trn3-ultraserver-gen2" info --list
-expect_json 'len(j["chips"]) == 3 and len(j["systems"]) == 5' info --list --json
+expect_json 'len(j["chips"]) == 3 and len(j["systems"]) == 9' info --list --json
 expect_json 'j["chips"] == 144 and abs(j["tensor_peak_pflops"]["mxfp8"] / 362 - 1) < 0.01' info --system trn3-ultraserver-gen2 --json
 expect_ok "torus2d 4x4" info --system trn2-ultraserver
 
@@ -339,6 +339,44 @@ expect_err "is not in the vocabulary of 65" sample --ckpt "$tmp/ck/step-00000004
 expect_err "checkpoint $tmp/t.toml: not a tern checkpoint" sample --ckpt "$tmp/t.toml"
 # shellcheck disable=SC2086
 expect_ok "^step 3: 1 non-finite gradient elements .*skipped the update" train ${tt% --json} --inject nan@3
+
+# ---- the cluster planner (issue 8)
+for cmd in "plan" "plan search" "plan compare" "plan validate"; do
+  # shellcheck disable=SC2086
+  expect_ok "Usage|Options" $cmd --help
+done
+expect_ok "^step +[0-9.]+ +100.0" plan --model llama3-70b --tp 8 --pp 2
+expect_ok "MFU [0-9.]+ %" plan --model llama3-70b --system trn3-ultraserver-gen1 --chips 1024 --tp 8 --tokens 1e12 --price 2
+expect_json 'j["memory_gib"]["fits"] and j["layout"]["dp"] == 8 and j["cost_usd"] > 0' plan --model llama3-70b --system trn3-ultraserver-gen1 --chips 1024 --tp 8 --pp 16 --tokens 1e12 --price 2 --json
+expect_json 'len(j["best"]) == 3 and all(b["memory_gib"]["fits"] for b in j["best"]) and j["evaluated"] > 10000' plan search --model llama3-70b --system trn3-ultraserver-gen1 --chips 1024 --top 3 --json
+expect_ok "layouts evaluated" plan search --model llama3-70b --system trn3-ultraserver-gen1 --chips 1024
+expect_json 'len(j) == 3 and all(s["best"] for s in j)' plan compare --model llama3-8b --chips 144 --systems trn3-ultraserver-gen2,gb300-nvl72,p5 --global-batch 576 --json
+expect_ok "mean absolute error over 18 runs" plan validate
+cat >"$tmp/plan.toml" <<'TOML'
+[model]
+preset = "llama3-8b"
+[training]
+global_batch = 256
+recipe = "mxfp8"
+[system]
+name = "trn3-ultraserver-gen1"
+chips = 64
+[layout]
+tp = 4
+zero = 1
+TOML
+expect_json 'j["layout"]["dp"] == 16 and j["layout"]["zero"] == 1' plan --config "$tmp/plan.toml" --json
+printf '{"model": {"preset": "llama3-8b"}, "system": {"name": "p5", "chips": 16}, "layout": {"tp": 8}}' >"$tmp/plan.json"
+expect_json 'j["layout"]["dp"] == 2' plan --config "$tmp/plan.json" --json
+expect_err "tp 3 does not divide heads 64" plan --model llama3-70b --tp 3
+expect_err "= 320 chips is more than the 144 chips given" plan --model llama3-70b --tp 8 --pp 40
+expect_err "unknown system 'nope'" plan --system nope
+expect_err "unknown model 'gpt-9'" plan --model gpt-9
+expect_err "not supported: A100 SXM4 80GB has no mxfp8 peak" plan --system dgx-a100 --recipe mxfp8
+printf '[layout]\ntp = "eight"\n' >"$tmp/bad.toml"
+expect_err "key 'layout.tp': expected an integer" plan --config "$tmp/bad.toml"
+printf '[layout]\ntpp = 8\n' >"$tmp/bad.toml"
+expect_err "key 'layout.tpp': unknown key" plan --config "$tmp/bad.toml"
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
