@@ -30,3 +30,8 @@ data=$(cd "$here/../data" && pwd)
   --ckpt-dir "$work/ck" --eval-batches 1 --plot "$work/loss.png" | tail -2
 "$TERN" sample --ckpt "$work/ck" --prompt "ROMEO:" --tokens 20
 echo "cli tour: ok"
+"$TERN" plan --model llama3-70b --tp 8 --pp 2 | tail -3
+"$TERN" plan search --model llama3-70b --system trn3-ultraserver-gen1 --chips 1024 | head -5
+"$TERN" plan compare --model llama3-70b --systems trn3-ultraserver-gen2,gb300-nvl72,p5
+"$TERN" plan validate | tail -1
+"$TERN" plan --config "$here/plan/llama3-70b-trn3.toml" | tail -2

@@ -155,7 +155,8 @@ json system_json(const arch::SystemSpec& s) {
                       {"dims", l.dims},
                       {"size", l.size()},
                       {"bandwidth_gbps_per_chip_one_way", l.bandwidth_per_chip.value()},
-                      {"latency_ns", l.latency.value()}});
+                      {"latency_ns", l.latency.value()},
+                      {"efficiency", l.efficiency}});
   }
   json j = {{"name", s.name},
             {"display_name", s.display_name},
@@ -167,6 +168,7 @@ json system_json(const arch::SystemSpec& s) {
             {"hbm_bandwidth_gbps", s.hbm_bandwidth().value()},
             {"published", s.published}};
   if (s.chip) j["chip"] = chip_json(*s.chip);
+  j["collective_algorithms"] = s.collective_algorithms;
   json peaks = json::object();
   for (const auto& [d, rate] : s.device.peak) peaks[d] = rate.value() * s.chips / 1e15;
   j["tensor_peak_pflops"] = peaks;
@@ -211,6 +213,10 @@ std::string system_text(const arch::SystemSpec& s) {
                                       s.scale_out->instance_chips, s.scale_out->latency.value())});
   }
   if (s.cross_rack_direct) tot.add({"cross-rack direct", gbps(*s.cross_rack_direct) + " per chip"});
+  tot.add(
+      {"collective algorithms", s.collective_algorithms.empty()
+                                    ? std::string("all")
+                                    : fmt::format("{}", fmt::join(s.collective_algorithms, ", "))});
   out += tot.render();
   return s.chip ? out + "\nChip:\n" + chip_text(*s.chip) : out;
 }

@@ -14,6 +14,7 @@
 #include "arch/system.h"
 #include "cli/commands.h"
 #include "cli/table.h"
+#include "fabric/network.h"
 #include "plan/estimate.h"
 #include "plan/request.h"
 #include "plan/search.h"
@@ -258,6 +259,24 @@ plan::Planner make_planner(const plan::Request& r) {
   return plan::Planner(arch::load_system(r.system), r.model, r.training, r.chips);
 }
 
+// The most chips of `s` that form a network (whole systems over scale-out,
+// or a part of one) and number at most `most`.
+int chips_for_budget(const arch::SystemSpec& s, double most) {
+  const int n = static_cast<int>(std::min(most, 1e7));
+  for (int c = n; c >= 1; --c) {
+    if (c > s.chips && (!s.scale_out || c % s.chips != 0)) {
+      if (s.scale_out) c = c / s.chips * s.chips + 1;  // next: the multiple below
+      continue;
+    }
+    try {
+      fabric::Network::of(s, c);
+      return c;
+    } catch (const Error&) {
+    }
+  }
+  throw Error(fmt::format("the budget buys less than one chip of {}", s.name));
+}
+
 Table ranking_table() {
   Table t(
       {"#", "layout", "step ms", "tokens/s", "MFU %", "memory GiB", "bubble %", "exposed comm %"});
@@ -314,7 +333,7 @@ void add_plan_command(CLI::App& app) {
                 {"evaluated", res.evaluated},
                 {"fitting", res.fitting},
                 {"seconds", secs},
-                {"layouts_per_second", res.evaluated / std::max(secs, 1e-9)},
+                {"layouts_per_second", static_cast<double>(res.evaluated) / std::max(secs, 1e-9)},
                 {"best", json::array()}};
       for (const auto& e : res.best) j["best"].push_back(estimate_json(e));
       std::puts(j.dump(2).c_str());
@@ -323,7 +342,8 @@ void add_plan_command(CLI::App& app) {
     std::printf(
         "%s on %d x %s (%s): %lld layouts evaluated in %.3f s (%.0f per second), %lld fit HBM\n\n",
         p.model().name.c_str(), p.chips(), p.system().device.name.c_str(), p.system().name.c_str(),
-        static_cast<long long>(res.evaluated), secs, res.evaluated / std::max(secs, 1e-9),
+        static_cast<long long>(res.evaluated), secs,
+        static_cast<double>(res.evaluated) / std::max(secs, 1e-9),
         static_cast<long long>(res.fitting));
     if (res.best.empty()) throw Error("no layout fits HBM: try more chips or a smaller batch");
     Table t = ranking_table();
@@ -339,15 +359,24 @@ void add_plan_command(CLI::App& app) {
   auto systems = std::make_shared<std::vector<std::string>>(
       std::vector<std::string>{"trn3-ultraserver-gen2", "gb300-nvl72", "p5"});
   auto prices = std::make_shared<std::vector<double>>();
+  auto budget = std::make_shared<double>(0);
   add_request_flags(*c, *ca, false);
   c->add_option("--systems", *systems, "Systems to compare")->delimiter(',')->capture_default_str();
-  c->add_option("--prices", *prices, "USD per chip-hour for each system, in order (ranks by cost)")
-      ->delimiter(',');
-  c->callback([ca, systems, prices] {
+  c->add_option("--prices", *prices, "USD per chip-hour of each system, in order")->delimiter(',');
+  c->add_option(
+      "--budget", *budget,
+      "USD per hour: each system gets the most chips it can form for it (needs --prices)");
+  c->callback([ca, systems, prices, budget] {
     if (!prices->empty() && prices->size() != systems->size()) {
       throw Error(
           fmt::format("--prices gives {} prices for {} systems", prices->size(), systems->size()));
     }
+    if (*budget > 0 && prices->empty()) throw Error("--budget needs --prices");
+    if (*budget > 0 && ca->chips)
+      throw Error("give --chips (equal chips) or --budget (equal cost), not both");
+    // Equal chips by default: the first system's size.
+    if (*budget <= 0 && !ca->chips) ca->chips = arch::load_system(systems->front()).chips;
+    if (!ca->global_batch) ca->global_batch = 1152;  // divisible by 2^7 x 9: most dp sizes
     json j = json::array();
     Table t({"system", "chips", "best layout", "step ms", "tokens/s", "MFU %", "memory GiB",
              "$ per 1M tokens"});
@@ -355,11 +384,14 @@ void add_plan_command(CLI::App& app) {
       PlanArgs one = *ca;
       one.system = (*systems)[i];
       if (!prices->empty()) one.price = (*prices)[i];
+      if (*budget > 0)
+        one.chips = chips_for_budget(arch::load_system(one.system), *budget / one.price);
       const auto r = build_request(one, false);
       const auto p = make_planner(r);
       const auto res = plan::search(p, plan::SearchOptions{1});
       if (res.best.empty()) {
-        t.add({one.system, std::to_string(p.chips()), "nothing fits", "-", "-", "-", "-", "-"});
+        t.add({one.system, std::to_string(p.chips()), "no valid layout fits HBM", "-", "-", "-",
+               "-", "-"});
         j.push_back({{"system", one.system}, {"chips", p.chips()}, {"best", nullptr}});
         continue;
       }

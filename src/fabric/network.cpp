@@ -59,8 +59,11 @@ Network Network::build(const arch::SystemSpec& s, int chips) {
   }
   if (chips >= s.chips) {
     if (chips % s.chips != 0) {
-      throw Error(fmt::format("{} holds {} chips; {} chips is not a whole number of systems",
-                              s.name, s.chips, chips));
+      const int lo = chips / s.chips * s.chips;
+      throw Error(
+          fmt::format("{} holds {} chips; {} chips is not a whole number of systems "
+                      "(try {} or {})",
+                      s.name, s.chips, chips, lo, lo + s.chips));
     }
     if (chips > s.chips) {
       if (!s.scale_out) {

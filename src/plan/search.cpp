@@ -68,8 +68,12 @@ SearchResult search(const Planner& planner, const SearchOptions& opt) {
       }
     }
   }
-  std::sort(kept.begin(), kept.end(),
-            [](const Estimate& a, const Estimate& b) { return a.time.step < b.time.step; });
+  // Equal times (e.g. a recompute mode that changes nothing with fused
+  // attention): the layout needing less memory first.
+  std::sort(kept.begin(), kept.end(), [](const Estimate& a, const Estimate& b) {
+    if (a.time.step != b.time.step) return a.time.step < b.time.step;
+    return a.memory.total < b.memory.total;
+  });
   if (kept.size() > static_cast<std::size_t>(opt.top)) kept.resize(opt.top);
   r.best = std::move(kept);
   return r;

@@ -48,7 +48,7 @@ TEST(Collective, OtherAlgorithmsOnOneSwitch) {
   EXPECT_DOUBLE_EQ(t(kSwitch8, Op::send_recv, 800000, {2}, Algorithm::direct), 9000);
   EXPECT_THROW(t(kSwitch8, Op::all_gather, 800000, {8}, Algorithm::tree), NotSupported);
   EXPECT_THROW(t(kSwitch8, Op::all_reduce, 800000, {8}, Algorithm::hierarchical), NotSupported);
-  EXPECT_THROW(t(kSwitch8, Op::all_reduce, 800000, {3}, Algorithm::ring), Error);  // 3 ∤ 8
+  EXPECT_THROW(t(kSwitch8, Op::all_reduce, 800000, {9}, Algorithm::ring), Error);  // 9 > 8
 }
 
 TEST(Collective, BestPicksTheFastestAndSmallMessagesPreferFewSteps) {
