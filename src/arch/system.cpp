@@ -166,6 +166,10 @@ SystemSpec load_system_file(const std::filesystem::path& file) {
     o.name = r.string("scale_out.name");
     o.bandwidth_per_instance = one_way(r, "scale_out", "bandwidth_gbps_per_instance");
     o.instance_chips = static_cast<int>(r.integer("scale_out.instance_chips", 1, s.chips));
+    if (s.chips % o.instance_chips != 0) {
+      r.fail("scale_out.instance_chips", fmt::format("a divisor of system.chips ({})", s.chips),
+             r.table("scale_out").get("instance_chips"));
+    }
     o.latency = Nanoseconds(r.number("scale_out.latency_ns", 0, false));
     s.scale_out = o;
   }

@@ -3,8 +3,10 @@
 // side (`plan compare`) and the check against published measurements
 // (`plan validate`). docs/plan.md describes the model.
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <memory>
+#include <optional>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -28,30 +30,35 @@ using plan::Layout;
 
 namespace {
 
-// Flags shared by every plan command; a config file first, flags on top.
+// Flags shared by every plan command: a request file first, then every
+// flag given on top of it (an unset optional: not given).
 struct PlanArgs {
   std::string config;
-  std::string model = "llama3-8b";
-  std::string system = "trn3-ultraserver-gen2";
-  int chips = 0;
+  std::optional<std::string> model, system;
+  std::optional<int> chips;
   // training
-  std::int64_t global_batch = 0;
-  int micro_batch = 0;
-  double tokens = -1;
-  std::string recipe, attention;
-  double dp_overlap = -1, tp_overlap = -1, price = -1;
+  std::optional<std::int64_t> global_batch;
+  std::optional<int> micro_batch;
+  std::optional<double> tokens, dp_overlap, tp_overlap, price;
+  std::optional<std::string> recipe, attention;
   // layout
-  int dp = 0, tp = 0, pp = 0, vpp = 0, ep = 0, cp = 0, zero = -1;
-  std::string sp, recompute, order;
+  std::optional<int> dp, tp, pp, vpp, ep, cp, zero;
+  std::optional<std::string> sp, recompute, order;
   bool json = false;
 };
 
+constexpr const char* kDefaultModel = "llama3-8b";
+constexpr const char* kDefaultSystem = "trn3-ultraserver-gen2";
+
 void add_request_flags(CLI::App& c, PlanArgs& a, bool layout) {
-  c.add_option("--config", a.config,
-               "Request file (.toml or .json): [model] [training] [system] [layout]");
-  c.add_option("--model", a.model, "Model preset (data/plan/models) or a .toml file")
-      ->capture_default_str();
-  c.add_option("--system", a.system, "System (tern info --list)")->capture_default_str();
+  c.add_option(
+      "--config", a.config,
+      "Request file (.toml or .json): [model] [training] [system] [layout]; flags override it");
+  c.add_option(
+      "--model", a.model,
+      fmt::format("Model preset (data/plan/models) or a .toml file [default: {}]", kDefaultModel));
+  c.add_option("--system", a.system,
+               fmt::format("System (tern info --list) [default: {}]", kDefaultSystem));
   c.add_option("--chips", a.chips, "Chips (default: one system)");
   c.add_option("--global-batch", a.global_batch, "Sequences per step (default 8 per chip)");
   c.add_option("--micro-batch", a.micro_batch, "Sequences per micro-batch (default 1)");
@@ -79,53 +86,64 @@ void add_request_flags(CLI::App& c, PlanArgs& a, bool layout) {
 
 plan::Request build_request(const PlanArgs& a, bool layout) {
   plan::Request r;
-  r.model = plan::load_model(a.model);
-  r.system = a.system;
   r.training.global_batch = 0;  // default below: 8 sequences per chip
+  bool file_model = false;
   if (!a.config.empty()) {
-    plan::Request f = r;
-    plan::apply(plan::read_tree(a.config), a.config, f);
-    r = f;
+    const auto tree = plan::read_tree(a.config);
+    file_model = tree.is_object() && tree.contains("model");
+    plan::apply(tree, a.config, r);
   }
-  if (a.global_batch) r.training.global_batch = a.global_batch;
-  if (a.micro_batch) r.training.micro_batch = a.micro_batch;
-  if (a.tokens >= 0) r.training.tokens = a.tokens;
-  if (!a.recipe.empty()) r.training.recipe = a.recipe;
-  if (!a.attention.empty()) r.training.attention = a.attention;
-  if (a.dp_overlap >= 0) r.training.dp_overlap = a.dp_overlap;
-  if (a.tp_overlap >= 0) r.training.tp_overlap = a.tp_overlap;
-  if (a.price >= 0) r.training.price_per_chip_hour = a.price;
-  if (a.chips) r.chips = a.chips;
+  // A model named on the command line replaces the file's.
+  if (a.model) {
+    r.model = plan::load_model(*a.model);
+  } else if (!file_model) {
+    r.model = plan::load_model(kDefaultModel);
+  }
+  if (a.system) r.system = *a.system;
+  if (r.system.empty()) r.system = kDefaultSystem;
+  plan::Training& t = r.training;
+  if (a.global_batch) t.global_batch = *a.global_batch;
+  if (a.micro_batch) t.micro_batch = *a.micro_batch;
+  if (a.tokens) t.tokens = *a.tokens;
+  if (a.recipe) t.recipe = *a.recipe;
+  if (a.attention) t.attention = *a.attention;
+  if (a.dp_overlap) t.dp_overlap = *a.dp_overlap;
+  if (a.tp_overlap) t.tp_overlap = *a.tp_overlap;
+  if (a.price) t.price_per_chip_hour = *a.price;
+  if (a.chips) r.chips = *a.chips;
   if (r.chips == 0) r.chips = arch::load_system(r.system).chips;
-  if (r.training.global_batch == 0)
-    r.training.global_batch = 8 * static_cast<std::int64_t>(r.chips);
-  if (layout) {
-    Layout l = r.layout.value_or(Layout{});
-    if (a.tp) l.tp = a.tp;
-    if (a.pp) l.pp = a.pp;
-    if (a.vpp) l.vpp = a.vpp;
-    if (a.ep) l.ep = a.ep;
-    if (a.cp) l.cp = a.cp;
-    if (a.zero >= 0) l.zero = a.zero;
-    if (!a.recompute.empty()) l.recompute = plan::parse_recompute(a.recompute);
-    if (!a.order.empty()) l.order = plan::parse_order(a.order);
-    if (!r.layout) l.dp = 0;
-    if (a.dp) l.dp = a.dp;
-    const int rest = l.tp * l.pp * l.cp;
-    if (l.dp == 0 && rest > 0 && r.chips % rest == 0) l.dp = r.chips / rest;
-    if (l.dp == 0) {
+  if (r.chips < 1) throw Error(fmt::format("--chips must be positive (got {})", r.chips));
+  if (t.global_batch == 0) t.global_batch = 8 * static_cast<std::int64_t>(r.chips);
+  if (!layout) return r;
+  const bool from_file = r.layout.has_value();
+  Layout l = r.layout.value_or(Layout{});
+  if (!from_file) l.dp = 0;
+  if (a.tp) l.tp = *a.tp;
+  if (a.pp) l.pp = *a.pp;
+  if (a.vpp) l.vpp = *a.vpp;
+  if (a.ep) l.ep = *a.ep;
+  if (a.cp) l.cp = *a.cp;
+  if (a.zero) l.zero = *a.zero;
+  if (a.micro_batch) l.micro_batch = 0;  // the flag beats the file's [layout]
+  if (a.recompute) l.recompute = plan::parse_recompute(*a.recompute);
+  if (a.order) l.order = plan::parse_order(*a.order);
+  if (a.dp) l.dp = *a.dp;
+  if (l.dp == 0 && l.tp > 0 && l.pp > 0 && l.cp > 0) {
+    const std::int64_t rest = static_cast<std::int64_t>(l.tp) * l.pp * l.cp;
+    if (r.chips % rest != 0) {
       throw Error(fmt::format("layout: tp {} x pp {} x cp {} = {} chips {} the {} chips given",
                               l.tp, l.pp, l.cp, rest,
                               rest > r.chips ? "is more than" : "does not divide", r.chips));
     }
-    if (!a.sp.empty()) {
-      if (a.sp != "true" && a.sp != "false") throw Error("--sp must be true or false");
-      l.sp = a.sp == "true";
-    } else if (!r.layout || a.tp) {
-      l.sp = l.tp > 1;
-    }
-    r.layout = l;
+    l.dp = static_cast<int>(r.chips / rest);
   }
+  if (a.sp) {
+    if (*a.sp != "true" && *a.sp != "false") throw Error("--sp must be true or false");
+    l.sp = *a.sp == "true";
+  } else if (!r.sp_given) {
+    l.sp = l.tp > 1;  // Megatron's default with tensor parallelism
+  }
+  r.layout = l;
   return r;
 }
 
@@ -259,22 +277,24 @@ plan::Planner make_planner(const plan::Request& r) {
   return plan::Planner(arch::load_system(r.system), r.model, r.training, r.chips);
 }
 
-// The most chips of `s` that form a network (whole systems over scale-out,
-// or a part of one) and number at most `most`.
-int chips_for_budget(const arch::SystemSpec& s, double most) {
-  const int n = static_cast<int>(std::min(most, 1e7));
-  for (int c = n; c >= 1; --c) {
-    if (c > s.chips && (!s.scale_out || c % s.chips != 0)) {
-      if (s.scale_out) c = c / s.chips * s.chips + 1;  // next: the multiple below
-      continue;
-    }
+// Chip counts of `s` that form a network (whole systems over scale-out, or
+// a part of one), at most `most`, largest first.
+std::vector<int> chip_counts(const arch::SystemSpec& s, double most) {
+  std::vector<int> out;
+  const double whole = std::floor(most / s.chips);
+  if (s.scale_out) {
+    for (double k = std::min(whole, 1e6); k >= 1; --k) out.push_back(static_cast<int>(k) * s.chips);
+  } else if (whole >= 1) {
+    out.push_back(s.chips);
+  }
+  for (int c = std::min(s.chips - 1, static_cast<int>(std::min(most, 1e6))); c >= 1; --c) {
     try {
       fabric::Network::of(s, c);
-      return c;
+      out.push_back(c);
     } catch (const Error&) {
     }
   }
-  throw Error(fmt::format("the budget buys less than one chip of {}", s.name));
+  return out;
 }
 
 Table ranking_table() {
@@ -307,8 +327,19 @@ void add_plan_command(CLI::App& app) {
     const auto r = build_request(*a, true);
     const auto p = make_planner(r);
     const Estimate e = p.estimate(*r.layout);
-    std::fputs(a->json ? (estimate_json(e).dump(2) + "\n").c_str() : estimate_text(p, e).c_str(),
-               stdout);
+    json j = estimate_json(e);
+    j["model"] = {{"name", p.model().name},
+                  {"params", p.params()},
+                  {"flop_params", p.flop_params()},
+                  {"layers", p.model().layers},
+                  {"hidden", p.model().hidden}};
+    j["system"] = p.system().name;
+    j["chips"] = p.chips();
+    j["training"] = {
+        {"global_batch", p.training().global_batch},
+        {"micro_batch", e.layout.micro_batch > 0 ? e.layout.micro_batch : p.training().micro_batch},
+        {"recipe", p.training().recipe}};
+    std::fputs(a->json ? (j.dump(2) + "\n").c_str() : estimate_text(p, e).c_str(), stdout);
   });
 
   auto* s =
@@ -345,7 +376,18 @@ void add_plan_command(CLI::App& app) {
         static_cast<long long>(res.evaluated), secs,
         static_cast<double>(res.evaluated) / std::max(secs, 1e-9),
         static_cast<long long>(res.fitting));
-    if (res.best.empty()) throw Error("no layout fits HBM: try more chips or a smaller batch");
+    if (res.evaluated == 0) {
+      throw Error(
+          fmt::format("no valid layout: no tp / pp / cp / micro-batch split of {} chips "
+                      "divides the model and a batch of {}",
+                      p.chips(), p.training().global_batch));
+    }
+    if (res.best.empty()) {
+      throw Error(
+          fmt::format("none of the {} valid layouts fits HBM: try more chips or a smaller "
+                      "micro-batch",
+                      res.evaluated));
+    }
     Table t = ranking_table();
     int i = 0;
     for (const auto& e : res.best) ranking_row(t, ++i, e);
@@ -372,6 +414,9 @@ void add_plan_command(CLI::App& app) {
           fmt::format("--prices gives {} prices for {} systems", prices->size(), systems->size()));
     }
     if (*budget > 0 && prices->empty()) throw Error("--budget needs --prices");
+    for (double price : *prices) {
+      if (!(price > 0)) throw Error(fmt::format("--prices: {} is not a positive price", price));
+    }
     if (*budget > 0 && ca->chips)
       throw Error("give --chips (equal chips) or --budget (equal cost), not both");
     // Equal chips by default: the first system's size.
@@ -384,25 +429,39 @@ void add_plan_command(CLI::App& app) {
       PlanArgs one = *ca;
       one.system = (*systems)[i];
       if (!prices->empty()) one.price = (*prices)[i];
-      if (*budget > 0)
-        one.chips = chips_for_budget(arch::load_system(one.system), *budget / one.price);
-      const auto r = build_request(one, false);
-      const auto p = make_planner(r);
-      const auto res = plan::search(p, plan::SearchOptions{1});
+      std::vector<int> counts{0};  // 0: --chips as given
+      if (*budget > 0) {
+        const auto sys = arch::load_system(*one.system);
+        counts = chip_counts(sys, *budget / *one.price);
+        if (counts.empty()) {
+          throw Error(fmt::format("a budget of ${}/h buys less than one chip of {} at ${}/h",
+                                  *budget, *one.system, *one.price));
+        }
+      }
+      // Equal cost: the most chips the budget buys for which some layout
+      // divides the batch and fits HBM (trying at most 32 counts).
+      std::optional<plan::Planner> p;
+      plan::SearchResult res;
+      for (std::size_t k = 0; k < std::min<std::size_t>(counts.size(), 32); ++k) {
+        if (counts[k]) one.chips = counts[k];
+        p.emplace(make_planner(build_request(one, false)));
+        res = plan::search(*p, plan::SearchOptions{1});
+        if (!res.best.empty()) break;
+      }
       if (res.best.empty()) {
-        t.add({one.system, std::to_string(p.chips()), "no valid layout fits HBM", "-", "-", "-",
+        t.add({*one.system, std::to_string(p->chips()), "no valid layout fits HBM", "-", "-", "-",
                "-", "-"});
-        j.push_back({{"system", one.system}, {"chips", p.chips()}, {"best", nullptr}});
+        j.push_back({{"system", *one.system}, {"chips", p->chips()}, {"best", nullptr}});
         continue;
       }
       const Estimate& e = res.best.front();
       const double per_mtok =
-          p.training().price_per_chip_hour * p.chips() / 3600.0 / e.tokens_per_s * 1e6;
-      t.add({one.system, std::to_string(p.chips()), layout_text(e.layout), ms(e.time.step),
+          p->training().price_per_chip_hour * p->chips() / 3600.0 / e.tokens_per_s * 1e6;
+      t.add({*one.system, std::to_string(p->chips()), layout_text(e.layout), ms(e.time.step),
              fmt::format("{:.0f}", e.tokens_per_s), fmt::format("{:.1f}", 100 * e.mfu),
              gib(e.memory.total), per_mtok > 0 ? fmt::format("{:.3f}", per_mtok) : "-"});
-      j.push_back({{"system", one.system},
-                   {"chips", p.chips()},
+      j.push_back({{"system", *one.system},
+                   {"chips", p->chips()},
                    {"best", estimate_json(e)},
                    {"usd_per_million_tokens", per_mtok}});
     }

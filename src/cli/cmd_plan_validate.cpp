@@ -63,7 +63,9 @@ void add_validate_command(CLI::App& plan_cmd) {
       plan::apply(run, where, r);
       if (!r.layout) throw Error(where + ": no [run.layout]");
       plan::Layout l = *r.layout;
-      if (l.dp == 0) l.dp = r.chips / (l.tp * l.pp * l.cp);
+      if (l.dp == 0 && l.tp > 0 && l.pp > 0 && l.cp > 0) {
+        l.dp = static_cast<int>(r.chips / (static_cast<std::int64_t>(l.tp) * l.pp * l.cp));
+      }
       const plan::Planner p(arch::load_system(r.system), r.model, r.training, r.chips);
       const auto e = p.estimate(l);
       const double pred = e.time.step.value() * 1e-9;
@@ -84,6 +86,7 @@ void add_validate_command(CLI::App& plan_cmd) {
                      {"predicted_s", pred},
                      {"error_percent", err}});
     }
+    if (n == 0) throw Error(file + ": no [[run]] entries");
     const double mae = sum / n;
     if (o->json) {
       std::puts(json{{"runs", out}, {"mean_absolute_error_percent", mae}}.dump(2).c_str());

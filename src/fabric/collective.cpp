@@ -309,7 +309,8 @@ Nanoseconds time_segs(const std::vector<Seg>& segs, Op op, Bytes n, Algorithm a,
 Nanoseconds time(const Network& net, const Collective& c, Algorithm a) {
   if (c.bytes.value() < 0) throw Error(fmt::format("{}: negative size", op_name(c.op)));
   const Nanoseconds t = time_segs(segments(net, c.group), c.op, c.bytes, a, net.algorithms());
-  if (std::isnan(t.value())) {
+  if (std::isinf(t.value())) g_why = "no algorithm of the library serves a part of the group";
+  if (!std::isfinite(t.value())) {
     throw NotSupported(fmt::format("{} {}: {}", algorithm_name(a), op_name(c.op), g_why));
   }
   return t;
@@ -325,7 +326,9 @@ Cost best(const Network& net, const Collective& c) {
     const Algorithm a = kAlgorithms[i];
     // send/recv goes directly whatever the library's collective algorithms.
     const Nanoseconds t = time_segs(segs, c.op, c.bytes, a, mask);
-    if (t < out.time) out = {a, t};  // NaN (not applicable) never compares less
+    // NaN (not applicable) never compares less; neither does infinity (a
+    // hierarchical split whose part has no algorithm).
+    if (t < out.time) out = {a, t};
   }
   if (c.op == Op::send_recv)
     out = {Algorithm::direct, time_segs(segs, c.op, c.bytes, Algorithm::direct, mask)};

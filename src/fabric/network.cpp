@@ -93,7 +93,8 @@ Network Network::build(const arch::SystemSpec& s, int chips) {
       left /= n;
       continue;
     }
-    if (n % left != 0) break;
+    // A switch serves any part of its ports; a ring or torus only divisors.
+    if (left > n || (n % left != 0 && l.topology != arch::Topology::switched)) break;
     if (l.topology == arch::Topology::torus2d) {
       if (left % l.dims[0] != 0) break;
       l.dims = {l.dims[0], left / l.dims[0]};

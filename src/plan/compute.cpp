@@ -15,8 +15,8 @@ namespace {
 
 double number(const toml::table& t, std::string_view key, const std::string& where) {
   const auto v = t[key].value<double>();
-  if (!v || !(*v > 0) || *v > 1.5) {
-    throw Error(fmt::format("{}: key '{}': expected a positive efficiency", where, key));
+  if (!v || !(*v > 0) || *v > 1) {
+    throw Error(fmt::format("{}: key '{}': expected an efficiency in (0, 1]", where, key));
   }
   return *v;
 }

@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "util/error.h"
 
@@ -91,16 +92,23 @@ Planner::Planner(const arch::SystemSpec& system, Model model, Training training,
 
 Estimate Planner::estimate(const Layout& l) const {
   if (auto e = validate(model_, training_, l, chips_); !e.empty()) throw Error("layout: " + e);
-  auto est = evaluate(l);
-  if (!est) {
-    throw NotSupported(fmt::format(
-        "layout: the rank order {} places a group irregularly across the fabric levels of {}",
-        fmt::format("{}", fmt::join(l.order, "-")), system_.name));
-  }
+  std::string why;
+  auto est = evaluate(l, &why);
+  if (!est) throw NotSupported("layout: " + why);
   return *est;
 }
 
-std::optional<Estimate> Planner::evaluate(const Layout& l) const {
+std::optional<Estimate> Planner::evaluate(const Layout& l, std::string* why) const {
+  try {
+    return evaluate_or_throw(l, why);
+  } catch (const NotSupported& e) {
+    // A collective no algorithm of the system's library serves.
+    if (why) *why = e.what();
+    return std::nullopt;
+  }
+}
+
+std::optional<Estimate> Planner::evaluate_or_throw(const Layout& l, std::string* why) const {
   const Model& m = model_;
   const Training& t = training_;
   const ComputeModel& c = compute_;
@@ -151,7 +159,14 @@ std::optional<Estimate> Planner::evaluate(const Layout& l) const {
   const auto tp_g = group_of(l, "tp", net_), dp_g = group_of(l, "dp", net_);
   const auto pp_g = group_of(l, "pp", net_), cp_g = group_of(l, "cp", net_);
   const auto ep_g = group_of(l, "ep", net_);
-  if (!tp_g || !dp_g || !pp_g || !cp_g || !ep_g) return std::nullopt;
+  if (!tp_g || !dp_g || !pp_g || !cp_g || !ep_g) {
+    if (why) {
+      *why =
+          fmt::format("the rank order {} places a group irregularly across the fabric levels of {}",
+                      fmt::format("{}", fmt::join(l.order, "-")), system_.name);
+    }
+    return std::nullopt;
+  }
   const auto cost = [&](Op op, double bytes, const Group& g) {
     return fabric::best(net_, Collective{op, Bytes(static_cast<std::int64_t>(bytes)), g});
   };
@@ -162,7 +177,9 @@ std::optional<Estimate> Planner::evaluate(const Layout& l) const {
     const double n = rows_h * 2;
     if (l.sp) {
       const auto ag = cost(Op::all_gather, n, *tp_g), rs = cost(Op::reduce_scatter, n, *tp_g);
-      tp_one = ns(ag.time) + ns(rs.time);
+      // Sequence parallel: each all-reduce becomes an all-gather (into
+      // attention or the MLP) and a reduce-scatter (out of it); two of each.
+      tp_one = 2 * (ns(ag.time) + ns(rs.time));
       e.time.tp_algorithm = std::string(fabric::algorithm_name(ag.algorithm));
     } else {
       const auto ar = cost(Op::all_reduce, n, *tp_g);
@@ -184,12 +201,18 @@ std::optional<Estimate> Planner::evaluate(const Layout& l) const {
   // ---- the last stage (it holds the output layer), one micro-batch
   const double logit_f = ns(c.gemm(tok, h, V / T, dtype_)) + ns(c.memory(12 * tok * V / T));
   const double logit_b = 2 * ns(c.gemm(tok, h, V / T, dtype_)) + ns(c.memory(8 * tok * V / T));
+  // Parameters on one chip of the first stage (embedding) and of the last
+  // (output layer; a tied embedding keeps a copy there); one stage holds
+  // both.
+  const double layer_share = layers * (layer_params_ + expert_params_ / l.ep) / T;
+  const double output_share = (output_params_ + (m.tied_embeddings ? V * h : 0)) / T;
+  const double first_params =
+      layer_share + (l.pp == 1 ? (embed_params_ + output_params_) / T : embed_params_ / T);
+  const double last_params = l.pp == 1 ? first_params : layer_share + output_share;
+  const double stage_params = std::max(first_params, last_params);
   // Weight gradients accumulate into FP32 main-gradient buffers: every
   // micro-batch reads and writes 8 bytes per local parameter.
-  const double stage_params =
-      layers * (layer_params_ + expert_params_ / l.ep) / T +
-      std::max(embed_params_, output_params_ + (m.tied_embeddings ? V * h : 0)) / T;
-  const double accumulate = ns(c.memory(8 * stage_params));
+  const double accumulate = ns(c.memory(8 * last_params));
   const double fwd = layers * layer_f + logit_f;
   const double bwd = layers * layer_b + logit_b + accumulate;
   const double rec = layers * layer_r;
@@ -198,9 +221,10 @@ std::optional<Estimate> Planner::evaluate(const Layout& l) const {
   const double ep = layers * ep_one * (2 + full);
   double p2p = 0;
   if (l.pp > 1) {
-    // Adjacent stages differ at the innermost level the pipeline spans.
+    // The slowest boundary paces the pipeline: the outermost level the
+    // stages span.
     Group pair{std::vector<int>(pp_g->span.size(), 1)};
-    for (std::size_t i = 0; i < pair.span.size(); ++i) {
+    for (std::size_t i = pair.span.size(); i-- > 0;) {
       if (pp_g->span[i] > 1) {
         pair.span[i] = 2;
         break;
@@ -255,12 +279,9 @@ std::optional<Estimate> Planner::evaluate(const Layout& l) const {
   st.step = st.forward + st.backward + st.recompute + st.tp_comm + st.cp_comm + st.ep_comm +
             st.pp_p2p + st.pp_bubble + st.dp_exposed + st.optimizer;
 
-  // ---- memory per chip (the first stage holds the most activations)
+  // ---- memory per chip: the first stage (embedding, the most micro-batches
+  // in flight) or the last (output layer, logits), whichever needs more
   MemoryUse& mu = e.memory;
-  const double P = stage_params;
-  mu.weights = Bytes(static_cast<std::int64_t>(l.zero == 3 ? 2 * P / dp : 2 * P));
-  mu.grads = Bytes(static_cast<std::int64_t>(l.zero >= 2 ? 2 * P / dp : 2 * P));
-  mu.optimizer = Bytes(static_cast<std::int64_t>(l.zero >= 1 ? 12 * P / dp : 12 * P));
   // Saved activations per layer per token row, bytes (Korthikanti et al.
   // 2022, generalized to GQA, any ffn and gated MLPs): attention 7h + 4 kv d
   // (11h without GQA), MLP 3h + 4f (gated 3h + 6f; 19h for f = 4h) per
@@ -278,12 +299,28 @@ std::optional<Estimate> Planner::evaluate(const Layout& l) const {
     working = (base + (flash ? 0 : score_row)) * sl * b;  // one layer rebuilt at a time
     per_layer = l.sp ? 2 * h / T : 2 * h;
   }
-  const double inflight =
-      std::min<double>(mbd, l.pp) * (l.vpp > 1 ? 1 + (l.pp - 1.0) / (l.pp * l.vpp) : 1);
-  mu.activations =
-      Bytes(static_cast<std::int64_t>(layers * per_layer * sl * b * inflight + working));
-  mu.logits = Bytes(static_cast<std::int64_t>(2 * 4 * tok * V / T));
-  mu.total = mu.weights + mu.grads + mu.optimizer + mu.activations + mu.logits;
+  // 1F1B: the first stage holds min(M, p) micro-batches, interleaving 1 +
+  // (p - 1)/(p v) times that; the last holds one (interleaved: as the first,
+  // for it also runs early chunks).
+  const double interleave = l.vpp > 1 ? 1 + (l.pp - 1.0) / (l.pp * l.vpp) : 1;
+  const double inflight_first = std::min<double>(mbd, l.pp) * interleave;
+  const double inflight_last = l.vpp > 1 ? inflight_first : 1;
+  const auto stage_memory = [&](double params, double inflight, bool logits) {
+    MemoryUse u;
+    u.weights = Bytes(static_cast<std::int64_t>(l.zero == 3 ? 2 * params / dp : 2 * params));
+    u.grads = Bytes(static_cast<std::int64_t>(l.zero >= 2 ? 2 * params / dp : 2 * params));
+    u.optimizer = Bytes(static_cast<std::int64_t>(l.zero >= 1 ? 12 * params / dp : 12 * params));
+    u.activations =
+        Bytes(static_cast<std::int64_t>(layers * per_layer * sl * b * inflight + working));
+    u.logits = Bytes(logits ? static_cast<std::int64_t>(2 * 4 * tok * V / T) : 0);
+    u.total = u.weights + u.grads + u.optimizer + u.activations + u.logits;
+    return u;
+  };
+  mu = stage_memory(first_params, inflight_first, l.pp == 1);
+  if (l.pp > 1) {
+    const MemoryUse last = stage_memory(last_params, inflight_last, true);
+    if (last.total > mu.total) mu = last;
+  }
   mu.usable = Bytes(static_cast<std::int64_t>(
       static_cast<double>(system_.device.hbm_capacity.value()) * (1 - t.hbm_reserve)));
   mu.fits = mu.total <= mu.usable;

@@ -60,9 +60,10 @@ class Planner {
   // Throws Error naming what is wrong when validate() fails or a group does
   // not map onto the fabric.
   Estimate estimate(const Layout& layout) const;
-  // The same without validation or exceptions, for search; nullopt when the
-  // layout's groups cannot be placed on the fabric.
-  std::optional<Estimate> evaluate(const Layout& layout) const;
+  // The same without validation or exceptions, for search; nullopt (and
+  // the reason in `why`) when the layout's groups cannot be placed on the
+  // fabric or a collective has no algorithm in the system's library.
+  std::optional<Estimate> evaluate(const Layout& layout, std::string* why = nullptr) const;
 
   const Model& model() const { return model_; }
   const Training& training() const { return training_; }
@@ -77,6 +78,7 @@ class Planner {
   double flop_params() const { return flop_params_; }
 
  private:
+  std::optional<Estimate> evaluate_or_throw(const Layout& layout, std::string* why) const;
   arch::SystemSpec system_;
   Model model_;
   Training training_;

@@ -114,6 +114,9 @@ std::string validate(const Model& m, const Training& t, const Layout& l, int chi
   }
   if (l.sp && l.tp == 1) add(e, "sequence parallelism needs tp > 1");
   if (l.zero < 0 || l.zero > 3) add(e, fmt::format("zero stage {} is not 0-3", l.zero));
+  if (l.micro_batch < 0) {
+    add(e, fmt::format("layout.micro_batch must be positive (got {})", l.micro_batch));
+  }
   const int micro = l.micro_batch > 0 ? l.micro_batch : t.micro_batch;
   const std::int64_t per_replica = static_cast<std::int64_t>(l.dp) * micro;
   if (t.global_batch % per_replica != 0) {

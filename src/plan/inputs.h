@@ -63,7 +63,7 @@ struct Layout {
   // A permutation of tp, cp, dp, pp; "tp-cp-dp-pp" (Megatron) by default.
   std::vector<std::string> order = {"tp", "cp", "dp", "pp"};
 
-  int chips() const { return dp * tp * pp * cp; }
+  std::int64_t chips() const { return std::int64_t{dp} * tp * pp * cp; }
 };
 
 // Everything wrong with the combination, as one message ("" when valid):

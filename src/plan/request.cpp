@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -45,7 +46,11 @@ void get(const json& t, const char* key, const std::string& where, const std::st
     out = v.get<bool>();
   } else if constexpr (std::is_integral_v<T>) {
     if (!v.is_number_integer()) bad(where, k, "expected an integer, got " + v.dump());
-    out = v.get<T>();
+    const auto x = v.get<std::int64_t>();
+    if (x < 0 || x > std::numeric_limits<T>::max()) {
+      bad(where, k, fmt::format("{} is out of range (0 to {})", x, std::numeric_limits<T>::max()));
+    }
+    out = static_cast<T>(x);
   } else if constexpr (std::is_floating_point_v<T>) {
     if (!v.is_number()) bad(where, k, "expected a number, got " + v.dump());
     out = v.get<T>();
@@ -161,6 +166,7 @@ void apply(const json& tree, const std::string& where, Request& r) {
     get(t, "cp", where, "layout", l.cp);
     if (!t.contains("sp")) l.sp = l.tp > 1;  // Megatron's default with TP
     get(t, "sp", where, "layout", l.sp);
+    r.sp_given = r.sp_given || t.contains("sp");
     get(t, "zero", where, "layout", l.zero);
     get(t, "micro_batch", where, "layout", l.micro_batch);
     std::string s;

@@ -25,6 +25,7 @@ struct Request {
   std::string system;
   int chips = 0;
   std::optional<Layout> layout;  // absent: search; dp 0: chips / (tp pp cp)
+  bool sp_given = false;         // the layout named sp (else: on when tp > 1)
 };
 
 // Parses a .toml or .json file into its JSON tree (TOML converted).

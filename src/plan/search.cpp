@@ -2,6 +2,10 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
+
+#include "util/error.h"
+
 namespace tern::plan {
 
 namespace {
@@ -16,7 +20,18 @@ std::vector<int> divisors(int n) {
 
 }  // namespace
 
+namespace {
+
+// Fastest first; equal times: the layout needing less memory.
+bool faster(const Estimate& a, const Estimate& b) {
+  if (a.time.step != b.time.step) return a.time.step < b.time.step;
+  return a.memory.total < b.memory.total;
+}
+
+}  // namespace
+
 SearchResult search(const Planner& planner, const SearchOptions& opt) {
+  if (opt.top < 1) throw Error(fmt::format("search: top must be at least 1 (got {})", opt.top));
   const Model& m = planner.model();
   const Training& t = planner.training();
   const int chips = planner.chips();
@@ -30,9 +45,7 @@ SearchResult search(const Planner& planner, const SearchOptions& opt) {
     kept.push_back(std::move(*e));
     // Keep the list short: trim to the best `top` now and then.
     if (kept.size() >= static_cast<std::size_t>(4 * opt.top + 64)) {
-      std::nth_element(
-          kept.begin(), kept.begin() + opt.top, kept.end(),
-          [](const Estimate& a, const Estimate& b) { return a.time.step < b.time.step; });
+      std::nth_element(kept.begin(), kept.begin() + opt.top, kept.end(), faster);
       kept.resize(opt.top);
     }
   };
@@ -70,10 +83,7 @@ SearchResult search(const Planner& planner, const SearchOptions& opt) {
   }
   // Equal times (e.g. a recompute mode that changes nothing with fused
   // attention): the layout needing less memory first.
-  std::sort(kept.begin(), kept.end(), [](const Estimate& a, const Estimate& b) {
-    if (a.time.step != b.time.step) return a.time.step < b.time.step;
-    return a.memory.total < b.memory.total;
-  });
+  std::sort(kept.begin(), kept.end(), faster);
   if (kept.size() > static_cast<std::size_t>(opt.top)) kept.resize(opt.top);
   r.best = std::move(kept);
   return r;

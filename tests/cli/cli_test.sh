@@ -368,6 +368,38 @@ TOML
 expect_json 'j["layout"]["dp"] == 16 and j["layout"]["zero"] == 1' plan --config "$tmp/plan.toml" --json
 printf '{"model": {"preset": "llama3-8b"}, "system": {"name": "p5", "chips": 16}, "layout": {"tp": 8}}' >"$tmp/plan.json"
 expect_json 'j["layout"]["dp"] == 2' plan --config "$tmp/plan.json" --json
+# The committed efficiency table still matches the simulator (else rerun
+# scripts/plan_efficiency.py): one entry, re-measured.
+want=$($PY -c 'import sys, tomllib; t = tomllib.load(open(sys.argv[1], "rb")); print([g["efficiency"] for g in t["gemm"] if g["dtype"] == "bf16" and (g["m"], g["k"], g["n"]) == (4096, 4096, 16384)][0])' "$DATA/plan/efficiency/trn3.toml")
+expect_json "abs(j['peak_percent'] / 100 - $want) < 1e-4" bench matmul --m 4096 --k 4096 --n 16384 --cores 8 --mode timing --json
+expect_err "--prices: 0 is not a positive price" plan compare --prices 1,2,0 --budget 10
+# A [model] without a preset starts from nothing (not the default preset);
+# flags override the file.
+printf '[model]\nlayers = 4294967297\n' >"$tmp/big.toml"
+cat >"$tmp/gpt.toml" <<'TOML'
+[model]
+name = "gpt-1.7b"
+layers = 24
+hidden = 2304
+heads = 24
+vocab = 51200
+seq = 2048
+[system]
+name = "dgx-a100"
+chips = 32
+[training]
+global_batch = 512
+micro_batch = 16
+[layout]
+tp = 1
+micro_batch = 8
+TOML
+expect_json 'j["model"]["name"] == "gpt-1.7b" and abs(j["model"]["params"] - 1.77e9) < 0.01e9 and j["system"] == "dgx-a100" and j["layout"]["dp"] == 32 and j["training"]["micro_batch"] == 8' plan --config "$tmp/gpt.toml" --json
+expect_json 'j["system"] == "p5" and j["training"]["micro_batch"] == 4 and j["layout"]["tp"] == 2 and j["layout"]["sp"]' plan --config "$tmp/gpt.toml" --system p5 --micro-batch 4 --tp 2 --json
+expect_err "tp must be at least 1" plan --tp 0
+expect_err "training.dp_overlap must be in [0, 1]" plan --dp-overlap -0.5
+expect_err "top must be at least 1" plan search --top 0
+expect_err "is out of range" plan --config "$tmp/gpt.toml" --model "$tmp/big.toml"
 expect_err "tp 3 does not divide heads 64" plan --model llama3-70b --tp 3
 expect_err "= 320 chips is more than the 144 chips given" plan --model llama3-70b --tp 8 --pp 40
 expect_err "unknown system 'nope'" plan --system nope

@@ -130,6 +130,9 @@ TEST(PlanErrors, BadLayoutsAreRejectedWithTheReason) {
                NotSupported);
   EXPECT_THROW(arch::load_system("no-such-system"), Error);
   EXPECT_THROW(Planner(arch::load_system("dgx-a100"), m, t, 12), Error);  // not whole nodes
+  EXPECT_THROW(search(p, SearchOptions{0}), Error);
+  // A part of a switched level: 32 of a Gen2 UltraServer's 36 servers.
+  EXPECT_EQ(fabric::Network::of(arch::load_system("trn3-ultraserver-gen2"), 128).chips(), 128);
 }
 
 TEST(PlanSearch, ListsOnlyFittingLayoutsFastestFirst) {
@@ -189,6 +192,39 @@ TEST(PlanStep, TensorParallelTrafficIsTheFabricsFormula) {
   // Full recompute repeats the forward pair.
   l.recompute = Recompute::full;
   EXPECT_NEAR(p.estimate(l).time.tp_comm.value(), 2 * 3 * 2 * tree, 1e-6);
+  // Sequence parallel: two all-gathers and two reduce-scatters per layer and
+  // pass (NCCL: ring), (p-1) alpha + (p-1)/p n/B each.
+  l.recompute = Recompute::none;
+  l.sp = true;
+  const double gather = 7 * alpha + 7.0 / 8 * n / B;
+  EXPECT_NEAR(p.estimate(l).time.tp_comm.value(), 2 * 2 * 2 * (gather + gather), 1e-6);
+}
+
+TEST(PlanStep, PipelineMessagesCrossTheSlowestBoundary) {
+  // 16 A100s = 2 nodes; tp 2, pp 8: stages 0-3 on one node, 4-7 on the
+  // other. The boundary between them is InfiniBand (25 GB/s per GPU, 9.6
+  // us), and it paces the pipeline: one send and one receive of s b h 2 / t
+  // bytes per micro-batch.
+  Model m;
+  m.layers = 8, m.hidden = 1024, m.heads = 8, m.vocab = 1024, m.seq = 512;
+  const Planner p = a100(m, training(4, 1), 16);
+  Layout l;
+  l.tp = 2, l.pp = 8, l.dp = 1;
+  const auto e = p.estimate(l);
+  const double n = 512 * 1024 * 2 / 2.0;
+  EXPECT_NEAR(e.time.pp_p2p.value(), 4 * 2 * (9600 + n / 25), 1e-6);
+}
+
+TEST(PlanMemory, OneStageHoldsTheEmbeddingAndTheOutputLayer) {
+  const Model m = load_model("llama3-8b");
+  Training t;
+  t.global_batch = 8;
+  const Planner p(arch::load_system("p5"), m, t, 8);
+  Layout l;
+  l.dp = 8;
+  const auto mem = p.estimate(l).memory;
+  EXPECT_NEAR(static_cast<double>(mem.weights.value()), 2 * p.params(), 2);
+  EXPECT_NEAR(static_cast<double>(mem.optimizer.value()), 12 * p.params(), 12);
 }
 
 }  // namespace
