@@ -60,7 +60,7 @@ void add_request_flags(CLI::App& c, PlanArgs& a, bool layout) {
   c.add_option("--system", a.system,
                fmt::format("System (tern info --list) [default: {}]", kDefaultSystem));
   c.add_option("--chips", a.chips, "Chips (default: one system)");
-  c.add_option("--global-batch", a.global_batch, "Sequences per step (default 8 per chip)");
+  c.add_option("--global-batch", a.global_batch, "Sequences per step (default: about 16M tokens, a power of two per chip)");
   c.add_option("--micro-batch", a.micro_batch, "Sequences per micro-batch (default 1)");
   c.add_option("--tokens", a.tokens, "Tokens to train, for time and cost to train (e.g. 1e12)");
   c.add_option("--recipe", a.recipe, "GEMM precision: bf16, fp8, mxfp8 (default bf16)");
@@ -86,7 +86,7 @@ void add_request_flags(CLI::App& c, PlanArgs& a, bool layout) {
 
 plan::Request build_request(const PlanArgs& a, bool layout) {
   plan::Request r;
-  r.training.global_batch = 0;  // default below: 8 sequences per chip
+  r.training.global_batch = 0;  // default below: about 16M tokens
   bool file_model = false;
   if (!a.config.empty()) {
     const auto tree = plan::read_tree(a.config);
@@ -113,7 +113,13 @@ plan::Request build_request(const PlanArgs& a, bool layout) {
   if (a.chips) r.chips = *a.chips;
   if (r.chips == 0) r.chips = arch::load_system(r.system).chips;
   if (r.chips < 1) throw Error(fmt::format("--chips must be positive (got {})", r.chips));
-  if (t.global_batch == 0) t.global_batch = 8 * static_cast<std::int64_t>(r.chips);
+  if (t.global_batch == 0) {
+    // About 16 Mi tokens a step (Llama 3's pre-training batch), as a power
+    // of two of sequences per chip, at least one.
+    const double per_chip = (16.0 * (1 << 20)) / (static_cast<double>(r.model.seq) * r.chips);
+    const double pow2 = std::exp2(std::round(std::log2(std::max(per_chip, 1.0))));
+    t.global_batch = static_cast<std::int64_t>(pow2) * r.chips;
+  }
   if (!layout) return r;
   const bool from_file = r.layout.has_value();
   Layout l = r.layout.value_or(Layout{});
