@@ -1,0 +1,277 @@
+#include "runtime/system.h"
+
+#include <algorithm>
+#include <set>
+
+#include <fmt/ranges.h>
+
+#include <fmt/format.h>
+
+#include "num/convert.h"
+#include "util/error.h"
+
+namespace tern::runtime {
+
+System::System(const arch::SystemSpec& spec, int chips)
+    : spec_(spec),
+      net_(fabric::Network::of(spec, chips)),
+      chips_(static_cast<std::size_t>(chips)) {}
+
+System::Buffer System::encode(std::span<const float> values, num::FormatId dtype) const {
+  if (dtype != num::FormatId::fp32 && dtype != num::FormatId::bf16 &&
+      dtype != num::FormatId::fp16) {
+    throw NotSupported(fmt::format("collective buffers in {} (fp32, bf16 and fp16 are supported)",
+                                   num::format(dtype).name));
+  }
+  Buffer b;
+  b.dtype = dtype;
+  b.count = values.size();
+  std::vector<std::uint32_t> codes(values.size());
+  num::encode_array(num::format(dtype), values, std::span<std::uint32_t>(codes));
+  const std::size_t width = static_cast<std::size_t>(num::format(dtype).bits / 8);
+  b.bytes.resize(values.size() * width);
+  for (std::size_t i = 0; i < codes.size(); ++i) {
+    for (std::size_t k = 0; k < width; ++k) b.bytes[i * width + k] = (codes[i] >> (8 * k)) & 0xff;
+  }
+  return b;
+}
+
+std::vector<float> System::decode(const Buffer& b) const {
+  const std::size_t width = static_cast<std::size_t>(num::format(b.dtype).bits / 8);
+  std::vector<std::uint32_t> codes(b.count, 0);
+  for (std::size_t i = 0; i < b.count; ++i) {
+    for (std::size_t k = 0; k < width; ++k)
+      codes[i] |= std::uint32_t{b.bytes[i * width + k]} << (8 * k);
+  }
+  std::vector<float> out(b.count);
+  num::decode_array(num::format(b.dtype), std::span<const std::uint32_t>(codes), out);
+  return out;
+}
+
+void System::write(int chip, const std::string& name, std::span<const float> values,
+                   num::FormatId dtype) {
+  if (chip < 0 || chip >= chips()) {
+    throw Error(fmt::format("chip {} does not exist (the system has {})", chip, chips()));
+  }
+  chips_[static_cast<std::size_t>(chip)].buffers[name] = encode(values, dtype);
+}
+
+const System::Buffer& System::buffer(int chip, const std::string& name) const {
+  if (chip < 0 || chip >= chips()) {
+    throw Error(fmt::format("chip {} does not exist (the system has {})", chip, chips()));
+  }
+  const auto& bufs = chips_[static_cast<std::size_t>(chip)].buffers;
+  const auto it = bufs.find(name);
+  if (it == bufs.end()) throw Error(fmt::format("chip {} has no buffer '{}'", chip, name));
+  return it->second;
+}
+
+std::vector<float> System::read(int chip, const std::string& name) const {
+  return decode(buffer(chip, name));
+}
+
+num::FormatId System::dtype(int chip, const std::string& name) const {
+  return buffer(chip, name).dtype;
+}
+
+Nanoseconds System::clock(int chip) const {
+  if (chip < 0 || chip >= chips()) throw Error(fmt::format("chip {} does not exist", chip));
+  return chips_[static_cast<std::size_t>(chip)].clock;
+}
+
+void System::advance(int chip, Nanoseconds t) {
+  if (chip < 0 || chip >= chips()) throw Error(fmt::format("chip {} does not exist", chip));
+  if (t.value() < 0) throw Error("advance: negative time");
+  chips_[static_cast<std::size_t>(chip)].clock += t;
+}
+
+fabric::Group System::placement(const std::vector<int>& group) const {
+  // Chip c sits at level i's coordinate (c / P_i) mod L_i. A group's span at
+  // level i: how many level-i coordinates its members take inside each
+  // block of the outer levels, the same in every block (else irregular).
+  fabric::Group g;
+  std::int64_t P = 1, product = 1;
+  for (const auto& lv : net_.levels()) {
+    const std::int64_t L = lv.size();
+    std::map<std::int64_t, std::set<std::int64_t>> by_outer;
+    for (int c : group) by_outer[c / (P * L)].insert((c / P) % L);
+    std::size_t span = 0;
+    for (const auto& [outer, coords] : by_outer) {
+      if (span != 0 && coords.size() != span) {
+        throw NotSupported(fmt::format("replica group [{}] is irregular on level '{}'",
+                                       fmt::join(group, ", "), lv.name));
+      }
+      span = coords.size();
+    }
+    g.span.push_back(static_cast<int>(span));
+    product *= static_cast<std::int64_t>(span);
+    P *= L;
+  }
+  if (product != static_cast<std::int64_t>(group.size())) {
+    throw NotSupported(fmt::format("replica group [{}] does not place regularly on the fabric",
+                                   fmt::join(group, ", ")));
+  }
+  return g;
+}
+
+void System::check_groups(const std::vector<std::vector<int>>& groups, const char* what) const {
+  std::set<int> seen;
+  if (groups.empty()) throw Error(fmt::format("{}: no replica groups", what));
+  for (const auto& g : groups) {
+    if (g.empty()) throw Error(fmt::format("{}: an empty replica group", what));
+    for (int c : g) {
+      if (c < 0 || c >= chips()) {
+        throw Error(
+            fmt::format("{}: chip {} does not exist (the system has {})", what, c, chips()));
+      }
+      if (!seen.insert(c).second) {
+        throw Error(
+            fmt::format("{}: chip {} is in more than one place of the replica groups", what, c));
+      }
+    }
+  }
+}
+
+void System::account(fabric::Op op, const std::vector<int>& group, Bytes n) {
+  Nanoseconds start(0);
+  for (int c : group) start = std::max(start, chips_[static_cast<std::size_t>(c)].clock);
+  fabric::Cost cost{fabric::Algorithm::direct, Nanoseconds(0)};
+  if (group.size() > 1) cost = fabric::best(net_, fabric::Collective{op, n, placement(group)});
+  for (int c : group) chips_[static_cast<std::size_t>(c)].clock = start + cost.time;
+  events_.push_back({op, cost.algorithm, group, n, start, cost.time});
+}
+
+namespace {
+
+float combine(ReduceOp op, float a, float b) {
+  switch (op) {
+    case ReduceOp::sum:
+      return a + b;
+    case ReduceOp::max:
+      return std::max(a, b);
+    case ReduceOp::min:
+      return std::min(a, b);
+  }
+  return a;
+}
+
+}  // namespace
+
+void System::all_reduce(const std::string& in, const std::vector<std::vector<int>>& groups,
+                        ReduceOp op) {
+  check_groups(groups, "all-reduce");
+  for (const auto& g : groups) {
+    const Buffer& first = buffer(g[0], in);
+    std::vector<float> acc = decode(first);
+    for (std::size_t k = 1; k < g.size(); ++k) {
+      const Buffer& b = buffer(g[k], in);
+      if (b.dtype != first.dtype || b.count != first.count) {
+        throw Error(fmt::format("all-reduce '{}': chip {} holds {} x {} but chip {} holds {} x {}",
+                                in, g[k], b.count, num::format(b.dtype).name, g[0], first.count,
+                                num::format(first.dtype).name));
+      }
+      const std::vector<float> v = decode(b);
+      for (std::size_t i = 0; i < acc.size(); ++i) acc[i] = combine(op, acc[i], v[i]);
+    }
+    const Buffer result = encode(acc, first.dtype);
+    const Bytes n(static_cast<std::int64_t>(result.bytes.size()));
+    for (int c : g) chips_[static_cast<std::size_t>(c)].buffers[in] = result;
+    account(fabric::Op::all_reduce, g, n);
+  }
+}
+
+void System::all_gather(const std::string& in, const std::string& out,
+                        const std::vector<std::vector<int>>& groups) {
+  check_groups(groups, "all-gather");
+  for (const auto& g : groups) {
+    const Buffer& first = buffer(g[0], in);
+    Buffer result{first.dtype, first.count * g.size(), {}};
+    for (int c : g) {
+      const Buffer& b = buffer(c, in);
+      if (b.dtype != first.dtype || b.count != first.count) {
+        throw Error(fmt::format("all-gather '{}': chip {} holds {} elements, chip {} {}", in, c,
+                                b.count, g[0], first.count));
+      }
+      result.bytes.insert(result.bytes.end(), b.bytes.begin(), b.bytes.end());
+    }
+    const Bytes n(static_cast<std::int64_t>(result.bytes.size()));
+    for (int c : g) chips_[static_cast<std::size_t>(c)].buffers[out] = result;
+    account(fabric::Op::all_gather, g, n);
+  }
+}
+
+void System::reduce_scatter(const std::string& in, const std::string& out,
+                            const std::vector<std::vector<int>>& groups, ReduceOp op) {
+  check_groups(groups, "reduce-scatter");
+  for (const auto& g : groups) {
+    const Buffer& first = buffer(g[0], in);
+    const std::size_t p = g.size();
+    if (first.count % p != 0) {
+      throw Error(fmt::format("reduce-scatter '{}': {} elements do not split into {} blocks", in,
+                              first.count, p));
+    }
+    std::vector<float> acc = decode(first);
+    for (std::size_t k = 1; k < p; ++k) {
+      const Buffer& b = buffer(g[k], in);
+      if (b.dtype != first.dtype || b.count != first.count) {
+        throw Error(fmt::format("reduce-scatter '{}': chip {} holds {} elements, chip {} {}", in,
+                                g[k], b.count, g[0], first.count));
+      }
+      const std::vector<float> v = decode(b);
+      for (std::size_t i = 0; i < acc.size(); ++i) acc[i] = combine(op, acc[i], v[i]);
+    }
+    const Bytes n(static_cast<std::int64_t>(first.bytes.size()));
+    const std::size_t k = first.count / p;
+    const num::FormatId dt = first.dtype;
+    for (std::size_t r = 0; r < p; ++r) {
+      chips_[static_cast<std::size_t>(g[r])].buffers[out] =
+          encode(std::span<const float>(acc).subspan(r * k, k), dt);
+    }
+    account(fabric::Op::reduce_scatter, g, n);
+  }
+}
+
+void System::all_to_all(const std::string& in, const std::string& out,
+                        const std::vector<std::vector<int>>& groups) {
+  check_groups(groups, "all-to-all");
+  for (const auto& g : groups) {
+    const std::size_t p = g.size();
+    const Buffer& first = buffer(g[0], in);
+    if (first.count % p != 0) {
+      throw Error(fmt::format("all-to-all '{}': {} elements do not split into {} blocks", in,
+                              first.count, p));
+    }
+    const std::size_t width = static_cast<std::size_t>(num::format(first.dtype).bits / 8);
+    const std::size_t block = first.count / p * width;
+    std::vector<Buffer> results(p, Buffer{first.dtype, first.count, {}});
+    for (std::size_t i = 0; i < p; ++i) {
+      const Buffer& b = buffer(g[i], in);
+      if (b.dtype != first.dtype || b.count != first.count) {
+        throw Error(fmt::format("all-to-all '{}': chip {} holds {} elements, chip {} {}", in, g[i],
+                                b.count, g[0], first.count));
+      }
+    }
+    for (std::size_t j = 0; j < p; ++j) {
+      for (std::size_t i = 0; i < p; ++i) {
+        const auto& src = buffer(g[i], in).bytes;
+        results[j].bytes.insert(results[j].bytes.end(),
+                                src.begin() + static_cast<std::ptrdiff_t>(j * block),
+                                src.begin() + static_cast<std::ptrdiff_t>((j + 1) * block));
+      }
+    }
+    const Bytes n(static_cast<std::int64_t>(first.bytes.size()));
+    for (std::size_t j = 0; j < p; ++j)
+      chips_[static_cast<std::size_t>(g[j])].buffers[out] = results[j];
+    account(fabric::Op::all_to_all, g, n);
+  }
+}
+
+void System::send_recv(int from, const std::string& in, int to, const std::string& out) {
+  check_groups({{from, to}}, "send/recv");
+  Buffer b = buffer(from, in);
+  const Bytes n(static_cast<std::int64_t>(b.bytes.size()));
+  chips_[static_cast<std::size_t>(to)].buffers[out] = std::move(b);
+  account(fabric::Op::send_recv, {from, to}, n);
+}
+
+}  // namespace tern::runtime
