@@ -77,6 +77,49 @@ void write_trace(const sim::RunStats& st, const arch::ChipSpec& chip, const std:
   write_file_atomic(path, chrome_trace(st, chip).dump() + "\n");
 }
 
+json chrome_trace(const std::vector<Span>& spans) {
+  json events = json::array();
+  std::map<int, std::map<std::string, int>> tids;  // per process: track -> tid
+  for (const Span& s : spans) {
+    auto& tracks = tids[s.process];
+    if (tracks.empty()) {
+      events.push_back({{"ph", "M"},
+                        {"name", "process_name"},
+                        {"pid", s.process},
+                        {"tid", 0},
+                        {"args", {{"name", s.process_name}}}});
+      events.push_back({{"ph", "M"},
+                        {"name", "process_sort_index"},
+                        {"pid", s.process},
+                        {"tid", 0},
+                        {"args", {{"sort_index", s.process}}}});
+    }
+    auto it = tracks.find(s.track);
+    if (it == tracks.end()) {
+      const int id = static_cast<int>(tracks.size()) + 1;
+      it = tracks.emplace(s.track, id).first;
+      events.push_back({{"ph", "M"},
+                        {"name", "thread_name"},
+                        {"pid", s.process},
+                        {"tid", id},
+                        {"args", {{"name", s.track}}}});
+    }
+    events.push_back({{"ph", "X"},
+                      {"name", s.name},
+                      {"cat", s.track},
+                      {"pid", s.process},
+                      {"tid", it->second},
+                      {"ts", s.start_ns / 1e3},
+                      {"dur", s.dur_ns / 1e3},
+                      {"args", s.args}});
+  }
+  return {{"traceEvents", events}, {"displayTimeUnit", "ns"}};
+}
+
+void write_trace(const std::vector<Span>& spans, const std::string& path) {
+  write_file_atomic(path, chrome_trace(spans).dump() + "\n");
+}
+
 Summary summarize(const sim::RunStats& st, const arch::ChipSpec& chip) {
   Summary s;
   s.latency_ns = st.latency_ns;

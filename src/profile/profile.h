@@ -21,6 +21,19 @@ nlohmann::json chrome_trace(const sim::RunStats& st, const arch::ChipSpec& chip)
 // Writes the trace atomically.
 void write_trace(const sim::RunStats& st, const arch::ChipSpec& chip, const std::string& path);
 
+// One span of a multi-chip timeline (runtime::System): `process` is a chip,
+// `track` a thread of it ("compute", "collectives").
+struct Span {
+  int process = 0;
+  std::string process_name, track, name;
+  double start_ns = 0, dur_ns = 0;
+  nlohmann::json args = nlohmann::json::object();
+};
+// One process per chip, one thread per track (tracks sorted by first use),
+// complete "X" events; timestamps in microseconds.
+nlohmann::json chrome_trace(const std::vector<Span>& spans);
+void write_trace(const std::vector<Span>& spans, const std::string& path);
+
 struct DtypeUse {
   double flops = 0;
   double tflops = 0;        // achieved over the run's latency

@@ -66,7 +66,23 @@ const System::Buffer& System::buffer(int chip, const std::string& name) const {
   return it->second;
 }
 
+void System::check_settled(int chip, const std::string& name) const {
+  for (const auto& [h, p] : pending_) {
+    const auto it = p.deliveries.find(chip);
+    if (it == p.deliveries.end()) continue;
+    for (const Delivery& d : it->second) {
+      if (d.name == name) {
+        throw Error(
+            fmt::format("chip {}: buffer '{}' is the output of collective #{}, not waited "
+                        "for (reading it would race with the transfer)",
+                        chip, name, h));
+      }
+    }
+  }
+}
+
 std::vector<float> System::read(int chip, const std::string& name) const {
+  check_settled(chip, name);
   return decode(buffer(chip, name));
 }
 
@@ -79,10 +95,13 @@ Nanoseconds System::clock(int chip) const {
   return chips_[static_cast<std::size_t>(chip)].clock;
 }
 
-void System::advance(int chip, Nanoseconds t) {
+void System::advance(int chip, Nanoseconds t, const std::string& name) {
   if (chip < 0 || chip >= chips()) throw Error(fmt::format("chip {} does not exist", chip));
-  if (t.value() < 0) throw Error("advance: negative time");
-  chips_[static_cast<std::size_t>(chip)].clock += t;
+  if (!(t.value() >= 0)) throw Error("advance: negative time");
+  Chip& c = chips_[static_cast<std::size_t>(chip)];
+  trace_.push_back(
+      {chip, fmt::format("chip {}", chip), "compute", name, c.clock.value(), t.value()});
+  c.clock += t;
 }
 
 fabric::Group System::placement(const std::vector<int>& group) const {
@@ -114,6 +133,27 @@ fabric::Group System::placement(const std::vector<int>& group) const {
   return g;
 }
 
+void System::check_inputs(const std::string& in, const std::vector<std::vector<int>>& groups,
+                          const char* what, bool blocks) const {
+  check_groups(groups, what);
+  for (const auto& g : groups) {
+    const Buffer& first = buffer(g[0], in);
+    for (int c : g) {
+      check_settled(c, in);
+      const Buffer& b = buffer(c, in);
+      if (b.dtype != first.dtype || b.count != first.count) {
+        throw Error(fmt::format("{} '{}': chip {} holds {} x {} but chip {} holds {} x {}", what,
+                                in, c, b.count, num::format(b.dtype).name, g[0], first.count,
+                                num::format(first.dtype).name));
+      }
+    }
+    if (blocks && first.count % g.size() != 0) {
+      throw Error(fmt::format("{} '{}': {} elements do not split into {} blocks", what, in,
+                              first.count, g.size()));
+    }
+  }
+}
+
 void System::check_groups(const std::vector<std::vector<int>>& groups, const char* what) const {
   std::set<int> seen;
   if (groups.empty()) throw Error(fmt::format("{}: no replica groups", what));
@@ -129,16 +169,70 @@ void System::check_groups(const std::vector<std::vector<int>>& groups, const cha
             fmt::format("{}: chip {} is in more than one place of the replica groups", what, c));
       }
     }
+    placement(g);  // irregular groups fail before anything moves
   }
 }
 
-void System::account(fabric::Op op, const std::vector<int>& group, Bytes n) {
+Handle System::begin() {
+  const Handle h = next_handle_++;
+  pending_[h];
+  return h;
+}
+
+void System::account(Handle h, fabric::Op op, const std::vector<int>& group, Bytes n,
+                     std::vector<Delivery> out) {
   Nanoseconds start(0);
-  for (int c : group) start = std::max(start, chips_[static_cast<std::size_t>(c)].clock);
+  for (int c : group) {
+    const Chip& chip = chips_[static_cast<std::size_t>(c)];
+    start = std::max({start, chip.clock, chip.engine_free});
+  }
   fabric::Cost cost{fabric::Algorithm::direct, Nanoseconds(0)};
   if (group.size() > 1) cost = fabric::best(net_, fabric::Collective{op, n, placement(group)});
-  for (int c : group) chips_[static_cast<std::size_t>(c)].clock = start + cost.time;
+  Pending& p = pending_.at(h);
+  for (int c : group) {
+    chips_[static_cast<std::size_t>(c)].engine_free = start + cost.time;
+    p.end[c] = start + cost.time;
+    p.deliveries[c];
+  }
+  for (Delivery& d : out) p.deliveries[d.chip].push_back(std::move(d));
   events_.push_back({op, cost.algorithm, group, n, start, cost.time});
+  for (int c : group) {
+    trace_.push_back({c, fmt::format("chip {}", c), "collectives", std::string(fabric::op_name(op)),
+                      start.value(), cost.time.value(),
+                      nlohmann::json{{"algorithm", fabric::algorithm_name(cost.algorithm)},
+                                     {"bytes", n.value()},
+                                     {"group", group},
+                                     {"handle", h}}});
+  }
+}
+
+Handle System::finish(Handle h, Launch how) {
+  if (how == Launch::sync) wait(h);
+  return h;
+}
+
+void System::wait(Handle h, int chip) {
+  const auto it = pending_.find(h);
+  if (it == pending_.end()) throw Error(fmt::format("wait: no collective #{} pending", h));
+  Pending& p = it->second;
+  const auto end = p.end.find(chip);
+  if (end == p.end.end()) {
+    throw Error(fmt::format("wait: chip {} is not in collective #{} (or waited already)", chip, h));
+  }
+  Chip& c = chips_[static_cast<std::size_t>(chip)];
+  c.clock = std::max(c.clock, end->second);
+  for (Delivery& d : p.deliveries[chip]) c.buffers[d.name] = std::move(d.buffer);
+  p.deliveries.erase(chip);
+  p.end.erase(end);
+  if (p.end.empty()) pending_.erase(it);
+}
+
+void System::wait(Handle h) {
+  const auto it = pending_.find(h);
+  if (it == pending_.end()) throw Error(fmt::format("wait: no collective #{} pending", h));
+  std::vector<int> members;
+  for (const auto& [c, t] : it->second.end) members.push_back(c);
+  for (int c : members) wait(h, c);
 }
 
 namespace {
@@ -157,9 +251,10 @@ float combine(ReduceOp op, float a, float b) {
 
 }  // namespace
 
-void System::all_reduce(const std::string& in, const std::vector<std::vector<int>>& groups,
-                        ReduceOp op) {
-  check_groups(groups, "all-reduce");
+Handle System::all_reduce(const std::string& in, const std::vector<std::vector<int>>& groups,
+                          ReduceOp op, Launch how) {
+  check_inputs(in, groups, "all-reduce", false);
+  const Handle h = begin();
   for (const auto& g : groups) {
     const Buffer& first = buffer(g[0], in);
     std::vector<float> acc = decode(first);
@@ -175,14 +270,17 @@ void System::all_reduce(const std::string& in, const std::vector<std::vector<int
     }
     const Buffer result = encode(acc, first.dtype);
     const Bytes n(static_cast<std::int64_t>(result.bytes.size()));
-    for (int c : g) chips_[static_cast<std::size_t>(c)].buffers[in] = result;
-    account(fabric::Op::all_reduce, g, n);
+    std::vector<Delivery> out;
+    for (int c : g) out.push_back({c, in, result});
+    account(h, fabric::Op::all_reduce, g, n, std::move(out));
   }
+  return finish(h, how);
 }
 
-void System::all_gather(const std::string& in, const std::string& out,
-                        const std::vector<std::vector<int>>& groups) {
-  check_groups(groups, "all-gather");
+Handle System::all_gather(const std::string& in, const std::string& out,
+                          const std::vector<std::vector<int>>& groups, Launch how) {
+  check_inputs(in, groups, "all-gather", false);
+  const Handle h = begin();
   for (const auto& g : groups) {
     const Buffer& first = buffer(g[0], in);
     Buffer result{first.dtype, first.count * g.size(), {}};
@@ -195,14 +293,18 @@ void System::all_gather(const std::string& in, const std::string& out,
       result.bytes.insert(result.bytes.end(), b.bytes.begin(), b.bytes.end());
     }
     const Bytes n(static_cast<std::int64_t>(result.bytes.size()));
-    for (int c : g) chips_[static_cast<std::size_t>(c)].buffers[out] = result;
-    account(fabric::Op::all_gather, g, n);
+    std::vector<Delivery> d;
+    for (int c : g) d.push_back({c, out, result});
+    account(h, fabric::Op::all_gather, g, n, std::move(d));
   }
+  return finish(h, how);
 }
 
-void System::reduce_scatter(const std::string& in, const std::string& out,
-                            const std::vector<std::vector<int>>& groups, ReduceOp op) {
-  check_groups(groups, "reduce-scatter");
+Handle System::reduce_scatter(const std::string& in, const std::string& out,
+                              const std::vector<std::vector<int>>& groups, ReduceOp op,
+                              Launch how) {
+  check_inputs(in, groups, "reduce-scatter", true);
+  const Handle h = begin();
   for (const auto& g : groups) {
     const Buffer& first = buffer(g[0], in);
     const std::size_t p = g.size();
@@ -223,17 +325,19 @@ void System::reduce_scatter(const std::string& in, const std::string& out,
     const Bytes n(static_cast<std::int64_t>(first.bytes.size()));
     const std::size_t k = first.count / p;
     const num::FormatId dt = first.dtype;
+    std::vector<Delivery> d;
     for (std::size_t r = 0; r < p; ++r) {
-      chips_[static_cast<std::size_t>(g[r])].buffers[out] =
-          encode(std::span<const float>(acc).subspan(r * k, k), dt);
+      d.push_back({g[r], out, encode(std::span<const float>(acc).subspan(r * k, k), dt)});
     }
-    account(fabric::Op::reduce_scatter, g, n);
+    account(h, fabric::Op::reduce_scatter, g, n, std::move(d));
   }
+  return finish(h, how);
 }
 
-void System::all_to_all(const std::string& in, const std::string& out,
-                        const std::vector<std::vector<int>>& groups) {
-  check_groups(groups, "all-to-all");
+Handle System::all_to_all(const std::string& in, const std::string& out,
+                          const std::vector<std::vector<int>>& groups, Launch how) {
+  check_inputs(in, groups, "all-to-all", true);
+  const Handle h = begin();
   for (const auto& g : groups) {
     const std::size_t p = g.size();
     const Buffer& first = buffer(g[0], in);
@@ -260,18 +364,22 @@ void System::all_to_all(const std::string& in, const std::string& out,
       }
     }
     const Bytes n(static_cast<std::int64_t>(first.bytes.size()));
-    for (std::size_t j = 0; j < p; ++j)
-      chips_[static_cast<std::size_t>(g[j])].buffers[out] = results[j];
-    account(fabric::Op::all_to_all, g, n);
+    std::vector<Delivery> d;
+    for (std::size_t j = 0; j < p; ++j) d.push_back({g[j], out, std::move(results[j])});
+    account(h, fabric::Op::all_to_all, g, n, std::move(d));
   }
+  return finish(h, how);
 }
 
-void System::send_recv(int from, const std::string& in, int to, const std::string& out) {
+Handle System::send_recv(int from, const std::string& in, int to, const std::string& out,
+                         Launch how) {
+  check_inputs(in, {{from}}, "send/recv", false);
   check_groups({{from, to}}, "send/recv");
+  const Handle h = begin();
   Buffer b = buffer(from, in);
   const Bytes n(static_cast<std::int64_t>(b.bytes.size()));
-  chips_[static_cast<std::size_t>(to)].buffers[out] = std::move(b);
-  account(fabric::Op::send_recv, {from, to}, n);
+  account(h, fabric::Op::send_recv, {from, to}, n, {{to, out, std::move(b)}});
+  return finish(h, how);
 }
 
 }  // namespace tern::runtime

@@ -128,6 +128,52 @@ TEST(Collectives, ClocksSynchronizeAndGroupsRunSideBySide) {
   EXPECT_DOUBLE_EQ(s.clock(10).value(), 9600 + 1024 / 25.0);
 }
 
+TEST(Collectives, AsyncCollectivesOverlapComputeOnTheCollectiveEngines) {
+  System s(arch::load_system("trn3-ultraserver-gen1"), 16);
+  const std::size_t n = 1 << 20;  // 4 MiB fp32
+  for (int c = 0; c < 4; ++c) s.write(c, "g", std::vector<float>(n, 1.0f));
+  const auto g = iota(4);
+  const double t = fabric_time(s, Op::all_reduce, 4 * n, g).value();
+  const Handle h = s.all_reduce("g", {g}, ReduceOp::sum, Launch::async);
+  EXPECT_THROW(s.read(0, "g"), Error);  // not waited for: the hardware would race
+  // Compute shorter than the transfer on chip 0, longer on chip 1.
+  s.advance(0, Nanoseconds(t / 4));
+  s.advance(1, Nanoseconds(2 * t));
+  s.wait(h);
+  EXPECT_DOUBLE_EQ(s.clock(0).value(), t);      // waited for the transfer
+  EXPECT_DOUBLE_EQ(s.clock(1).value(), 2 * t);  // fully hidden
+  EXPECT_EQ(s.read(0, "g")[0], 4.0f);
+  // Two async collectives on the same chips queue on their engines; the
+  // second may not read what the first has yet to deliver.
+  for (int c : {2, 3}) s.write(c, "h", std::vector<float>(n, 2.0f));
+  const Handle a = s.all_reduce("g", {{2, 3}}, ReduceOp::sum, Launch::async);
+  EXPECT_THROW(s.all_reduce("g", {{2, 3}}, ReduceOp::sum, Launch::async), Error);
+  const Handle b = s.all_reduce("h", {{2, 3}}, ReduceOp::sum, Launch::async);
+  const double t2 = fabric_time(s, Op::all_reduce, 4 * n, {2, 3}).value();
+  s.wait(b, 2);
+  EXPECT_DOUBLE_EQ(s.clock(2).value(), t + 2 * t2);
+  EXPECT_THROW(s.wait(b, 2), Error);  // waited already
+  s.wait(a);
+  s.wait(b, 3);
+  EXPECT_DOUBLE_EQ(s.clock(3).value(), t + 2 * t2);
+  EXPECT_THROW(s.wait(12345), Error);
+  // The timeline: one process per chip, compute and collectives on their
+  // own tracks, the collective's span as long as the fabric's time.
+  const auto j = profile::chrome_trace(s.trace());
+  int collectives_on_chip0 = 0, compute_on_chip1 = 0;
+  for (const auto& e : j["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    if (e["pid"] == 0 && e["cat"] == "collectives") {
+      ++collectives_on_chip0;
+      EXPECT_DOUBLE_EQ(e["dur"].get<double>(), t / 1e3);
+      EXPECT_EQ(e["name"], "all-reduce");
+    }
+    if (e["pid"] == 1 && e["cat"] == "compute") ++compute_on_chip1;
+  }
+  EXPECT_EQ(collectives_on_chip0, 1);
+  EXPECT_EQ(compute_on_chip1, 1);
+}
+
 TEST(Collectives, BadGroupsAndBuffersAreErrors) {
   System s(arch::load_system("dgx-a100"), 16);
   for (int c = 0; c < 16; ++c) s.write(c, "g", std::vector<float>(4, 1.0f));
@@ -137,7 +183,12 @@ TEST(Collectives, BadGroupsAndBuffersAreErrors) {
   EXPECT_THROW(s.all_reduce("g", {{0, 16}}), Error);           // no chip 16
   EXPECT_THROW(s.all_reduce("nope", {{0, 1}}), Error);
   s.write(4, "odd", std::vector<float>(4, 1.0f));
-  EXPECT_THROW(s.all_reduce("odd", {{3, 4}}), Error);           // 5 vs 4 elements
+  EXPECT_THROW(s.all_reduce("odd", {{3, 4}}), Error);  // 5 vs 4 elements
+  // Nothing moved and no clock changed for a failed call, even when only a
+  // later group is bad.
+  EXPECT_THROW(s.all_reduce("g", {{0, 1}, {2, 3, 8}}), NotSupported);
+  EXPECT_EQ(s.read(0, "g")[0], 1.0f);
+  EXPECT_EQ(s.clock(0).value(), 0);
   EXPECT_THROW(s.reduce_scatter("odd", "o", {{3, 2}}), Error);  // 5 elements, 2 blocks
   EXPECT_NO_THROW(s.reduce_scatter("odd", "o", {{3}}));         // a group of one: a copy
   EXPECT_EQ(s.read(3, "o").size(), 5u);
