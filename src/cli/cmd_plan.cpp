@@ -60,7 +60,8 @@ void add_request_flags(CLI::App& c, PlanArgs& a, bool layout) {
   c.add_option("--system", a.system,
                fmt::format("System (tern info --list) [default: {}]", kDefaultSystem));
   c.add_option("--chips", a.chips, "Chips (default: one system)");
-  c.add_option("--global-batch", a.global_batch, "Sequences per step (default: about 16M tokens, a power of two per chip)");
+  c.add_option("--global-batch", a.global_batch,
+               "Sequences per step (default: about 16M tokens, a power of two per chip)");
   c.add_option("--micro-batch", a.micro_batch, "Sequences per micro-batch (default 1)");
   c.add_option("--tokens", a.tokens, "Tokens to train, for time and cost to train (e.g. 1e12)");
   c.add_option("--recipe", a.recipe, "GEMM precision: bf16, fp8, mxfp8 (default bf16)");

@@ -173,7 +173,7 @@ std::optional<Estimate> Planner::evaluate_or_throw(const Layout& l, std::string*
   Estimate e;
   e.layout = l;
   e.layout.micro_batch = micro;  // the one used, whoever set it
-  double tp_one = 0;  // one forward all-reduce (or gather + scatter)
+  double tp_one = 0;             // one forward all-reduce (or gather + scatter)
   if (l.tp > 1) {
     const double n = rows_h * 2;
     if (l.sp) {

@@ -251,23 +251,24 @@ float combine(ReduceOp op, float a, float b) {
 
 }  // namespace
 
+// Every member's `in` decoded to FP32 and combined in group order.
+std::vector<float> System::reduce(const std::string& in, const std::vector<int>& g,
+                                  ReduceOp op) const {
+  std::vector<float> acc = decode(buffer(g[0], in));
+  for (std::size_t k = 1; k < g.size(); ++k) {
+    const std::vector<float> v = decode(buffer(g[k], in));
+    for (std::size_t i = 0; i < acc.size(); ++i) acc[i] = combine(op, acc[i], v[i]);
+  }
+  return acc;
+}
+
 Handle System::all_reduce(const std::string& in, const std::vector<std::vector<int>>& groups,
                           ReduceOp op, Launch how) {
   check_inputs(in, groups, "all-reduce", false);
   const Handle h = begin();
   for (const auto& g : groups) {
     const Buffer& first = buffer(g[0], in);
-    std::vector<float> acc = decode(first);
-    for (std::size_t k = 1; k < g.size(); ++k) {
-      const Buffer& b = buffer(g[k], in);
-      if (b.dtype != first.dtype || b.count != first.count) {
-        throw Error(fmt::format("all-reduce '{}': chip {} holds {} x {} but chip {} holds {} x {}",
-                                in, g[k], b.count, num::format(b.dtype).name, g[0], first.count,
-                                num::format(first.dtype).name));
-      }
-      const std::vector<float> v = decode(b);
-      for (std::size_t i = 0; i < acc.size(); ++i) acc[i] = combine(op, acc[i], v[i]);
-    }
+    const std::vector<float> acc = reduce(in, g, op);
     const Buffer result = encode(acc, first.dtype);
     const Bytes n(static_cast<std::int64_t>(result.bytes.size()));
     std::vector<Delivery> out;
@@ -286,10 +287,6 @@ Handle System::all_gather(const std::string& in, const std::string& out,
     Buffer result{first.dtype, first.count * g.size(), {}};
     for (int c : g) {
       const Buffer& b = buffer(c, in);
-      if (b.dtype != first.dtype || b.count != first.count) {
-        throw Error(fmt::format("all-gather '{}': chip {} holds {} elements, chip {} {}", in, c,
-                                b.count, g[0], first.count));
-      }
       result.bytes.insert(result.bytes.end(), b.bytes.begin(), b.bytes.end());
     }
     const Bytes n(static_cast<std::int64_t>(result.bytes.size()));
@@ -308,20 +305,7 @@ Handle System::reduce_scatter(const std::string& in, const std::string& out,
   for (const auto& g : groups) {
     const Buffer& first = buffer(g[0], in);
     const std::size_t p = g.size();
-    if (first.count % p != 0) {
-      throw Error(fmt::format("reduce-scatter '{}': {} elements do not split into {} blocks", in,
-                              first.count, p));
-    }
-    std::vector<float> acc = decode(first);
-    for (std::size_t k = 1; k < p; ++k) {
-      const Buffer& b = buffer(g[k], in);
-      if (b.dtype != first.dtype || b.count != first.count) {
-        throw Error(fmt::format("reduce-scatter '{}': chip {} holds {} elements, chip {} {}", in,
-                                g[k], b.count, g[0], first.count));
-      }
-      const std::vector<float> v = decode(b);
-      for (std::size_t i = 0; i < acc.size(); ++i) acc[i] = combine(op, acc[i], v[i]);
-    }
+    const std::vector<float> acc = reduce(in, g, op);
     const Bytes n(static_cast<std::int64_t>(first.bytes.size()));
     const std::size_t k = first.count / p;
     const num::FormatId dt = first.dtype;
@@ -341,20 +325,9 @@ Handle System::all_to_all(const std::string& in, const std::string& out,
   for (const auto& g : groups) {
     const std::size_t p = g.size();
     const Buffer& first = buffer(g[0], in);
-    if (first.count % p != 0) {
-      throw Error(fmt::format("all-to-all '{}': {} elements do not split into {} blocks", in,
-                              first.count, p));
-    }
     const std::size_t width = static_cast<std::size_t>(num::format(first.dtype).bits / 8);
     const std::size_t block = first.count / p * width;
     std::vector<Buffer> results(p, Buffer{first.dtype, first.count, {}});
-    for (std::size_t i = 0; i < p; ++i) {
-      const Buffer& b = buffer(g[i], in);
-      if (b.dtype != first.dtype || b.count != first.count) {
-        throw Error(fmt::format("all-to-all '{}': chip {} holds {} elements, chip {} {}", in, g[i],
-                                b.count, g[0], first.count));
-      }
-    }
     for (std::size_t j = 0; j < p; ++j) {
       for (std::size_t i = 0; i < p; ++i) {
         const auto& src = buffer(g[i], in).bytes;

@@ -143,6 +143,8 @@ class System {
   Handle begin();
   Handle finish(Handle h, Launch how);
   std::vector<float> decode(const Buffer& b) const;
+  std::vector<float> reduce(const std::string& in, const std::vector<int>& group,
+                            ReduceOp op) const;
   Buffer encode(std::span<const float> values, num::FormatId dtype) const;
 
   arch::SystemSpec spec_;
