@@ -268,6 +268,7 @@ std::string estimate_text(const plan::Planner& p, const Estimate& e) {
       fmt::format("{} micro-batches per step; {:.0f} tokens/s\n", e.micro_batches, e.tokens_per_s);
   out += fmt::format("MFU {:.1f} % (HFU {:.1f} %) of the {} peak; {:.1f} % of BF16 peak\n",
                      100 * e.mfu, 100 * e.hfu, p.training().recipe, 100 * e.mfu_bf16);
+  out += fmt::format("compute efficiency: {}\n", p.compute().source());
   out += fmt::format(
       "  MFU = tokens/s x (6 N + 12 L h s) / (chips x peak), N = {:.3g} (of {:.3g} parameters)\n",
       p.flop_params(), p.params());
@@ -342,6 +343,7 @@ void add_plan_command(CLI::App& app) {
                   {"hidden", p.model().hidden}};
     j["system"] = p.system().name;
     j["chips"] = p.chips();
+    j["efficiency_source"] = p.compute().source();
     j["training"] = {
         {"global_batch", p.training().global_batch},
         {"micro_batch", e.layout.micro_batch > 0 ? e.layout.micro_batch : p.training().micro_batch},
