@@ -34,4 +34,5 @@ echo "cli tour: ok"
 "$TERN" plan search --model llama3-70b --system trn3-ultraserver-gen1 --chips 1024 | head -5
 "$TERN" plan compare --model llama3-70b --systems trn3-ultraserver-gen2,gb300-nvl72,p5
 "$TERN" plan validate | tail -1
+"$TERN" plan collective --system dgx-a100 --chips 32 --ranks 4 --stride 8 | tail -3
 "$TERN" plan --config "$here/plan/llama3-70b-trn3.toml" | tail -2

@@ -2,6 +2,7 @@
 // (`tern plan`), the best layouts (`plan search`), several systems side by
 // side (`plan compare`) and the check against published measurements
 // (`plan validate`). docs/plan.md describes the model.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -325,6 +326,154 @@ void ranking_row(Table& t, int i, const Estimate& e) {
 
 void add_validate_command(CLI::App& plan_cmd);
 
+namespace {
+
+// "64K", "4M", "1G" (binary multiples) or a plain byte count.
+std::int64_t parse_size(const std::string& text) {
+  std::size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    throw Error(fmt::format("--bytes: '{}' is not a size (e.g. 4096, 64K, 4M, 1G)", text));
+  }
+  const std::string unit = text.substr(used);
+  double k = 1;
+  if (unit == "K" || unit == "KiB")
+    k = kKiB;
+  else if (unit == "M" || unit == "MiB")
+    k = kMiB;
+  else if (unit == "G" || unit == "GiB")
+    k = kGiB;
+  else if (!unit.empty())
+    throw Error(fmt::format("--bytes: unknown unit in '{}' (K, M, G)", text));
+  if (!(v > 0)) throw Error(fmt::format("--bytes: '{}' is not a positive size", text));
+  return static_cast<std::int64_t>(v * k);
+}
+
+std::string size_text(std::int64_t b) {
+  if (b >= kGiB && b % kGiB == 0) return fmt::format("{} GiB", b / kGiB);
+  if (b >= kMiB && b % kMiB == 0) return fmt::format("{} MiB", b / kMiB);
+  if (b >= kKiB && b % kKiB == 0) return fmt::format("{} KiB", b / kKiB);
+  return fmt::format("{} B", b);
+}
+
+// `tern plan collective`: one collective's time on a system's fabric, by
+// size and algorithm, with nccl-tests' algorithm and bus bandwidths.
+void add_collective_command(CLI::App& plan_cmd) {
+  auto* c = plan_cmd.add_subcommand(
+      "collective", "Time a collective on a system's fabric: every algorithm, by size");
+  struct Opts {
+    std::string system = kDefaultSystem, op = "all-reduce";
+    int chips = 0, ranks = 0, stride = 1;
+    std::vector<std::string> bytes = {"64K", "1M", "16M", "256M", "1G"};
+    bool json = false;
+  };
+  auto o = std::make_shared<Opts>();
+  c->add_option("--system", o->system, "System (tern info --list)")->capture_default_str();
+  c->add_option("--chips", o->chips, "Chips of the network (default: one system)");
+  c->add_option("--op", o->op, "all-reduce, all-gather, reduce-scatter, all-to-all, send-recv")
+      ->capture_default_str();
+  c->add_option("--ranks", o->ranks, "Group size (default: every chip; send-recv: 2)");
+  c->add_option("--stride", o->stride, "Chips between consecutive ranks (1: a contiguous group)")
+      ->capture_default_str();
+  c->add_option("--bytes", o->bytes, "Sizes (all-reduce: the buffer; all-gather: the result; ...)")
+      ->delimiter(',')
+      ->capture_default_str();
+  c->add_flag("--json", o->json, "Print JSON");
+  c->callback([o] {
+    const auto spec = arch::load_system(o->system);
+    const fabric::Network net = fabric::Network::of(spec, o->chips ? o->chips : spec.chips);
+    fabric::Op op = fabric::Op::all_reduce;
+    bool known = false;
+    for (fabric::Op x : {fabric::Op::all_reduce, fabric::Op::all_gather, fabric::Op::reduce_scatter,
+                         fabric::Op::all_to_all, fabric::Op::send_recv}) {
+      std::string name(fabric::op_name(x));
+      std::replace(name.begin(), name.end(), '/', '-');
+      if (name == o->op) op = x, known = true;
+    }
+    if (!known) {
+      throw Error(
+          fmt::format("--op '{}' is not one of all-reduce, all-gather, reduce-scatter, "
+                      "all-to-all, send-recv",
+                      o->op));
+    }
+    const int ranks = o->ranks ? o->ranks : (op == fabric::Op::send_recv ? 2 : net.chips());
+    if (ranks < 1 || o->stride < 1 ||
+        static_cast<std::int64_t>(ranks - 1) * o->stride >= net.chips()) {
+      throw Error(fmt::format("--ranks {} x --stride {} does not fit {} chips", ranks, o->stride,
+                              net.chips()));
+    }
+    std::vector<int> members;
+    for (int i = 0; i < ranks; ++i) members.push_back(i * o->stride);
+    const fabric::Group group = fabric::placement(net, members);
+    const double p = ranks;
+    // nccl-tests: bus bandwidth = algorithm bandwidth x 2 (p-1)/p for
+    // all-reduce, (p-1)/p for gathers, scatters and all-to-all, 1 for send.
+    const double bus = op == fabric::Op::all_reduce  ? 2 * (p - 1) / p
+                       : op == fabric::Op::send_recv ? 1
+                                                     : (p - 1) / p;
+    std::vector<std::string> head = {"size", "best", "time us", "algbw GB/s", "busbw GB/s"};
+    for (fabric::Algorithm a : fabric::kAlgorithms)
+      head.push_back(std::string(fabric::algorithm_name(a)) + " us");
+    Table t(head);
+    json rows = json::array();
+    for (const auto& text : o->bytes) {
+      const std::int64_t n = parse_size(text);
+      const fabric::Collective coll{op, Bytes(n), group};
+      const fabric::Cost best = fabric::best(net, coll);
+      std::vector<std::string> row = {size_text(n),
+                                      std::string(fabric::algorithm_name(best.algorithm)),
+                                      fmt::format("{:.2f}", best.time.value() / 1e3)};
+      const double algbw = static_cast<double>(n) / best.time.value();
+      row.push_back(fmt::format("{:.1f}", algbw));
+      row.push_back(fmt::format("{:.1f}", algbw * bus));
+      json per = json::object();
+      for (fabric::Algorithm a : fabric::kAlgorithms) {
+        try {
+          const double us = fabric::time(net, coll, a).value() / 1e3;
+          row.push_back(fmt::format("{:.2f}", us));
+          per[std::string(fabric::algorithm_name(a))] = us;
+        } catch (const NotSupported&) {
+          row.push_back("-");
+        }
+      }
+      t.add(row);
+      rows.push_back({{"bytes", n},
+                      {"best", fabric::algorithm_name(best.algorithm)},
+                      {"time_us", best.time.value() / 1e3},
+                      {"algbw_gbps", algbw},
+                      {"busbw_gbps", algbw * bus},
+                      {"algorithms_us", per}});
+    }
+    if (o->json) {
+      std::puts(json{{"system", spec.name},
+                     {"chips", net.chips()},
+                     {"op", o->op},
+                     {"ranks", ranks},
+                     {"stride", o->stride},
+                     {"span", group.span},
+                     {"rows", rows}}
+                    .dump(2)
+                    .c_str());
+      return;
+    }
+    std::printf("%s on %d chips of %s: %d ranks, stride %d, spans [%s] over the levels [%s]\n\n",
+                o->op.c_str(), net.chips(), spec.name.c_str(), ranks, o->stride,
+                fmt::format("{}", fmt::join(group.span, ", ")).c_str(),
+                [&] {
+                  std::string out;
+                  for (const auto& l : net.levels()) out += (out.empty() ? "" : ", ") + l.name;
+                  return out;
+                }()
+                    .c_str());
+    std::fputs(t.render().c_str(), stdout);
+    std::puts("\n'-': the algorithm does not apply here (topology, group size, or the library).");
+  });
+}
+
+}  // namespace
+
 void add_plan_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "plan", "Cluster planner: step time, memory and MFU of a layout; search, compare, validate");
@@ -477,6 +626,7 @@ void add_plan_command(CLI::App& app) {
     std::fputs(ca->json ? (j.dump(2) + "\n").c_str() : t.render().c_str(), stdout);
   });
   add_validate_command(*cmd);
+  add_collective_command(*cmd);
 }
 
 }  // namespace tern::cli

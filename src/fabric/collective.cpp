@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
+#include <set>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "util/error.h"
 
@@ -308,6 +311,12 @@ Nanoseconds time_segs(const std::vector<Seg>& segs, Op op, Bytes n, Algorithm a,
 
 Nanoseconds time(const Network& net, const Collective& c, Algorithm a) {
   if (c.bytes.value() < 0) throw Error(fmt::format("{}: negative size", op_name(c.op)));
+  const auto index = static_cast<unsigned>(
+      std::find(std::begin(kAlgorithms), std::end(kAlgorithms), a) - std::begin(kAlgorithms));
+  if (c.op != Op::send_recv && !(net.algorithms() >> index & 1u)) {
+    throw NotSupported(fmt::format("{} {}: the system's collective library does not offer it",
+                                   algorithm_name(a), op_name(c.op)));
+  }
   const Nanoseconds t = time_segs(segments(net, c.group), c.op, c.bytes, a, net.algorithms());
   if (std::isinf(t.value())) g_why = "no algorithm of the library serves a part of the group";
   if (!std::isfinite(t.value())) {
@@ -336,6 +345,40 @@ Cost best(const Network& net, const Collective& c) {
     throw NotSupported(fmt::format("{} on this group: no algorithm applies", op_name(c.op)));
   }
   return out;
+}
+
+Group placement(const Network& net, const std::vector<int>& group) {
+  // Chip c sits at level i's coordinate (c / P_i) mod L_i. A group's span at
+  // level i: how many level-i coordinates its members take inside each
+  // block of the outer levels, the same in every block (else irregular).
+  Group g;
+  for (int c : group) {
+    if (c < 0 || c >= net.chips()) {
+      throw Error(fmt::format("chip {} is not on the network ({} chips)", c, net.chips()));
+    }
+  }
+  std::int64_t P = 1, product = 1;
+  for (const auto& lv : net.levels()) {
+    const std::int64_t L = lv.size();
+    std::map<std::int64_t, std::set<std::int64_t>> by_outer;
+    for (int c : group) by_outer[c / (P * L)].insert((c / P) % L);
+    std::size_t span = 0;
+    for (const auto& [outer, coords] : by_outer) {
+      if (span != 0 && coords.size() != span) {
+        throw NotSupported(fmt::format("replica group [{}] is irregular on level '{}'",
+                                       fmt::join(group, ", "), lv.name));
+      }
+      span = coords.size();
+    }
+    g.span.push_back(static_cast<int>(span));
+    product *= static_cast<std::int64_t>(span);
+    P *= L;
+  }
+  if (product != static_cast<std::int64_t>(group.size())) {
+    throw NotSupported(fmt::format("replica group [{}] does not place regularly on the fabric",
+                                   fmt::join(group, ", ")));
+  }
+  return g;
 }
 
 Nanoseconds exposed(Nanoseconds comm, Nanoseconds window, double overlap) {

@@ -36,6 +36,12 @@ struct Group {
   int size() const;
 };
 
+// The placement of a group given as chip ids (chip c at level i's
+// coordinate (c / P_i) mod L_i, P_i the product of the inner levels'
+// sizes). Throws NotSupported when the members do not spread evenly over
+// the levels' blocks, Error for a chip off the network.
+Group placement(const Network& net, const std::vector<int>& chips);
+
 struct Collective {
   Op op = Op::all_reduce;
   Bytes bytes;

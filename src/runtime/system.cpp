@@ -105,32 +105,7 @@ void System::advance(int chip, Nanoseconds t, const std::string& name) {
 }
 
 fabric::Group System::placement(const std::vector<int>& group) const {
-  // Chip c sits at level i's coordinate (c / P_i) mod L_i. A group's span at
-  // level i: how many level-i coordinates its members take inside each
-  // block of the outer levels, the same in every block (else irregular).
-  fabric::Group g;
-  std::int64_t P = 1, product = 1;
-  for (const auto& lv : net_.levels()) {
-    const std::int64_t L = lv.size();
-    std::map<std::int64_t, std::set<std::int64_t>> by_outer;
-    for (int c : group) by_outer[c / (P * L)].insert((c / P) % L);
-    std::size_t span = 0;
-    for (const auto& [outer, coords] : by_outer) {
-      if (span != 0 && coords.size() != span) {
-        throw NotSupported(fmt::format("replica group [{}] is irregular on level '{}'",
-                                       fmt::join(group, ", "), lv.name));
-      }
-      span = coords.size();
-    }
-    g.span.push_back(static_cast<int>(span));
-    product *= static_cast<std::int64_t>(span);
-    P *= L;
-  }
-  if (product != static_cast<std::int64_t>(group.size())) {
-    throw NotSupported(fmt::format("replica group [{}] does not place regularly on the fabric",
-                                   fmt::join(group, ", ")));
-  }
-  return g;
+  return fabric::placement(net_, group);
 }
 
 void System::check_inputs(const std::string& in, const std::vector<std::vector<int>>& groups,

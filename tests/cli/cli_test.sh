@@ -400,6 +400,12 @@ expect_err "tp must be at least 1" plan --tp 0
 expect_err "training.dp_overlap must be in [0, 1]" plan --dp-overlap -0.5
 expect_err "top must be at least 1" plan search --top 0
 expect_err "is out of range" plan --config "$tmp/gpt.toml" --model "$tmp/big.toml"
+expect_ok "^1 GiB +direct" plan collective
+expect_json 'j["span"] == [1, 4] and all(r["best"] in ("ring", "tree") for r in j["rows"]) and "direct" not in j["rows"][0]["algorithms_us"]' plan collective --system dgx-a100 --chips 32 --ranks 4 --stride 8 --bytes 1M,1G --json
+expect_json 'j["rows"][0]["best"] == "hierarchical"' plan collective --system trn2-48xl --op all-to-all --bytes 16M --json
+expect_err "--op 'broadcast' is not one of" plan collective --op broadcast
+expect_err "--bytes: unknown unit in '4X'" plan collective --bytes 4X
+expect_err "does not fit 144 chips" plan collective --ranks 100 --stride 2
 expect_err "tp 3 does not divide heads 64" plan --model llama3-70b --tp 3
 expect_err "= 320 chips is more than the 144 chips given" plan --model llama3-70b --tp 8 --pp 40
 expect_err "unknown system 'nope'" plan --system nope

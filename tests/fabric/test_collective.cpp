@@ -104,6 +104,17 @@ TEST(Collective, Exposed) {
 
 TEST(Network, FromSystemFiles) {
   const auto a100 = arch::load_system("dgx-a100");
+  // NCCL on A100 offers ring and tree only: the others are not chosen, and
+  // asking for one by name says why.
+  {
+    const Network net = Network::of(a100, 8);
+    const Collective c{Op::all_reduce, Bytes(1 << 20), Group{{8}}};
+    EXPECT_THROW(time(net, c, Algorithm::direct), NotSupported);
+    const Cost b = best(net, c);
+    EXPECT_TRUE(b.algorithm == Algorithm::ring || b.algorithm == Algorithm::tree);
+    EXPECT_EQ(placement(net, {0, 2, 4, 6}).span, (std::vector<int>{4}));
+    EXPECT_THROW(placement(net, {0, 9}), Error);
+  }
   const Network one = Network::of(a100, 8);
   ASSERT_EQ(one.levels().size(), 1u);
   const Network cluster = Network::of(a100, 32);
