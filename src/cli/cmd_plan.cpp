@@ -475,8 +475,9 @@ void add_collective_command(CLI::App& plan_cmd) {
 }  // namespace
 
 void add_plan_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand(
-      "plan", "Cluster planner: step time, memory and MFU of a layout; search, compare, validate");
+  auto* cmd = app.add_subcommand("plan",
+                                 "Cluster planner: step time, memory and MFU of a layout; search, "
+                                 "compare, validate, collective");
   auto a = std::make_shared<PlanArgs>();
   add_request_flags(*cmd, *a, true);
   cmd->callback([cmd, a] {
