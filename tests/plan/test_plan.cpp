@@ -3,6 +3,8 @@
 // rank placement, validation errors and search invariants.
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include "arch/system.h"
 #include "plan/estimate.h"
 #include "plan/request.h"
@@ -102,6 +104,25 @@ TEST(PlanPlacement, GroupsLandOnTheFabricLevels) {
   l.order = {"dp", "tp", "cp", "pp"};
   EXPECT_EQ(group_of(l, "dp", net)->span, (std::vector<int>{4, 1}));
   EXPECT_EQ(group_of(l, "tp", net)->span, (std::vector<int>{2, 4}));
+}
+
+TEST(PlanPlacement, StrideFormulaAgreesWithTheMemberListPlacement) {
+  // group_of counts spans from a stride (fast, for search); fabric::placement
+  // from the member chips (runtime::System). They must agree.
+  const auto net = fabric::Network::of(arch::load_system("trn3-ultraserver-gen1"), 1024);
+  for (auto [tp, cp, pp] : {std::tuple{8, 1, 4}, {4, 2, 8}, {16, 1, 2}, {2, 4, 16}, {1, 1, 64}}) {
+    Layout l;
+    l.tp = tp, l.cp = cp, l.pp = pp, l.dp = 1024 / (tp * cp * pp);
+    std::int64_t stride = 1;
+    for (const auto& d : l.order) {
+      const int size = d == "tp" ? l.tp : d == "cp" ? l.cp : d == "dp" ? l.dp : l.pp;
+      std::vector<int> members;
+      for (int i = 0; i < size; ++i) members.push_back(static_cast<int>(i * stride));
+      EXPECT_EQ(group_of(l, d, net)->span, fabric::placement(net, members).span)
+          << d << " of tp" << tp << " cp" << cp << " pp" << pp;
+      stride *= size;
+    }
+  }
 }
 
 TEST(PlanErrors, BadLayoutsAreRejectedWithTheReason) {
