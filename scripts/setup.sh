@@ -21,6 +21,7 @@ packages=(
   python3-jsonschema # trace schema check
   python3-dev pybind11-dev python3-numpy python3-pytest  # the tern Python package and its tests
   python3-torch      # the independent oracle of the kernel and training tests
+  libopenmpi-dev openmpi-bin  # ranks of a multi-chip simulation (mpirun)
 )
 
 missing=()

@@ -17,6 +17,9 @@
 #include "arch/chip.h"
 #include "cli/commands.h"
 #include "graph/lower.h"
+#include "profile/profile.h"
+#include "runtime/comm.h"
+#include "runtime/system.h"
 #include "train/checkpoint.h"
 #include "train/plot.h"
 #include "train/trainer.h"
@@ -35,16 +38,25 @@ struct Options {
   std::int64_t log_every = 10;      // progress line every N steps
   std::string metrics;              // every step's metrics: JSONL, or CSV by extension ("" none)
   std::string plot;                 // the loss curves as PNG at the end ("" none)
+  std::string trace;                // the chips' timeline (Chrome trace JSON) at the end
   bool json = false;
 };
 
-void run(train::TrainConfig c, const Options& o) {
+void run(train::TrainConfig c, Options o) {
   for (const std::string& f : o.faults) c.faults.push_back(train::parse_fault(f));
-  const bool tty = !o.json && ::isatty(2);
+  // Under mpirun every rank trains (each simulating its block of the dp
+  // replicas) and ends each step with the same state; the first rank
+  // prints and writes the files.
+  runtime::Comm& world = runtime::world();
+  if (world.rank() != 0) {
+    if (!std::freopen("/dev/null", "w", stdout)) throw Error("cannot silence stdout of rank");
+    o.metrics.clear(), o.plot.clear(), o.trace.clear();
+  }
+  const bool tty = !o.json && ::isatty(2) && world.rank() == 0;
   if (tty)
     std::fprintf(stderr, "compiling the training step (%s, %s)...\r", c.recipe.c_str(),
                  c.arch.c_str());
-  train::Trainer t(c);
+  train::Trainer t(c, &world);
   if (tty) std::fprintf(stderr, "%60s\r", "");
   for (const std::string& n : t.notes()) std::fprintf(stderr, "note: %s\n", n.c_str());
   const graph::Executable& e = t.executable();
@@ -62,15 +74,22 @@ void run(train::TrainConfig c, const Options& o) {
   if (!o.json)
     std::printf(
         "model: %s, %lld layers, dim %lld, %lld heads, vocab %d (%s), %lld parameters; batch "
-        "%lld x %lld x %lld accum; recipe %s on %s; %zu + %zu kernels a step, fusion rate %.3f, "
-        "HBM %.1f MiB\n",
+        "%lld x %lld x %lld accum x %lld dp; recipe %s on %s; %zu + %zu kernels a step, fusion rate "
+        "%.3f, HBM %.1f MiB a chip\n",
         c.model.c_str(), static_cast<long long>(c.layers), static_cast<long long>(c.dim),
         static_cast<long long>(c.heads), t.tokenizer().vocab(), t.tokenizer().kind().c_str(),
         static_cast<long long>(t.parameters()), static_cast<long long>(c.batch),
-        static_cast<long long>(c.seq), static_cast<long long>(c.accum), t.recipe().c_str(),
-        c.arch.c_str(), e.launches.size(), t.update_executable().launches.size(), fusion,
+        static_cast<long long>(c.seq), static_cast<long long>(c.accum),
+        static_cast<long long>(c.dp), t.recipe().c_str(), c.arch.c_str(), e.launches.size(), t.update_executable().launches.size(), fusion,
         hbm / (1 << 20));
-  const double tokens = static_cast<double>(c.batch * c.seq * c.accum);
+  if (!o.json && c.dp > 1)
+    std::printf(
+        "layout: dp %lld on %lld chips of %s (%s), %d process%s, replicas %lld..%lld here\n",
+        static_cast<long long>(c.dp), static_cast<long long>(c.dp), t.system()->spec().name.c_str(),
+        c.zero ? "ZeRO-1" : "replicated optimizer", world.size(), world.size() > 1 ? "es" : "",
+        static_cast<long long>(t.local_replicas().first),
+        static_cast<long long>(t.local_replicas().second - 1));
+  const double tokens = static_cast<double>(c.batch * c.seq * c.accum * c.dp);
   // The metrics file is rewritten atomically after every step (a reader
   // never sees half a line; a killed run leaves the steps done so far); a
   // resumed run continues the file it finds.
@@ -202,8 +221,10 @@ void run(train::TrainConfig c, const Options& o) {
     const double tps = tokens / (m.wall_ms / 1e3);
     ema_tps = ema_tps == 0 ? tps : 0.9 * ema_tps + 0.1 * tps;
     const double flops = t.flops_per_step();
-    const double mfu_bf16 = flops / (m.sim_ns * 1e-9) / peak_bf16;
-    const double mfu_mx = peak_mx > 0 ? flops / (m.sim_ns * 1e-9) / peak_mx : 0;
+    // MFU per chip: the step's FLOPs over dp chips' peaks.
+    const double chips = static_cast<double>(c.dp);
+    const double mfu_bf16 = flops / (m.sim_ns * 1e-9) / (peak_bf16 * chips);
+    const double mfu_mx = peak_mx > 0 ? flops / (m.sim_ns * 1e-9) / (peak_mx * chips) : 0;
     record({{"step", m.step},
             {"loss", m.loss},
             {"grad_norm", m.grad_norm},
@@ -214,6 +235,8 @@ void run(train::TrainConfig c, const Options& o) {
             {"wall_ms", m.wall_ms},
             {"tokens_per_s", tps},
             {"sim_ns", m.sim_ns},
+            {"comm_ns", m.comm_ns},
+            {"exposed_comm_ns", m.exposed_comm_ns},
             {"mfu_bf16", mfu_bf16},
             {"mfu_mxfp8", mfu_mx},
             {"fusion_rate", t.executable().fusion.rate()},
@@ -222,10 +245,14 @@ void run(train::TrainConfig c, const Options& o) {
     if (!o.json && (m.step % o.log_every == 0 || m.step == c.steps)) {
       std::printf(
           "step %5lld/%lld | loss %.4f | norm %6.3f | lr %.2e | %6.0f ms | %6.0f tok/s | sim "
-          "%.3f ms | MFU %.1f%% bf16, %.1f%% mxfp8 | fusion %.3f | HBM %.1f MiB\n",
+          "%.3f ms%s | MFU %.1f%% bf16, %.1f%% mxfp8 | fusion %.3f | HBM %.1f MiB\n",
           static_cast<long long>(m.step), static_cast<long long>(c.steps), m.loss, m.grad_norm,
-          m.lr, m.wall_ms, ema_tps, m.sim_ns / 1e6, 100 * mfu_bf16, 100 * mfu_mx,
-          t.executable().fusion.rate(), hbm_now() / (1 << 20));
+          m.lr, m.wall_ms, ema_tps, m.sim_ns / 1e6,
+          c.dp > 1 ? fmt::format(" (comm {:.3f} ms, exposed {:.3f})", m.comm_ns / 1e6,
+                                 m.exposed_comm_ns / 1e6)
+                         .c_str()
+                   : "",
+          100 * mfu_bf16, 100 * mfu_mx, t.executable().fusion.rate(), hbm_now() / (1 << 20));
     }
     if (c.ckpt_every > 0 && (t.steps_done() % c.ckpt_every == 0 || t.steps_done() == c.steps)) {
       const std::string f = t.save_checkpoint();
@@ -253,6 +280,10 @@ void run(train::TrainConfig c, const Options& o) {
     train::write_plot(o.plot, {train_curve, val_curve}, "step",
                       fmt::format("loss (nats/char), {} {}", c.model, t.recipe()));
     if (!o.json) std::printf("loss curves: %s\n", o.plot.c_str());
+  }
+  if (!o.trace.empty()) {
+    profile::write_trace(t.system()->trace(), o.trace);
+    if (!o.json) std::printf("trace (one process per chip): %s\n", o.trace.c_str());
   }
 }
 
@@ -294,6 +325,20 @@ void add_train_command(CLI::App& app) {
                 "Engines round their outputs stochastically (seeded)");
   cmd->add_option("--arch", c->arch, "Chip")->capture_default_str();
   cmd->add_option("--cores", c->cores, "NeuronCores a kernel uses (0: all)")->capture_default_str();
+  cmd->add_option("--dp", c->dp,
+                  "Data-parallel replicas, each on its own simulated chip (docs/multichip.md)")
+      ->capture_default_str();
+  cmd->add_option("--tp", c->tp, "Tensor-parallel chips (not supported yet)")->capture_default_str();
+  cmd->add_option("--pp", c->pp, "Pipeline stages (not supported yet)")->capture_default_str();
+  cmd->add_option("--zero", c->zero, "1: shard the optimizer state over the replicas (ZeRO-1)")
+      ->capture_default_str();
+  cmd->add_option("--system", c->system,
+                  "The system whose fabric joins the chips (default: the smallest of --arch's "
+                  "holding them)");
+  cmd->add_option("--threads", c->threads,
+                  "Host threads simulating this process's chips (0: one a chip, at most the "
+                  "cores)")
+      ->capture_default_str();
   cmd->add_option("--steps", c->steps, "Optimizer steps (the schedule's length)")
       ->capture_default_str();
   cmd->add_option("--lr", c->lr, "Peak learning rate (AdamW)")->capture_default_str();
@@ -349,6 +394,9 @@ void add_train_command(CLI::App& app) {
                   "Write every step's metrics and validation losses to this file (JSONL; CSV if "
                   "it ends in .csv)");
   cmd->add_option("--plot", o->plot, "Write the loss curves (train, validation) to this PNG");
+  cmd->add_option("--trace", o->trace,
+                  "Write the chips' timeline (compute, collectives; one process per chip) as a "
+                  "Chrome trace JSON");
   cmd->add_flag("--json", o->json, "One JSON line a step");
   cmd->callback([c, o, cmd] {
     train::TrainConfig cfg = *c;
@@ -368,7 +416,18 @@ void add_train_command(CLI::App& app) {
       cfg = train::config_from_json(merged);
     }
     if (o->log_every < 1) throw Error("--log-every must be >= 1");
-    run(cfg, *o);
+    try {
+      run(cfg, *o);
+    } catch (const std::exception& e) {
+      // Under mpirun the other ranks would wait for this one in their next
+      // collective: end them all.
+      runtime::Comm& w = runtime::world();
+      if (w.size() > 1) {
+        std::fprintf(stderr, "tern: error (rank %d of %d): %s\n", w.rank(), w.size(), e.what());
+        w.abort(2);
+      }
+      throw;
+    }
   });
 }
 
@@ -409,6 +468,7 @@ void add_sample_command(CLI::App& app) {
     train::TrainConfig c = train::config_from_json(ck.meta.at("config"));
     c.resume = file.string();
     c.faults.clear();
+    c.accum *= c.dp, c.dp = 1;  // sampling needs one chip
     train::Trainer t(c);
     const std::string text = t.sample(o->prompt, o->tokens, o->temperature, o->seed);
     if (o->json) {

@@ -114,6 +114,18 @@ void validate(const TrainConfig& c) {
       c.overflow_policy != "fallback-global")
     bad(fmt::format("overflow_policy '{}' is not one of warn, fallback-layer, fallback-global",
                     c.overflow_policy));
+  if (c.dp < 1 || c.tp < 1 || c.pp < 1 || c.threads < 0)
+    bad(fmt::format("dp, tp and pp must be >= 1 and threads >= 0, got dp {}, tp {}, pp {}, threads {}",
+                    c.dp, c.tp, c.pp, c.threads));
+  if (c.tp > 1) bad("not supported: tensor parallel training (tp > 1); docs/multichip.md");
+  if (c.pp > 1) bad("not supported: pipeline parallel training (pp > 1); docs/multichip.md");
+  if (c.zero != 0 && c.zero != 1)
+    bad(fmt::format("zero must be 0 (replicated optimizer) or 1 (sharded optimizer state), got {}"
+                    "; ZeRO-2/3 are not supported",
+                    c.zero));
+  if (c.dp > 1 && c.recipe == "fp8-hybrid")
+    bad("not supported: dp > 1 with recipe fp8-hybrid (delayed scaling would need its amax "
+        "history all-reduced); use mxfp8, bf16 or fp32");
   if (c.ckpt_every < 0 || c.keep_last < 1) bad("ckpt_every must be >= 0 and keep_last >= 1");
   if (c.ckpt_every > 0 && c.ckpt_dir.empty()) bad("ckpt_every needs ckpt_dir");
   if (c.nan_policy == "rollback" && c.ckpt_every == 0)
@@ -140,6 +152,12 @@ nlohmann::json to_json(const TrainConfig& c) {
           {"stochastic_rounding", c.stochastic_rounding},
           {"arch", c.arch},
           {"cores", c.cores},
+          {"dp", c.dp},
+          {"tp", c.tp},
+          {"pp", c.pp},
+          {"zero", c.zero},
+          {"system", c.system},
+          {"threads", c.threads},
           {"lr", c.lr},
           {"min_lr", c.min_lr},
           {"weight_decay", c.weight_decay},
@@ -195,6 +213,8 @@ void apply_json(TrainConfig& c, const nlohmann::json& j, const std::string& wher
   c.ffn = m["ffn"], c.batch = m["batch"], c.seq = m["seq"], c.accum = m["accum"];
   c.recipe = m["recipe"], c.mx_policy = m["mx_policy"];
   c.stochastic_rounding = m["stochastic_rounding"], c.arch = m["arch"], c.cores = m["cores"];
+  c.dp = m["dp"], c.tp = m["tp"], c.pp = m["pp"], c.zero = m["zero"], c.system = m["system"];
+  c.threads = m["threads"];
   c.lr = m["lr"], c.min_lr = m["min_lr"], c.weight_decay = m["weight_decay"];
   c.beta1 = m["beta1"], c.beta2 = m["beta2"], c.clip = m["clip"];
   c.warmup = m["warmup"], c.steps = m["steps"], c.seed = m["seed"], c.init_std = m["init_std"];

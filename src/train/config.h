@@ -50,6 +50,18 @@ struct TrainConfig {
   bool stochastic_rounding = false;  // engine output casts round stochastically
   std::string arch = "trn3";
   int cores = 0;  // NeuronCores a kernel uses (0: all)
+  // Layout over several simulated chips (docs/multichip.md): dp data-
+  // parallel replicas, each running `accum` micro-batches a step (global
+  // batch = batch x accum x dp); zero 1 shards the optimizer state over
+  // them (ZeRO-1). tp and pp are named for the layout but not supported yet.
+  // system: the system file whose fabric joins the chips ("": the smallest
+  // system of `arch` holding dp x tp x pp chips). threads: host threads
+  // simulating this process's chips (0: one per chip, at most the host's
+  // cores); results do not depend on it, nor on the number of MPI ranks.
+  std::int64_t dp = 1, tp = 1, pp = 1;
+  int zero = 0;
+  std::string system;
+  int threads = 0;
   // AdamW; weight decay on matrices and embeddings only (not biases and
   // norm weights), as GPT-2 / nanoGPT; clip: the global gradient norm's
   // ceiling (0: no clipping).

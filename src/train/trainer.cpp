@@ -1,6 +1,7 @@
 #include "train/trainer.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -8,6 +9,7 @@
 #include <numbers>
 #include <numeric>
 #include <random>
+#include <thread>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -19,7 +21,9 @@
 #include "graph/lower.h"
 #include "graph/models.h"
 #include "graph/optimizer.h"
+#include "runtime/comm.h"
 #include "runtime/device.h"
+#include "runtime/system.h"
 #include "train/checkpoint.h"
 #include "train/shard.h"
 #include "util/error.h"
@@ -92,8 +96,47 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-Trainer::Trainer(const TrainConfig& c) : c_(c) {
+namespace {
+
+// The system whose fabric joins a dp-chip run: c.system, or the smallest
+// system of c.arch's chip that holds them.
+arch::SystemSpec system_for(const TrainConfig& c) {
+  const std::int64_t chips = c.dp * c.tp * c.pp;
+  if (!c.system.empty()) {
+    arch::SystemSpec s = arch::load_system(c.system);
+    if (!s.chip)
+      throw Error(fmt::format("not supported: training on {} ({} chips are not simulated)",
+                              c.system, s.device.name));
+    if (s.chip->name != c.arch)
+      throw Error(fmt::format("system {} is made of {} chips, but arch is {}", c.system,
+                              s.chip->name, c.arch));
+    return s;
+  }
+  std::optional<arch::SystemSpec> best;
+  for (const std::string& name : arch::list_systems()) {
+    arch::SystemSpec s = arch::load_system(name);
+    if (s.chip && s.chip->name == c.arch && s.chips >= chips && (!best || s.chips < best->chips))
+      best = std::move(s);
+  }
+  if (!best)
+    throw Error(fmt::format("no system of {} chips holds {} (dp x tp x pp); name one with system",
+                            c.arch, chips));
+  return *best;
+}
+
+}  // namespace
+
+Trainer::Trainer(const TrainConfig& c, runtime::Comm* comm) : c_(c), comm_(comm) {
   train::validate(c_);
+  if (!comm_) own_comm_ = runtime::single_process(), comm_ = own_comm_.get();
+  if (c_.zero == 1) throw Error("not supported: zero = 1 (ZeRO-1) is not implemented yet");
+  if (comm_->size() > c_.dp)
+    throw Error(fmt::format("{} processes for dp {}: each process needs at least one replica",
+                            comm_->size(), c_.dp));
+  first_ = runtime::block_first(c_.dp, comm_->size(), comm_->rank());
+  last_ = runtime::block_first(c_.dp, comm_->size(), comm_->rank() + 1);
+  // The chips' clocks and fabric (a single chip too: its timeline).
+  system_ = std::make_unique<runtime::System>(system_for(c_), static_cast<int>(c_.dp));
   std::vector<std::uint16_t> train_tokens;
   if (!c_.data.empty()) {
     // A `tern data` directory: its tokenizer and shards.
@@ -175,7 +218,7 @@ void Trainer::build() {
   std::vector<int> params;
   for (const std::string& n : param_names_) params.push_back(g.find(n));
   const auto grads = graph::add_backward(g, g.find("loss"), params);
-  acc_names_.clear(), sumsq_names_.clear();
+  acc_names_.clear(), sumsq_names_.clear(), acc_sizes_.clear();
   params_ = 0;
   for (int p : params) {
     const graph::Value pv = g.value(p);
@@ -191,11 +234,29 @@ void Trainer::build() {
     g.rename(sq, pv.name + ".grad_sumsq");
     g.mark_output(sq);
     acc_names_.push_back(pv.name + ".grad_acc");
+    acc_sizes_.push_back(graph::elements(pv.shape));
     sumsq_names_.push_back(pv.name + ".grad_sumsq");
   }
   grad_graph_ = std::make_unique<graph::Graph>(g);
   grad_exe_ = std::make_shared<const graph::Executable>(graph::compile(g, chip, o));
   grad_ = std::make_unique<runtime::Session>(chip, grad_exe_);
+  more_.clear();
+  for (std::int64_t r = first_ + 1; r < last_; ++r)
+    more_.push_back(std::make_unique<runtime::Session>(chip, grad_exe_));
+  if (c_.dp > 1) {
+    // The norm of the all-reduced gradients, on every replica's chip: the
+    // same sums of squares the grad program computes for a single chip.
+    graph::Graph ng("grad_norm");
+    for (int p : params) {
+      const graph::Value& pv = g.value(p);
+      const int x = ng.input(pv.name + ".grad_acc", pv.shape, isa::DType::fp32);
+      const int sq = ng.sum(ng.mul(x, x), {});
+      ng.rename(sq, pv.name + ".grad_sumsq");
+      ng.mark_output(sq);
+    }
+    norm_exe_ = std::make_shared<const graph::Executable>(graph::compile(ng, chip, o));
+    norm_ = std::make_unique<runtime::Session>(chip, norm_exe_);
+  }
 
   // update: AdamW over the accumulated gradients.
   graph::Graph u("update");
@@ -217,7 +278,18 @@ void Trainer::build() {
   eval_exe_ = std::make_shared<const graph::Executable>(graph::compile(fwd, chip, o));
   eval_ = std::make_unique<runtime::Session>(chip, eval_exe_);
   logits_.reset();
-  for (const std::string& a : acc_names_) grad_->fill(a, 0.0f);
+  zero_accumulators();
+}
+
+std::vector<runtime::Session*> Trainer::local() const {
+  std::vector<runtime::Session*> v{grad_.get()};
+  for (const auto& s : more_) v.push_back(s.get());
+  return v;
+}
+
+void Trainer::zero_accumulators() {
+  for (runtime::Session* s : local())
+    for (const std::string& a : acc_names_) s->fill(a, 0.0f);
 }
 
 void Trainer::init_weights() {
@@ -241,7 +313,11 @@ void Trainer::init_weights() {
 }
 
 void Trainer::push_weights() {
-  for (const std::string& p : param_names_) grad_->write(p, update_->read(p));
+  const std::vector<runtime::Session*> sessions = local();
+  for (const std::string& p : param_names_) {
+    const std::vector<float> w = update_->read(p);
+    for (runtime::Session* s : sessions) s->write(p, w);
+  }
 }
 
 std::map<std::string, std::vector<float>> Trainer::model_inputs(const Batch& b) const {
@@ -259,7 +335,7 @@ std::vector<float> Trainer::param(const std::string& name) const {
 double Trainer::flops_per_step() const {
   const double per_token =
       6.0 * static_cast<double>(params_) + 12.0 * static_cast<double>(c_.layers * c_.dim * c_.seq);
-  return per_token * static_cast<double>(c_.batch * c_.seq * c_.accum);
+  return per_token * static_cast<double>(c_.batch * c_.seq * c_.accum * c_.dp);
 }
 
 double Trainer::validate(int batches) {
@@ -293,8 +369,9 @@ Batch Trainer::checked(const Batch& b) const {
 }
 
 StepMetrics Trainer::step(const std::vector<Batch>& micro) {
-  if (static_cast<std::int64_t>(micro.size()) != c_.accum)
-    throw Error(fmt::format("step: {} micro-batches given, accum is {}", micro.size(), c_.accum));
+  if (static_cast<std::int64_t>(micro.size()) != c_.accum * c_.dp)
+    throw Error(fmt::format("step: {} micro-batches given, accum x dp is {} x {}", micro.size(),
+                            c_.accum, c_.dp));
   for (const Batch& b : micro) checked(b);
   return run_step(&micro);
 }
@@ -381,7 +458,7 @@ StepMetrics Trainer::run_step(const std::vector<Batch>* given) {
     } catch (const InjectedFault& e) {
       // The grad program failed: nothing was updated, the accumulators are
       // reset and the step's batches drawn again.
-      for (const std::string& a : acc_names_) grad_->fill(a, 0.0f);
+      zero_accumulators();
       train_->restore(start);
       if (retries < c_.retries) {
         ++retries;
@@ -421,10 +498,15 @@ StepMetrics Trainer::attempt(std::int64_t s, const LoaderState& start, int& redo
       throw InjectedFault(fmt::format("injected device fault {} of {}", fails_done_[s], f.count));
     }
   // The batches: a step whose batches were found bad (rollback) draws them
-  // and takes the next ones instead.
+  // and takes the next ones instead. dp replicas take accum each, replica r
+  // the r-th block, in the loader's order.
+  const std::int64_t micro = c_.accum * c_.dp;
   train_->restore(start);
   if (skip_batches_.contains(s))
-    for (std::int64_t i = 0; i < c_.accum; ++i) train_->next();
+    for (std::int64_t i = 0; i < micro; ++i) train_->next();
+  std::vector<Batch> batches;
+  for (std::int64_t i = 0; i < micro; ++i)
+    batches.push_back(given_ ? (*given_)[static_cast<std::size_t>(i)] : train_->next());
   for (const Fault& f : c_.faults)
     if (f.kind == Fault::Kind::nan && f.step == s && !nans_done_.contains(s)) {
       nans_done_.insert(s);
@@ -434,25 +516,21 @@ StepMetrics Trainer::attempt(std::int64_t s, const LoaderState& start, int& redo
       const auto it = std::find(param_names_.begin(), param_names_.end(), p);
       if (it == param_names_.end())
         throw Error(fmt::format("fault nan@{}:{}: the model has no param {}", s, p, p));
-      std::vector<float> acc = grad_->read(p + ".grad_acc");
-      acc[0] = std::nanf("");
-      grad_->write(p + ".grad_acc", acc);
+      if (first_ == 0) {  // replica 0's gradient (a NaN reaches the all-reduced sum)
+        std::vector<float> acc = grad_->read(p + ".grad_acc");
+        acc[0] = std::nanf("");
+        grad_->write(p + ".grad_acc", acc);
+      }
       m.actions.push_back(fmt::format("injected a NaN into the gradient of {} at step {}", p, s));
     }
+  if (c_.monitor_every > 0 && s % c_.monitor_every == 0) monitor(batches[0], m);
   double loss = 0;
-  runtime::StepResult r;
-  for (std::int64_t i = 0; i < c_.accum; ++i) {
-    const Batch b = given_ ? (*given_)[static_cast<std::size_t>(i)] : train_->next();
-    if (i == 0 && c_.monitor_every > 0 && s % c_.monitor_every == 0) monitor(b, m);
-    r = grad_->step(model_inputs(b), {c_.stochastic_rounding, stream_seed(c_.seed, s, i)});
-    loss += r.outputs.at("loss")[0];
-    m.sim_ns += r.time_ns;
-  }
-  m.loss = loss / static_cast<double>(c_.accum);
+  const runtime::StepResult r = run_replicas(s, batches, m, loss);
+  m.loss = loss / static_cast<double>(micro);
   double sumsq = 0;
   for (const std::string& n : sumsq_names_) sumsq += r.outputs.at(n)[0];
-  // The accumulators hold the sum of accum micro-batch means.
-  m.grad_norm = std::sqrt(sumsq) / static_cast<double>(c_.accum);
+  // The accumulators hold the sum of accum x dp micro-batch means.
+  m.grad_norm = std::sqrt(sumsq) / static_cast<double>(micro);
 
   // Numeric health: a non-finite sum (a NaN or Inf element, or squares
   // past FP32's range) sends the host to the accumulators: it counts the
@@ -473,7 +551,7 @@ StepMetrics Trainer::attempt(std::int64_t s, const LoaderState& start, int& redo
       m.nonfinite += n;
     }
     sumsq = host;
-    m.grad_norm = std::sqrt(sumsq) / static_cast<double>(c_.accum);
+    m.grad_norm = std::sqrt(sumsq) / static_cast<double>(micro);
   }
   const bool bad = !std::isfinite(m.loss) ||
                    static_cast<double>(m.nonfinite) > c_.nan_rate * static_cast<double>(params_) ||
@@ -494,7 +572,7 @@ StepMetrics Trainer::attempt(std::int64_t s, const LoaderState& start, int& redo
     const std::string why = fmt::format(
         "step {}: {} non-finite gradient elements ({:.2e} of {}), loss {}", s, m.nonfinite,
         static_cast<double>(m.nonfinite) / static_cast<double>(params_), params_, m.loss);
-    for (const std::string& a : acc_names_) grad_->fill(a, 0.0f);
+    zero_accumulators();
     std::string policy = c_.nan_policy;
     // The offending layer: the last one with bad gradients (a fault in
     // layer L's backward reaches the layers below it, not above); a bad
@@ -568,7 +646,7 @@ StepMetrics Trainer::attempt(std::int64_t s, const LoaderState& start, int& redo
   // Clipping (torch.nn.utils.clip_grad_norm_: max_norm / (norm + 1e-6),
   // at most 1) and the mean over micro-batches, folded into the scalars.
   if (c_.clip > 0 && m.grad_norm > c_.clip) m.clip_scale = c_.clip / (m.grad_norm + 1e-6);
-  const double g = m.clip_scale / static_cast<double>(c_.accum);
+  const double g = m.clip_scale / static_cast<double>(micro);
   ++opt_step_;
   auto scalars = [&](double wd) {
     std::vector<float> k = runtime::adamw_scalars(m.lr, wd, c_.beta1, c_.beta2, opt_step_);
@@ -586,16 +664,156 @@ StepMetrics Trainer::attempt(std::int64_t s, const LoaderState& start, int& redo
     for (std::size_t i = 0; i < acc_names_.size(); ++i) {
       std::vector<float> x = feeds[acc_names_[i]];
       for (float& e : x)
-        e = static_cast<float>(static_cast<double>(e) / static_cast<double>(c_.accum));
+        e = static_cast<float>(static_cast<double>(e) / static_cast<double>(micro));
       grads_[param_names_[i]] = std::move(x);
     }
   }
   const runtime::StepResult u = update_->step(feeds);
-  m.sim_ns += u.time_ns;
-  for (const std::string& a : acc_names_) grad_->fill(a, 0.0f);
+  if (c_.dp > 1) {
+    // Every replica runs the update on its copy (ZeRO-0): the step ends
+    // when the slowest chip is done.
+    const Nanoseconds before = system_->clock(0);
+    for (int chip = 0; chip < system_->chips(); ++chip)
+      system_->advance(chip, Nanoseconds(u.time_ns), "update");
+    m.sim_ns += (system_->clock(0) - before).value();
+  } else {
+    m.sim_ns += u.time_ns;
+    system_->advance(0, Nanoseconds(u.time_ns), "update");
+  }
+  zero_accumulators();
   push_weights();
   step_ = s;
   return m;
+}
+
+namespace {
+
+void put(std::vector<std::uint8_t>& out, const void* p, std::size_t n) {
+  const auto* b = static_cast<const std::uint8_t*>(p);
+  out.insert(out.end(), b, b + n);
+}
+
+// Reads back what put() wrote, in order; errors name a short message.
+struct Reader {
+  const std::vector<std::uint8_t>& in;
+  std::size_t at = 0;
+  void get(void* p, std::size_t n) {
+    if (at + n > in.size()) throw Error("a rank sent a short replica message (a tern bug)");
+    std::memcpy(p, in.data() + at, n);
+    at += n;
+  }
+};
+
+}  // namespace
+
+runtime::StepResult Trainer::run_replicas(std::int64_t s, const std::vector<Batch>& batches,
+                                          StepMetrics& m, double& loss) {
+  const std::vector<runtime::Session*> sessions = local();
+  const std::size_t n = sessions.size();
+  struct Ran {
+    std::vector<double> losses;  // per micro-batch
+    double ns = 0;
+    runtime::StepResult last;
+    std::exception_ptr error;
+  };
+  std::vector<Ran> ran(n);
+  auto run = [&](std::size_t k) {
+    try {
+      const std::int64_t r = first_ + static_cast<std::int64_t>(k);
+      for (std::int64_t i = 0; i < c_.accum; ++i) {
+        const std::int64_t j = r * c_.accum + i;  // the global micro-batch
+        runtime::StepResult res =
+            sessions[k]->step(model_inputs(batches[static_cast<std::size_t>(j)]),
+                              {c_.stochastic_rounding, stream_seed(c_.seed, s, j)});
+        ran[k].losses.push_back(res.outputs.at("loss")[0]);
+        ran[k].ns += res.time_ns;
+        ran[k].last = std::move(res);
+      }
+    } catch (...) {
+      ran[k].error = std::current_exception();
+    }
+  };
+  // Replicas are independent until the all-reduce: host threads take them
+  // in turn (each has its own Session; results do not depend on the count).
+  const std::size_t threads =
+      std::min<std::size_t>(n, c_.threads > 0 ? static_cast<std::size_t>(c_.threads)
+                                              : std::max(1u, std::thread::hardware_concurrency()));
+  if (threads <= 1) {
+    for (std::size_t k = 0; k < n; ++k) run(k);
+  } else {
+    std::atomic<std::size_t> next{0};
+    std::vector<std::thread> pool;
+    for (std::size_t t = 0; t < threads; ++t)
+      pool.emplace_back([&] {
+        for (std::size_t k; (k = next++) < n;) run(k);
+      });
+    for (std::thread& t : pool) t.join();
+  }
+  for (const Ran& x : ran)
+    if (x.error) std::rethrow_exception(x.error);
+  if (c_.dp == 1) {
+    for (double l : ran[0].losses) loss += l;
+    m.sim_ns += ran[0].ns;
+    system_->advance(0, Nanoseconds(ran[0].ns), "grad");
+    return ran[0].last;
+  }
+
+  // dp > 1. Every rank gets every replica's losses, grad time and
+  // accumulators (MPI moves the real bytes between processes) ...
+  std::vector<std::uint8_t> mine;
+  for (std::size_t k = 0; k < n; ++k) {
+    put(mine, ran[k].losses.data(), ran[k].losses.size() * sizeof(double));
+    put(mine, &ran[k].ns, sizeof(double));
+    for (const std::string& a : acc_names_) {
+      const std::vector<float> x = sessions[k]->read(a);
+      put(mine, x.data(), x.size() * sizeof(float));
+    }
+  }
+  const std::vector<std::vector<std::uint8_t>> all = comm_->all_gather(mine);
+  std::int64_t elements = 0;
+  for (std::int64_t e : acc_sizes_) elements += e;
+  const Nanoseconds t0 = system_->clock(0);
+  std::vector<double> losses;
+  for (int q = 0; q < comm_->size(); ++q) {
+    Reader rd{all[static_cast<std::size_t>(q)]};
+    for (std::int64_t r = runtime::block_first(c_.dp, comm_->size(), q);
+         r < runtime::block_first(c_.dp, comm_->size(), q + 1); ++r) {
+      std::vector<double> l(static_cast<std::size_t>(c_.accum));
+      rd.get(l.data(), l.size() * sizeof(double));
+      losses.insert(losses.end(), l.begin(), l.end());
+      double ns = 0;
+      rd.get(&ns, sizeof ns);
+      std::vector<float> flat(static_cast<std::size_t>(elements));
+      rd.get(flat.data(), flat.size() * sizeof(float));
+      system_->advance(static_cast<int>(r), Nanoseconds(ns), "grad");
+      system_->write(static_cast<int>(r), "grads", flat);
+    }
+  }
+  for (double l : losses) loss += l;  // in global micro-batch order, as one chip would
+  // ... and the all-reduce runs on the simulated chips: FP32, in replica
+  // order, one bucket of every gradient (runtime::System).
+  std::vector<int> group(static_cast<std::size_t>(c_.dp));
+  std::iota(group.begin(), group.end(), 0);
+  system_->all_reduce("grads", {group});
+  m.comm_ns += system_->events().back().duration.value();
+  m.exposed_comm_ns += system_->events().back().duration.value();  // after the backward pass
+  const std::vector<float> sum = system_->read(0, "grads");
+  std::map<std::string, std::vector<float>> feeds;
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < acc_names_.size(); ++i) {
+    const auto e = static_cast<std::size_t>(acc_sizes_[i]);
+    std::vector<float> x(sum.begin() + static_cast<std::ptrdiff_t>(at),
+                         sum.begin() + static_cast<std::ptrdiff_t>(at + e));
+    at += e;
+    grad_->write(acc_names_[i], x);
+    feeds[acc_names_[i]] = std::move(x);
+  }
+  // Every replica computes the norm of its copy of the sum.
+  runtime::StepResult norm = norm_->step(feeds);
+  for (int chip = 0; chip < system_->chips(); ++chip)
+    system_->advance(chip, Nanoseconds(norm.time_ns), "grad norm");
+  m.sim_ns += (system_->clock(0) - t0).value();
+  return norm;
 }
 
 // The step's first micro-batch through the graph interpreter (float64,
@@ -659,7 +877,7 @@ void Trainer::rebuild() {
   build();
   for (const auto& [name, x] : state) update_->write(name, x);
   for (const auto& [name, x] : accs) grad_->write(name, x);
-  grad_->restore_kept_state(kept);
+  for (runtime::Session* r : local()) r->restore_kept_state(kept);
   push_weights();
 }
 
@@ -699,8 +917,13 @@ std::string Trainer::save_checkpoint() {
                {"shuffle", ls.shuffle}}},
              {"scaling", scaling}};
   const std::filesystem::path file = checkpoint_path(c_.ckpt_dir, step_);
-  train::save_checkpoint(file, ck);
-  prune_checkpoints(c_.ckpt_dir, c_.keep_last);
+  // Every rank holds the same state: the first writes it; the others wait
+  // until it is there (a rollback on any rank may read it next).
+  if (comm_->rank() == 0) {
+    train::save_checkpoint(file, ck);
+    prune_checkpoints(c_.ckpt_dir, c_.keep_last);
+  }
+  comm_->barrier();
   return file.string();
 }
 
@@ -726,8 +949,15 @@ void Trainer::restore_from(const std::string& where) {
   }
   // The model, the data and its order must be the checkpoint's.
   const TrainConfig was = config_from_json(ck.meta.at("config"));
+  // The data's order depends on the micro-batches a step (accum x dp), not
+  // on how they are spread over chips and processes.
+  if (was.accum * was.dp != c_.accum * c_.dp)
+    throw Error(
+        fmt::format("--resume {}: the checkpoint took accum x dp = {} x {} micro-batches a step, "
+                    "this run {} x {} (the data's order must match)",
+                    file.string(), was.accum, was.dp, c_.accum, c_.dp));
   for (const char* key : {"model", "layers", "dim", "heads", "kv_heads", "ffn", "batch", "seq",
-                          "accum", "seed", "text", "data", "val_fraction"}) {
+                          "seed", "text", "data", "val_fraction"}) {
     const nlohmann::json a = to_json(was).at(key), b = to_json(c_).at(key);
     if (a != b)
       throw Error(
@@ -772,8 +1002,8 @@ void Trainer::restore_checkpoint(const Checkpoint& ck) {
     sites[name] = std::move(s);
   }
   kept.scaling.restore(std::move(sites));
-  grad_->restore_kept_state(kept);
-  for (const std::string& a : acc_names_) grad_->fill(a, 0.0f);
+  for (runtime::Session* r : local()) r->restore_kept_state(kept);
+  zero_accumulators();
   step_ = meta.at("step"), opt_step_ = meta.at("opt_step");
   const auto& n = meta.at("norms");
   norms_.assign(n.begin(), n.end());

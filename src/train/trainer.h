@@ -39,6 +39,9 @@ struct Executable;
 }
 namespace tern::runtime {
 class Session;
+class System;
+class Comm;
+struct StepResult;
 }
 
 namespace tern::train {
@@ -53,6 +56,9 @@ struct StepMetrics {
   double grad_norm = 0;              // global L2 norm of the step's mean gradient, before clipping
   double clip_scale = 1;             // what clipping multiplied the gradient by (1: none)
   double sim_ns = 0;                 // simulated time: every micro-batch's program and the update
+                                     // (dp > 1: the slowest replica, the all-reduce, the update)
+  double comm_ns = 0;                // simulated time of the step's collectives (dp > 1)
+  double exposed_comm_ns = 0;        // the part of comm_ns no compute overlaps
   double wall_ms = 0;                // host time of the simulation (the whole step)
   bool updated = true;               // false: the health policy skipped the update
   bool spike = false;                // the norm's z-score over the recent steps exceeded spike_z
@@ -69,15 +75,21 @@ class Trainer {
   // initializes the weights (normal(0, init_std); norm weights 1, biases 0)
   // and the optimizer state, or restores them from c.resume. Throws
   // tern::Error naming what is wrong.
-  explicit Trainer(const TrainConfig& c);
+  //
+  // Data parallel (c.dp > 1): dp replicas of the grad program, each on its
+  // own simulated chip of c.system; `comm` (default: one process) says
+  // which of them this process simulates (a block of dp / ranks, docs/
+  // multichip.md). Every rank ends each step with the same state.
+  explicit Trainer(const TrainConfig& c, runtime::Comm* comm = nullptr);
   ~Trainer();
 
   // One optimizer step (accum micro-batches). Throws tern::Error when the
   // stop policy fires or recovery is impossible (no checkpoint to roll back
   // to), naming the step and the cause.
   StepMetrics step();
-  // A step on given batches (accum micro-batches of [batch, seq] ids and
-  // targets) instead of the loader's: reference checks, custom data.
+  // A step on given batches (accum x dp micro-batches of [batch, seq] ids
+  // and targets; replica r takes [r accum, (r + 1) accum)) instead of the
+  // loader's: reference checks, custom data.
   // Throws naming the expected shape.
   StepMetrics step(const std::vector<Batch>& micro);
   // The mean loss over the first `batches` batches of the held-out text
@@ -95,7 +107,7 @@ class Trainer {
   const graph::Executable& update_executable() const;
   std::int64_t parameters() const { return params_; }
   // Model FLOPs of a training step: (6 N + 12 L h s) per token (PaLM; N
-  // the parameters, embeddings included), x batch x seq x accum.
+  // the parameters, embeddings included), x batch x seq x accum x dp.
   double flops_per_step() const;
   // The recipe in force (fallback-global turns it to bf16) and the layers
   // kept in bf16 by fallback-layer.
@@ -103,6 +115,11 @@ class Trainer {
   const std::set<std::int64_t>& bf16_layers() const { return bf16_layers_; }
   // Messages from construction (a corrupt checkpoint passed over, ...).
   const std::vector<std::string>& notes() const { return notes_; }
+  // dp > 1: the chips and their fabric (clocks, collectives, the trace);
+  // null for a single chip.
+  const runtime::System* system() const { return system_.get(); }
+  // The replicas this process simulates: [first, last).
+  std::pair<std::int64_t, std::int64_t> local_replicas() const { return {first_, last_}; }
   // A param's current values (row-major, decoded to FP32).
   std::vector<float> param(const std::string& name) const;
   // Sets a param (and its FP32 master) before training or between steps.
@@ -125,7 +142,13 @@ class Trainer {
  private:
   void build();  // compiles grad, update and eval programs for recipe_ / bf16_layers_
   void init_weights();
-  void push_weights();  // update session -> grad session
+  void push_weights();  // update session -> grad sessions
+  std::vector<runtime::Session*> local() const;  // this process's grad sessions
+  void zero_accumulators();
+  // Runs this process's replicas on `batches` (host threads); dp > 1 then
+  // all-reduces their accumulators into grad_ and computes the norm.
+  runtime::StepResult run_replicas(std::int64_t s, const std::vector<Batch>& batches,
+                                   StepMetrics& m, double& loss);
   void restore(const std::string& file_or_dir);
   void restore_from(const std::string& file_or_dir);
   void restore_checkpoint(const struct Checkpoint& ck);
@@ -147,7 +170,15 @@ class Trainer {
   std::shared_ptr<const graph::Executable> grad_exe_, update_exe_, eval_exe_;
   std::unique_ptr<graph::Graph> grad_graph_;  // the grad program's graph (monitors)
   std::unique_ptr<runtime::Session> grad_, update_, eval_;
+  runtime::Comm* comm_ = nullptr;
+  std::unique_ptr<runtime::Comm> own_comm_;
+  std::int64_t first_ = 0, last_ = 1;                       // this process's replicas
+  std::vector<std::unique_ptr<runtime::Session>> more_;     // replicas first_ + 1 .. last_ - 1
+  std::unique_ptr<runtime::System> system_;                 // dp > 1
+  std::shared_ptr<const graph::Executable> norm_exe_;       // dp > 1: sums of squares
+  std::unique_ptr<runtime::Session> norm_;
   std::vector<std::string> acc_names_, sumsq_names_;
+  std::vector<std::int64_t> acc_sizes_;  // elements of each accumulator
   std::map<std::string, std::string> master_of_;  // master input -> param
   std::vector<std::string> moment_names_;
   std::int64_t step_ = 0, opt_step_ = 0, params_ = 0;
