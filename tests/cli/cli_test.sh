@@ -279,7 +279,7 @@ expect_err "cannot read $tmp/none.txt" train --text "$tmp/none.txt"
 expect_err "train config: nan_policy 'pray' is not one of" train --text "$DATA/tinyshakespeare.txt" --nan-policy pray
 expect_err "fault 'boom@2': unknown kind 'boom'" train --text "$DATA/tinyshakespeare.txt" --inject boom@2
 printf 'layers = 1\nbatch = 2\nseq = 64\nrecipe = "bf16"\nsteps = 9\n' >"$tmp/t.toml"
-expect_ok "model: gpt2, 1 layers.*batch 2 x 64 x 1 accum; recipe bf16" train --text "$DATA/tinyshakespeare.txt" --config "$tmp/t.toml" --steps 2
+expect_ok "model: gpt2, 1 layers.*batch 2 x 64 x 1 accum x 1 dp; recipe bf16" train --text "$DATA/tinyshakespeare.txt" --config "$tmp/t.toml" --steps 2
 printf 'layers = "one"\n' >"$tmp/bad.toml"
 expect_err "$tmp/bad.toml: 'layers' must be a number" train --config "$tmp/bad.toml"
 

@@ -1,0 +1,196 @@
+// Data-parallel training over simulated chips (issue 9): dp replicas, each
+// on its own chip, all-reduce their FP32 gradient accumulators in replica
+// order, so a step is bit-identical to one chip accumulating the same
+// micro-batches (accum = dp); the all-reduce takes the fabric's time; a
+// distributed run's checkpoints resume on another layout.
+#include <cstring>
+#include <filesystem>
+
+#include <gtest/gtest.h>
+
+#include "fabric/collective.h"
+#include "runtime/system.h"
+#include "train/trainer.h"
+#include "util/error.h"
+
+namespace tern::train {
+namespace {
+
+TrainConfig tiny(const std::string& recipe) {
+  TrainConfig c;
+  c.text = TERN_DATA_DIR "/tinyshakespeare.txt";
+  c.layers = 1, c.dim = 128, c.heads = 2, c.batch = 4, c.seq = 64;
+  c.recipe = recipe, c.cores = 2;
+  c.lr = 3e-3, c.min_lr = 3e-4, c.warmup = 2, c.steps = 12;
+  return c;
+}
+
+struct Trace {
+  std::vector<double> loss, norm;
+  std::map<std::string, std::vector<float>> params;
+};
+
+Trace train(const TrainConfig& c, int steps) {
+  Trainer t(c);
+  Trace r;
+  for (int i = 0; i < steps; ++i) {
+    const StepMetrics m = t.step();
+    r.loss.push_back(m.loss), r.norm.push_back(m.grad_norm);
+  }
+  for (const std::string& p : t.param_names()) r.params[p] = t.param(p);
+  return r;
+}
+
+void expect_same(const Trace& a, const Trace& b) {
+  EXPECT_EQ(a.loss, b.loss);
+  EXPECT_EQ(a.norm, b.norm);
+  ASSERT_EQ(a.params.size(), b.params.size());
+  for (const auto& [name, x] : a.params) {
+    const std::vector<float>& y = b.params.at(name);
+    ASSERT_EQ(x.size(), y.size()) << name;
+    EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size() * sizeof(float)), 0) << name;
+  }
+}
+
+TEST(DataParallel, BitIdenticalToOneChipAccumulating) {
+  // Clipping is active (norms ~3 > clip 1), stochastic rounding on: the
+  // norm, the rounding streams and the reduction order all have to match.
+  for (const char* recipe : {"mxfp8", "bf16"}) {
+    SCOPED_TRACE(recipe);
+    TrainConfig one = tiny(recipe);
+    one.accum = 4, one.stochastic_rounding = true;
+    TrainConfig dp = tiny(recipe);
+    dp.dp = 4, dp.stochastic_rounding = true;
+    const Trace a = train(one, 3);
+    const Trace b = train(dp, 3);
+    expect_same(a, b);
+    EXPECT_GT(a.norm.front(), 1.0);  // clipped
+    TrainConfig serial = dp;
+    serial.threads = 1;  // the host thread count does not matter
+    expect_same(b, train(serial, 3));
+  }
+}
+
+TEST(DataParallel, AccumulatingReplicasAgreeWithinRounding) {
+  // dp 2 x accum 2 sums (g0 + g1) + (g2 + g3), one chip ((g0 + g1) + g2) +
+  // g3: FP32 rounding apart, no more.
+  TrainConfig one = tiny("bf16");
+  one.accum = 4;
+  TrainConfig dp = tiny("bf16");
+  dp.dp = 2, dp.accum = 2;
+  const Trace a = train(one, 4), b = train(dp, 4);
+  for (std::size_t i = 0; i < a.loss.size(); ++i) EXPECT_NEAR(a.loss[i], b.loss[i], 2e-3) << i;
+  EXPECT_EQ(a.loss.front(), b.loss.front());  // same weights, same batches: the same forward
+}
+
+TEST(DataParallel, AllReduceTakesTheFabricsTime) {
+  TrainConfig c = tiny("bf16");
+  c.dp = 4, c.system = "trn3-ultraserver-gen1";
+  Trainer t(c);
+  const StepMetrics m = t.step();
+  const runtime::System& s = *t.system();
+  ASSERT_EQ(s.chips(), 4);
+  ASSERT_EQ(s.events().size(), 1u);
+  const runtime::CollectiveEvent& e = s.events().front();
+  EXPECT_EQ(e.op, fabric::Op::all_reduce);
+  EXPECT_EQ(e.bytes.value(), t.parameters() * 4);  // one FP32 bucket of every gradient
+  const fabric::Cost want = fabric::best(
+      s.network(), fabric::Collective{fabric::Op::all_reduce, e.bytes, s.placement({0, 1, 2, 3})});
+  EXPECT_EQ(e.duration.value(), want.time.value());
+  EXPECT_EQ(m.comm_ns, want.time.value());
+  EXPECT_EQ(m.exposed_comm_ns, m.comm_ns);  // after the backward pass: nothing overlaps
+  // The step on every chip: its grad program, the all-reduce, the norm of
+  // the sum, the update, one after another; grad and update are the single
+  // chip's programs and times.
+  TrainConfig single = tiny("bf16");
+  Trainer one(single);
+  const double one_chip = one.step().sim_ns;
+  for (int chip = 0; chip < 4; ++chip) {
+    std::vector<std::string> names;
+    double end = 0, grad_update = 0;
+    for (const profile::Span& sp : s.trace())
+      if (sp.process == chip) {
+        names.push_back(sp.name);
+        EXPECT_EQ(sp.start_ns, end) << sp.name;  // back to back
+        end = sp.start_ns + sp.dur_ns;
+        if (sp.name == "grad" || sp.name == "update") grad_update += sp.dur_ns;
+      }
+    ASSERT_EQ(names.size(), 4u);
+    EXPECT_EQ(names[0], "grad");
+    EXPECT_EQ(names[2], "grad norm");
+    EXPECT_EQ(names[3], "update");
+    EXPECT_DOUBLE_EQ(end, m.sim_ns);
+    EXPECT_DOUBLE_EQ(grad_update, one_chip);
+  }
+  for (int chip = 0; chip < 4; ++chip) EXPECT_EQ(s.clock(chip).value(), s.clock(0).value());
+}
+
+TEST(DataParallel, CheckpointsResumeOnAnotherLayout) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / "tern_test_dp_resume";
+  std::filesystem::remove_all(dir);
+  TrainConfig dp = tiny("mxfp8");
+  dp.dp = 2, dp.ckpt_dir = dir.string(), dp.ckpt_every = 2;
+  Trace whole;
+  {
+    Trainer t(dp);
+    for (int i = 0; i < 4; ++i) {
+      whole.loss.push_back(t.step().loss);
+      if (t.steps_done() % 2 == 0) t.save_checkpoint();
+    }
+  }
+  // Step 2's checkpoint continues on one chip (accum 2: the same
+  // micro-batches a step) and on two chips with one host thread.
+  for (int layout = 0; layout < 2; ++layout) {
+    SCOPED_TRACE(layout);
+    TrainConfig c = tiny("mxfp8");
+    if (layout == 0)
+      c.accum = 2;
+    else
+      c.dp = 2, c.threads = 1;
+    c.resume = (dir / "step-00000002.ckpt").string();
+    Trainer t(c);
+    ASSERT_EQ(t.steps_done(), 2);
+    EXPECT_EQ(t.step().loss, whole.loss[2]);
+    EXPECT_EQ(t.step().loss, whole.loss[3]);
+  }
+  // Another number of micro-batches a step would change the data's order.
+  TrainConfig other = tiny("mxfp8");
+  other.resume = (dir / "step-00000002.ckpt").string();
+  try {
+    Trainer t(other);
+    ADD_FAILURE() << "resumed with accum x dp 1 x 1";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("accum x dp = 1 x 2"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST(DataParallel, UnsupportedLayoutsSaySo) {
+  auto message = [](TrainConfig c) {
+    try {
+      Trainer t(c);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  TrainConfig c = tiny("fp8-hybrid");
+  c.dp = 2;
+  EXPECT_NE(message(c).find("not supported: dp > 1 with recipe fp8-hybrid"), std::string::npos);
+  c = tiny("bf16"), c.tp = 2;
+  EXPECT_NE(message(c).find("not supported: tensor parallel"), std::string::npos);
+  c = tiny("bf16"), c.pp = 2;
+  EXPECT_NE(message(c).find("not supported: pipeline parallel"), std::string::npos);
+  c = tiny("bf16"), c.zero = 2;
+  EXPECT_NE(message(c).find("ZeRO-2/3 are not supported"), std::string::npos);
+  c = tiny("bf16"), c.dp = 2, c.system = "trn2-48xl";
+  EXPECT_NE(message(c).find("made of trn2 chips, but arch is trn3"), std::string::npos);
+  c = tiny("bf16"), c.dp = 2, c.system = "dgx-a100";
+  EXPECT_NE(message(c).find("not supported: training on dgx-a100"), std::string::npos);
+  c = tiny("bf16"), c.dp = 1000;
+  EXPECT_NE(message(c).find("no system of trn3 chips holds 1000"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tern::train
