@@ -74,14 +74,15 @@ void run(train::TrainConfig c, Options o) {
   if (!o.json)
     std::printf(
         "model: %s, %lld layers, dim %lld, %lld heads, vocab %d (%s), %lld parameters; batch "
-        "%lld x %lld x %lld accum x %lld dp; recipe %s on %s; %zu + %zu kernels a step, fusion rate "
+        "%lld x %lld x %lld accum x %lld dp; recipe %s on %s; %zu + %zu kernels a step, fusion "
+        "rate "
         "%.3f, HBM %.1f MiB a chip\n",
         c.model.c_str(), static_cast<long long>(c.layers), static_cast<long long>(c.dim),
         static_cast<long long>(c.heads), t.tokenizer().vocab(), t.tokenizer().kind().c_str(),
         static_cast<long long>(t.parameters()), static_cast<long long>(c.batch),
         static_cast<long long>(c.seq), static_cast<long long>(c.accum),
-        static_cast<long long>(c.dp), t.recipe().c_str(), c.arch.c_str(), e.launches.size(), t.update_executable().launches.size(), fusion,
-        hbm / (1 << 20));
+        static_cast<long long>(c.dp), t.recipe().c_str(), c.arch.c_str(), e.launches.size(),
+        t.update_executable().launches.size(), fusion, hbm / (1 << 20));
   if (!o.json && c.dp > 1)
     std::printf(
         "layout: dp %lld on %lld chips of %s (%s), %d process%s, replicas %lld..%lld here\n",
@@ -328,7 +329,8 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--dp", c->dp,
                   "Data-parallel replicas, each on its own simulated chip (docs/multichip.md)")
       ->capture_default_str();
-  cmd->add_option("--tp", c->tp, "Tensor-parallel chips (not supported yet)")->capture_default_str();
+  cmd->add_option("--tp", c->tp, "Tensor-parallel chips (not supported yet)")
+      ->capture_default_str();
   cmd->add_option("--pp", c->pp, "Pipeline stages (not supported yet)")->capture_default_str();
   cmd->add_option("--zero", c->zero, "1: shard the optimizer state over the replicas (ZeRO-1)")
       ->capture_default_str();

@@ -213,6 +213,21 @@ class Fuser {
     }
   }
 
+  // A total of x * x (a gradient norm's sum of squares): the reduce kernel
+  // squares as it reads, x * x never goes to HBM.
+  void sum_of_squares() {
+    for (int t = 0; t < static_cast<int>(g_.nodes().size()); ++t) {
+      if (node(t).op != Op::sum || !free(t) || !g_.value(out(t)).shape.empty() ||
+          g_.value(out(t)).dtype != DType::fp32)
+        continue;
+      const int m = producer(node(t).inputs[0]);
+      if (m < 0 || node(m).op != Op::mul || !free(m) || node(m).inputs[0] != node(m).inputs[1] ||
+          sole_user(out(m)) != t)
+        continue;
+      make("reduce", "sum of squares", {m, t});
+    }
+  }
+
   void elementwise() {
     for (int e = 0; e < static_cast<int>(g_.nodes().size()); ++e) {
       // Every operand shaped like the result: the chain kernel does not
@@ -575,6 +590,7 @@ FusionReport fuse(const Graph& g) {
   f.cross_entropy();
   f.norms();
   f.matmuls();
+  f.sum_of_squares();
   f.elementwise();
   f.optimizer();
   f.rest();

@@ -116,7 +116,9 @@ class Lowerer {
                 first == Op::concat || first == Op::broadcast)) {
       layout(nodes[0], l);
     } else if (nodes.size() == 1 && first == Op::sum) {
-      sum(nodes[0], l);
+      return sum(nodes[0], l);
+    } else if (k.kernel == "reduce" && nodes.size() == 2 && first == Op::mul) {
+      return sum(nodes[1], l, /*squares=*/true);  // fusion.h: a sum of squares
     } else if (first == Op::adamw) {
       adamw(nodes, l);
     } else if (k.kernel == "matmul") {
@@ -754,22 +756,42 @@ class Lowerer {
     l.program = kernel::layout_copy_kernel(chip_, s);
   }
 
-  // Sums over the leading axes: x^T @ ones on the Tensor engine;
-  // over all axes (fp32): the reduce kernel.
-  void sum(int n, Launch& l) {
+  // Sums over the leading axes: x^T @ ones on the Tensor engine, or for a
+  // few rows (k <= kBlockSumRows) Vector adds of the k blocks; over all axes
+  // (fp32): the reduce kernel, its row tiles spread over the cores, then
+  // the cores' partials combined in core order.
+  // squares: n sums x * x, the mul fused (x is the mul's operand).
+  std::vector<Launch> sum(int n, Launch& l, bool squares = false) {
     const Node& N = node(n);
-    const Shape& xs = val(N.inputs[0]).shape;
+    const int x = squares ? node(val(N.inputs[0]).node).inputs[0] : N.inputs[0];
+    const Shape& xs = val(x).shape;
     const Shape& os = val(out(n)).shape;
     const DType dt = val(out(n)).dtype;
+    const std::int64_t P = chip_.sbuf_partitions;
     if (os.empty()) {
       if (dt != DType::fp32) unsupported(n, "a total in a dtype other than fp32");
-      const auto [rows, cols] = rows_cols(N.inputs[0]);
+      const auto [rows, cols] = rows_cols(x);
       kernel::ReduceSpec s;
-      s.rows = rows, s.cols = cols, s.dtype = dt, s.all = true, s.cores = 1;
+      s.rows = rows, s.cols = cols, s.dtype = val(x).dtype, s.all = true;
+      if (squares) s.op = kernel::ReduceOp::sumsq;
+      s.cores = static_cast<int>(std::min<std::int64_t>(cores_, (rows + P - 1) / P));
       l.program = kernel::reduce_kernel(chip_, s);
-      l.inputs = {{"x", N.inputs[0], {}}};
-      l.outputs = {{"out", out(n), {}}};
-      return;
+      l.inputs = {{"x", x, {}}};
+      if (s.cores == 1) {
+        l.outputs = {{"out", out(n), {}}};
+        return {l};
+      }
+      const std::string parts = tmp(l, "parts");
+      l.outputs = {{"out", -1, parts}};
+      l.detail = fmt::format("total over {} cores", s.cores);
+      Launch c = l;
+      kernel::ReduceSpec t;
+      t.rows = s.cores, t.cols = 1, t.dtype = DType::fp32, t.all = true, t.cores = 1;
+      c.program = kernel::reduce_kernel(chip_, t);
+      c.inputs = {{"x", -1, parts}};
+      c.outputs = {{"out", out(n), {}}};
+      c.detail = "the cores' partials, in core order";
+      return {l, c};
     }
     // The reduced axes must be a leading prefix: then x is [R, rest] row-major.
     std::vector<std::int64_t> axes = attr_ints(N.attrs, "axes");
@@ -779,20 +801,40 @@ class Lowerer {
     for (std::size_t i = 0; i < axes.size(); ++i)
       if (axes[i] != static_cast<std::int64_t>(i))
         unsupported(n, "a sum other than over the leading axes or all");
-    const std::int64_t rest = elements(os);
+    const std::int64_t rest = elements(os), k = elements(xs) / rest;
+    if (k <= kBlockSumRows) {
+      // Each block is `rest` contiguous elements: viewed as [P, rest / P]
+      // where that divides, so that every partition works.
+      kernel::BlockSumSpec s;
+      s.k = k, s.in = val(N.inputs[0]).dtype, s.out = dt, s.cores = cores_;
+      if (rest % P == 0)
+        s.rows = P, s.cols = rest / P;
+      else
+        std::tie(s.rows, s.cols) = rows_cols(out(n));
+      l.program = kernel::block_sum_kernel(chip_, s);
+      l.inputs = {{"x", N.inputs[0], {}}};
+      l.outputs = {{"y", out(n), {}}};
+      l.detail = fmt::format("{} blocks added (Vector)", k);
+      return {l};
+    }
     // x^T @ ones: x [R, rest] is the stationary operand in its natural
     // layout (NKI's lhsT), so each matmul fills 128 PE columns with output
     // rows and streams a single column; ones @ x would stream x past one
     // PE column (8x the Tensor-engine time at 512 columns).
     kernel::MatmulSpec s;
-    s.m = rest, s.n = 1, s.k = elements(xs) / rest, s.in = val(N.inputs[0]).dtype, s.out = dt;
+    s.m = rest, s.n = 1, s.k = k, s.in = val(N.inputs[0]).dtype, s.out = dt;
     s.trans_a = true, s.trans_b = false, s.cores = cores_;
     l.program = kernel::matmul_kernel(chip_, s);
     l.constants = {{"b", 1.0f}};
     l.inputs = {{"at", N.inputs[0], {}}};
     l.outputs = {{"c", out(n), {}}};
     l.detail = "column sums as x^T @ ones";
+    return {l};
   }
+  // Up to this many rows a leading-axes sum adds blocks on the Vector engine:
+  // x^T @ ones would stream each 128-row output tile through k of the PE
+  // array's 128 rows, paying a matmul's fixed cost per tile for k MACs.
+  static constexpr std::int64_t kBlockSumRows = 32;
 
   std::vector<Launch> matmul(const std::vector<int>& nodes, Launch& l) {
     int m = -1;

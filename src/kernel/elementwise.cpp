@@ -314,6 +314,45 @@ isa::Program reduce_kernel(const arch::ChipSpec& chip, const ReduceSpec& s) {
   return b.finish();
 }
 
+isa::Program block_sum_kernel(const arch::ChipSpec& chip, const BlockSumSpec& s) {
+  check_rows("block_sum", s.rows, s.cols, s.in, s.cores);
+  check_rows("block_sum", s.rows, s.cols, s.out, s.cores);
+  if (s.k < 1) throw Error(fmt::format("block_sum: k must be >= 1, got {}", s.k));
+  Builder b(chip, s.cores);
+  const Tensor x = b.hbm("x", {s.k * s.rows, s.cols}, s.in, isa::TensorKind::input);
+  const Tensor y = b.hbm("y", {s.rows, s.cols}, s.out, isa::TensorKind::output);
+  const std::int64_t P = chip.sbuf_partitions;
+  for (int core = 0; core < s.cores; ++core) {
+    b.set_core(core);
+    Tensor tx[kBufs], acc[2], ty[2];
+    for (auto& t : tx) t = b.sbuf(static_cast<int>(P), kWidth, s.in);
+    for (auto& t : acc) t = b.sbuf(static_cast<int>(P), kWidth, DType::fp32);
+    for (auto& t : ty) t = b.sbuf(static_cast<int>(P), kWidth, s.out);
+    std::int64_t u = 0;
+    int i = 0, a = 0;
+    for (std::int64_t r0 = 0; r0 < s.rows; r0 += P) {
+      const int n = static_cast<int>(std::min(P, s.rows - r0));
+      for (std::int64_t c0 = 0; c0 < s.cols; c0 += kWidth, ++u) {
+        if (u % s.cores != core) continue;  // tiles round-robin over the cores
+        const std::int64_t w = std::min(kWidth, s.cols - c0);
+        const Tensor va = acc[a].tile(0, n, 0, w), vy = ty[a].tile(0, n, 0, w);
+        for (std::int64_t j = 0; j < s.k; ++j, i = (i + 1) % kBufs) {
+          const Tensor vx = tx[i].tile(0, n, 0, w);
+          b.dma_copy(vx, x.tile(static_cast<int>(j * s.rows + r0), n, c0, w));
+          if (j == 0)
+            b.tensor_copy(va, vx, Engine::gpsimd);
+          else
+            b.tensor_tensor(va, va, vx, AluOp::add);
+        }
+        b.tensor_copy(vy, va, Engine::scalar);
+        b.dma_copy(y.tile(static_cast<int>(r0), n, c0, w), vy, -1, false, Engine::scalar);
+        a ^= 1;
+      }
+    }
+  }
+  return b.finish();
+}
+
 isa::Program clip_kernel(const arch::ChipSpec& chip, const ClipSpec& s) {
   check_rows("clip_by_global_norm", s.rows, s.cols, s.dtype, s.cores);
   if (s.parts < 1) throw Error(fmt::format("clip_by_global_norm: parts must be >= 1"));

@@ -296,6 +296,18 @@ struct ReduceSpec {
 };
 isa::Program reduce_kernel(const arch::ChipSpec& chip, const ReduceSpec& spec);
 
+// Sum of k row blocks: "x" [k x rows, cols] (in) -> "y" [rows, cols] (out)
+// = x[0] + x[1] + ... + x[k-1], added in that order in FP32 on the Vector
+// engine and rounded once to `out` (fp32, bf16, fp16). For a sum over a few
+// leading axes (a bias or position-embedding gradient over a small batch),
+// where x^T @ ones would use k of the Tensor engine's 128 rows.
+struct BlockSumSpec {
+  std::int64_t k = 2, rows = 128, cols = 512;
+  isa::DType in = isa::DType::bf16, out = isa::DType::bf16;
+  int cores = 1;
+};
+isa::Program block_sum_kernel(const arch::ChipSpec& chip, const BlockSumSpec& spec);
+
 // Gradient clipping by global norm (torch.nn.utils.clip_grad_norm_):
 // from "sumsq_parts" [1, parts] fp32 (the sums of squares of every
 // gradient, e.g. reduce_kernel's partials over all parameters),

@@ -17,7 +17,8 @@ void check(int rc, const char* what) {
   char msg[MPI_MAX_ERROR_STRING];
   int len = 0;
   MPI_Error_string(rc, msg, &len);
-  throw Error(fmt::format("MPI {} failed: {}", what, std::string(msg, static_cast<std::size_t>(len))));
+  throw Error(
+      fmt::format("MPI {} failed: {}", what, std::string(msg, static_cast<std::size_t>(len))));
 }
 
 class Mpi final : public Comm {
@@ -47,7 +48,8 @@ class Mpi final : public Comm {
     // Sizes first, then the bytes (MPI counts are int: chunks beyond 2 GiB
     // are not needed by anything tern sends and are refused).
     if (mine.size() > static_cast<std::size_t>(INT32_MAX))
-      throw Error(fmt::format("not supported: an MPI exchange of {} bytes (over 2 GiB)", mine.size()));
+      throw Error(
+          fmt::format("not supported: an MPI exchange of {} bytes (over 2 GiB)", mine.size()));
     const int n = static_cast<int>(mine.size());
     std::vector<int> counts(static_cast<std::size_t>(size_)), displs(counts.size());
     check(MPI_Allgather(&n, 1, MPI_INT, counts.data(), 1, MPI_INT, MPI_COMM_WORLD), "allgather");
@@ -81,8 +83,9 @@ class Mpi final : public Comm {
 }  // namespace
 
 Comm& world() {
-  static std::unique_ptr<Comm> w = [] () -> std::unique_ptr<Comm> {
-    if (std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE")) return std::make_unique<Mpi>();
+  static std::unique_ptr<Comm> w = []() -> std::unique_ptr<Comm> {
+    if (std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE"))
+      return std::make_unique<Mpi>();
     return single_process();
   }();
   return *w;

@@ -115,12 +115,14 @@ void validate(const TrainConfig& c) {
     bad(fmt::format("overflow_policy '{}' is not one of warn, fallback-layer, fallback-global",
                     c.overflow_policy));
   if (c.dp < 1 || c.tp < 1 || c.pp < 1 || c.threads < 0)
-    bad(fmt::format("dp, tp and pp must be >= 1 and threads >= 0, got dp {}, tp {}, pp {}, threads {}",
-                    c.dp, c.tp, c.pp, c.threads));
+    bad(fmt::format(
+        "dp, tp and pp must be >= 1 and threads >= 0, got dp {}, tp {}, pp {}, threads {}", c.dp,
+        c.tp, c.pp, c.threads));
   if (c.tp > 1) bad("not supported: tensor parallel training (tp > 1); docs/multichip.md");
   if (c.pp > 1) bad("not supported: pipeline parallel training (pp > 1); docs/multichip.md");
   if (c.zero != 0 && c.zero != 1)
-    bad(fmt::format("zero must be 0 (replicated optimizer) or 1 (sharded optimizer state), got {}"
+    bad(
+        fmt::format("zero must be 0 (replicated optimizer) or 1 (sharded optimizer state), got {}"
                     "; ZeRO-2/3 are not supported",
                     c.zero));
   if (c.dp > 1 && c.recipe == "fp8-hybrid")

@@ -230,13 +230,21 @@ void Trainer::build() {
     g.rename(next, pv.name + ".grad_acc.next");
     g.mark_output(next);
     g.carry(next, acc);
-    const int sq = g.sum(g.mul(next, next), {});
-    g.rename(sq, pv.name + ".grad_sumsq");
-    g.mark_output(sq);
     acc_names_.push_back(pv.name + ".grad_acc");
     acc_sizes_.push_back(graph::elements(pv.shape));
     sumsq_names_.push_back(pv.name + ".grad_sumsq");
   }
+  // The sums of squares after every other node, so that the program with
+  // them (dp 1) and without (dp > 1: the norm of the all-reduced sum runs
+  // in its own program) launch the same kernels in the same order before
+  // them: the same stochastic-rounding streams (runtime/device.h).
+  if (c_.dp == 1)
+    for (std::size_t i = 0; i < acc_names_.size(); ++i) {
+      const int next = g.find(param_names_[i] + ".grad_acc.next");
+      const int sq = g.sum(g.mul(next, next), {});
+      g.rename(sq, sumsq_names_[i]);
+      g.mark_output(sq);
+    }
   grad_graph_ = std::make_unique<graph::Graph>(g);
   grad_exe_ = std::make_shared<const graph::Executable>(graph::compile(g, chip, o));
   grad_ = std::make_unique<runtime::Session>(chip, grad_exe_);

@@ -42,7 +42,7 @@ class Session;
 class System;
 class Comm;
 struct StepResult;
-}
+}  // namespace tern::runtime
 
 namespace tern::train {
 
@@ -142,7 +142,7 @@ class Trainer {
  private:
   void build();  // compiles grad, update and eval programs for recipe_ / bf16_layers_
   void init_weights();
-  void push_weights();  // update session -> grad sessions
+  void push_weights();                           // update session -> grad sessions
   std::vector<runtime::Session*> local() const;  // this process's grad sessions
   void zero_accumulators();
   // Runs this process's replicas on `batches` (host threads); dp > 1 then
@@ -172,13 +172,13 @@ class Trainer {
   std::unique_ptr<runtime::Session> grad_, update_, eval_;
   runtime::Comm* comm_ = nullptr;
   std::unique_ptr<runtime::Comm> own_comm_;
-  std::int64_t first_ = 0, last_ = 1;                       // this process's replicas
-  std::vector<std::unique_ptr<runtime::Session>> more_;     // replicas first_ + 1 .. last_ - 1
-  std::unique_ptr<runtime::System> system_;                 // dp > 1
-  std::shared_ptr<const graph::Executable> norm_exe_;       // dp > 1: sums of squares
+  std::int64_t first_ = 0, last_ = 1;                    // this process's replicas
+  std::vector<std::unique_ptr<runtime::Session>> more_;  // replicas first_ + 1 .. last_ - 1
+  std::unique_ptr<runtime::System> system_;              // dp > 1
+  std::shared_ptr<const graph::Executable> norm_exe_;    // dp > 1: sums of squares
   std::unique_ptr<runtime::Session> norm_;
   std::vector<std::string> acc_names_, sumsq_names_;
-  std::vector<std::int64_t> acc_sizes_;  // elements of each accumulator
+  std::vector<std::int64_t> acc_sizes_;           // elements of each accumulator
   std::map<std::string, std::string> master_of_;  // master input -> param
   std::vector<std::string> moment_names_;
   std::int64_t step_ = 0, opt_step_ = 0, params_ = 0;

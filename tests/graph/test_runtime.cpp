@@ -184,6 +184,61 @@ TEST(Runtime, ShapeOpsMoveDataExactly) {
   }
 }
 
+// Sums, each lowered its own way: over a few leading rows (k <= 32) by
+// Vector adds of the blocks in order, over many by x^T @ ones on the Tensor
+// engine, a total over the cores' row tiles then their partials in core
+// order, and a total of x * x as the reduce kernel's sum of squares (the
+// square never stored). FP32 results, exact against FP32 sums in the
+// kernels' order where it is simple (blocks), else within FP32 rounding.
+TEST(Runtime, SumsLowerByShape) {
+  const arch::ChipSpec chip = arch::load_chip("trn3");
+  Graph g("sums");
+  const std::int64_t K = 3, R = 300, C = 256;
+  const int few = g.input("few", {K, R, C}, DType::fp32);
+  const int many = g.input("many", {200, C}, DType::bf16);
+  const int big = g.input("big", {1024, 96}, DType::fp32);
+  const int blocks = g.sum(few, {0});                      // [R, C]
+  const int cols = g.sum(g.cast(many, DType::fp32), {0});  // [C]
+  const int total = g.sum(big, {});                        // []
+  const int sumsq = g.sum(g.mul(big, big), {});            // []
+  for (int o : {blocks, cols, total, sumsq}) g.mark_output(o);
+  const Executable exe = compile(g, chip, {4});
+  std::vector<std::string> details;
+  for (const Launch& l : exe.launches) details.push_back(l.kernel + ": " + l.detail);
+  auto has = [&](const std::string& d) {
+    return std::find(details.begin(), details.end(), d) != details.end();
+  };
+  EXPECT_TRUE(has("reduce: 3 blocks added (Vector)"));
+  EXPECT_TRUE(has("reduce: column sums as x^T @ ones"));
+  EXPECT_TRUE(has("reduce: total over 4 cores"));
+  EXPECT_TRUE(has("reduce: the cores' partials, in core order"));
+  EXPECT_EQ(exe.fusion.groups.size(), 5u);  // cast, three sums, and x * x with its sum
+  std::mt19937 rng(3);
+  std::map<std::string, std::vector<float>> feeds{{"few", bf16_normal(K * R * C, rng, 1.0f)},
+                                                  {"many", bf16_normal(200 * C, rng, 1.0f)},
+                                                  {"big", bf16_normal(1024 * 96, rng, 1.0f)}};
+  runtime::Device dev(chip);
+  const runtime::StepResult r = dev.run(exe, feeds);
+  // Blocks: ((x0 + x1) + x2) in FP32, bit for bit.
+  const std::vector<float>& got = r.outputs.at(g.value(blocks).name);
+  const std::vector<float>& x = feeds["few"];
+  std::size_t bad = 0;
+  for (std::int64_t i = 0; i < R * C; ++i) {
+    float want = x[static_cast<std::size_t>(i)];
+    for (std::int64_t k = 1; k < K; ++k) want += x[static_cast<std::size_t>(k * R * C + i)];
+    bad += got[static_cast<std::size_t>(i)] != want;
+  }
+  EXPECT_EQ(bad, 0u);
+  std::map<std::string, HostData> hf;
+  for (const auto& [k, v] : feeds) hf[k] = HostData(v.begin(), v.end());
+  const auto want = evaluate(g, hf);
+  for (int o : {cols, total, sumsq}) {
+    SCOPED_TRACE(g.value(o).name);
+    EXPECT_LE(max_rel_error(r.outputs.at(g.value(o).name), want[static_cast<std::size_t>(o)]),
+              1e-5);
+  }
+}
+
 // A GPT-2 training step (2 layers, every op of the model lowered: embedding
 // and its scatter-add backward, broadcast position add, LayerNorm forward
 // and backward, qkv slices and head transposes, flash attention forward and
