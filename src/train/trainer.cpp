@@ -129,7 +129,10 @@ arch::SystemSpec system_for(const TrainConfig& c) {
 Trainer::Trainer(const TrainConfig& c, runtime::Comm* comm) : c_(c), comm_(comm) {
   train::validate(c_);
   if (!comm_) own_comm_ = runtime::single_process(), comm_ = own_comm_.get();
-  if (c_.zero == 1) throw Error("not supported: zero = 1 (ZeRO-1) is not implemented yet");
+  if (c_.zero == 1 && c_.dp == 1) {
+    c_.zero = 0;
+    notes_.push_back("zero 1 with dp 1 shards nothing: the optimizer runs unsharded");
+  }
   if (comm_->size() > c_.dp)
     throw Error(fmt::format("{} processes for dp {}: each process needs at least one replica",
                             comm_->size(), c_.dp));
@@ -196,7 +199,7 @@ const graph::Executable& Trainer::executable() const {
   return *grad_exe_;
 }
 const graph::Executable& Trainer::update_executable() const {
-  return *update_exe_;
+  return *shards_.front().update;
 }
 
 void Trainer::build() {
@@ -251,36 +254,70 @@ void Trainer::build() {
   more_.clear();
   for (std::int64_t r = first_ + 1; r < last_; ++r)
     more_.push_back(std::make_unique<runtime::Session>(chip, grad_exe_));
-  if (c_.dp > 1) {
-    // The norm of the all-reduced gradients, on every replica's chip: the
-    // same sums of squares the grad program computes for a single chip.
-    graph::Graph ng("grad_norm");
-    for (int p : params) {
-      const graph::Value& pv = g.value(p);
-      const int x = ng.input(pv.name + ".grad_acc", pv.shape, isa::DType::fp32);
-      const int sq = ng.sum(ng.mul(x, x), {});
-      ng.rename(sq, pv.name + ".grad_sumsq");
-      ng.mark_output(sq);
+  // The optimizer's shards (zero 1: dp of them, whole params in order,
+  // each about 1 / dp of the elements; else one shard of everything).
+  shards_.clear();
+  const std::int64_t nshards = c_.zero == 1 ? c_.dp : 1;
+  if (nshards > static_cast<std::int64_t>(params.size()))
+    throw Error(fmt::format("not supported: zero 1 over {} replicas with only {} param tensors",
+                            nshards, params.size()));
+  shards_.resize(static_cast<std::size_t>(nshards));
+  {
+    // Param i goes to the next shard once the elements before it reach that
+    // shard's share (nshards x done / total), or when the params left are
+    // only just enough to give every later shard one.
+    std::int64_t c = 0, done = 0;
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const auto left = static_cast<std::int64_t>(params.size() - i);
+      const std::int64_t want = nshards * done / params_;
+      if (c + 1 < nshards && !shards_[static_cast<std::size_t>(c)].params.empty() &&
+          (want > c || left <= nshards - 1 - c))
+        ++c;
+      Shard& sh = shards_[static_cast<std::size_t>(c)];
+      sh.params.push_back(i);
+      sh.elements += acc_sizes_[i];
+      done += acc_sizes_[i];
     }
-    norm_exe_ = std::make_shared<const graph::Executable>(graph::compile(ng, chip, o));
-    norm_ = std::make_unique<runtime::Session>(chip, norm_exe_);
   }
-
-  // update: AdamW over the accumulated gradients.
-  graph::Graph u("update");
-  std::map<int, int> ug;
-  for (int p : params) {
-    const graph::Value& pv = g.value(p);
-    const int up = u.param(pv.name, pv.shape, pv.dtype);
-    ug[up] = u.input(pv.name + ".grad_acc", pv.shape, isa::DType::fp32);
+  master_of_.clear(), moment_names_.clear();
+  for (std::size_t k = 0; k < shards_.size(); ++k) {
+    Shard& sh = shards_[k];
+    sh.owner = c_.zero == 1 ? static_cast<std::int64_t>(k) : -1;
+    // update: AdamW over the shard's accumulated gradients.
+    graph::Graph u(nshards > 1 ? fmt::format("update.{}", k) : "update");
+    std::map<int, int> ug;
+    for (std::size_t i : sh.params) {
+      const graph::Value& pv = g.value(params[i]);
+      const int up = u.param(pv.name, pv.shape, pv.dtype);
+      ug[up] = u.input(acc_names_[i], pv.shape, isa::DType::fp32);
+    }
+    graph::AdamWConfig ac;
+    ac.beta1 = c_.beta1, ac.beta2 = c_.beta2, ac.no_decay_group = true;
+    const graph::OptimizerInputs oi = graph::add_adamw(u, ug, ac);
+    sh.state.clear();
+    for (const auto& [master, p] : oi.master) master_of_[master] = p, sh.state.push_back(master);
+    for (const std::string& z : oi.zeros) moment_names_.push_back(z), sh.state.push_back(z);
+    sh.update = std::make_shared<const graph::Executable>(graph::compile(u, chip, o));
+    if (c_.dp > 1) {
+      // The norm of the all-reduced gradients, on every chip (zero 1: of
+      // its shard): the sums of squares the grad program computes for a
+      // single chip.
+      graph::Graph ng(fmt::format("grad_norm.{}", k));
+      for (std::size_t i : sh.params) {
+        const graph::Value& pv = g.value(params[i]);
+        const int x = ng.input(acc_names_[i], pv.shape, isa::DType::fp32);
+        const int sq = ng.sum(ng.mul(x, x), {});
+        ng.rename(sq, sumsq_names_[i]);
+        ng.mark_output(sq);
+      }
+      sh.norm = std::make_shared<const graph::Executable>(graph::compile(ng, chip, o));
+    }
+    sh.session.reset(), sh.norm_session.reset();
+    if (local_shard(sh)) {
+      sh.session = std::make_unique<runtime::Session>(chip, sh.update);
+      if (sh.norm) sh.norm_session = std::make_unique<runtime::Session>(chip, sh.norm);
+    }
   }
-  graph::AdamWConfig ac;
-  ac.beta1 = c_.beta1, ac.beta2 = c_.beta2, ac.no_decay_group = true;
-  const graph::OptimizerInputs oi = graph::add_adamw(u, ug, ac);
-  master_of_ = oi.master;
-  moment_names_ = oi.zeros;
-  update_exe_ = std::make_shared<const graph::Executable>(graph::compile(u, chip, o));
-  update_ = std::make_unique<runtime::Session>(chip, update_exe_);
 
   // eval: the forward pass alone, for validation and sampling.
   eval_exe_ = std::make_shared<const graph::Executable>(graph::compile(fwd, chip, o));
@@ -302,30 +339,99 @@ void Trainer::zero_accumulators() {
 
 void Trainer::init_weights() {
   // GPT-2's initialization: weights normal(0, init_std), norm weights 1,
-  // biases 0; masters start as the weights, moments at 0.
+  // biases 0; masters start as the weights, moments at 0. The grad
+  // program's copy rounds them to the params' dtype.
   std::mt19937_64 rng(c_.seed);
   std::normal_distribution<float> normal(0.0f, c_.init_std);
-  const graph::Graph& u = update_exe_->graph;
+  const graph::Graph& g = grad_exe_->graph;
   for (const std::string& name : param_names_) {
-    const graph::Value& v = u.value(u.find(name));
+    const graph::Value& v = g.value(g.find(name));
     std::vector<float> x(static_cast<std::size_t>(graph::elements(v.shape)), 0.0f);
     if (is_norm_weight(name))
       std::fill(x.begin(), x.end(), 1.0f);
     else if (v.shape.size() > 1)
       for (float& e : x) e = normal(rng);
-    update_->write(name, x);
+    grad_->write(name, x);
+    weights_[name] = grad_->read(name);
   }
-  for (const auto& [master, param] : master_of_) update_->write(master, update_->read(param));
-  for (const std::string& z : moment_names_) update_->fill(z, 0.0f);
+  std::map<std::string, std::vector<float>> state;
+  for (const auto& [master, param] : master_of_) state[master] = weights_.at(param);
+  for (const std::string& z : moment_names_)
+    state[z].assign(weights_.at(param_of_state(z)).size(), 0.0f);
+  set_optimizer_state(state);
   push_weights();
+}
+
+// The param a master or moment belongs to (add_adamw names them
+// "<param>.master", "<param>.m", "<param>.v").
+std::string Trainer::param_of_state(const std::string& state) const {
+  if (const auto it = master_of_.find(state); it != master_of_.end()) return it->second;
+  for (const std::string& p : param_names_)
+    if (state.size() > p.size() && state.starts_with(p) && state[p.size()] == '.' &&
+        state.find('.', p.size() + 1) == std::string::npos)
+      return p;
+  throw Error(fmt::format("optimizer state {} belongs to no param (a tern bug)", state));
+}
+
+void Trainer::set_optimizer_state(const std::map<std::string, std::vector<float>>& state) {
+  for (Shard& sh : shards_) {
+    if (!sh.session) continue;
+    for (std::size_t i : sh.params)
+      sh.session->write(param_names_[i], weights_.at(param_names_[i]));
+    for (const std::string& n : sh.state) {
+      const auto it = state.find(n);
+      if (it == state.end()) throw Error(fmt::format("no optimizer state {} to restore", n));
+      sh.session->write(n, it->second);
+    }
+  }
+}
+
+std::map<std::string, std::vector<float>> Trainer::optimizer_state() {
+  // This process's shards, then every process's (zero 1 under MPI: each
+  // holds its replicas' shards).
+  std::vector<std::uint8_t> mine;
+  auto put_str = [&mine](const std::string& x) {
+    const std::uint64_t n = x.size();
+    mine.insert(mine.end(), reinterpret_cast<const std::uint8_t*>(&n),
+                reinterpret_cast<const std::uint8_t*>(&n) + sizeof n);
+    mine.insert(mine.end(), x.begin(), x.end());
+  };
+  for (const Shard& sh : shards_) {
+    if (!sh.session || (sh.owner < 0 && comm_->rank() != 0)) continue;
+    for (const std::string& n : sh.state) {
+      const std::vector<float> x = sh.session->read(n);
+      put_str(n);
+      put_str(std::string(reinterpret_cast<const char*>(x.data()), x.size() * sizeof(float)));
+    }
+  }
+  std::map<std::string, std::vector<float>> out;
+  for (const std::vector<std::uint8_t>& blob : comm_->all_gather(mine)) {
+    std::size_t at = 0;
+    auto get_str = [&]() {
+      std::uint64_t n = 0;
+      if (at + sizeof n > blob.size())
+        throw Error("a rank sent a short optimizer state (a tern bug)");
+      std::memcpy(&n, blob.data() + at, sizeof n);
+      at += sizeof n;
+      if (at + n > blob.size()) throw Error("a rank sent a short optimizer state (a tern bug)");
+      std::string x(reinterpret_cast<const char*>(blob.data() + at), n);
+      at += n;
+      return x;
+    };
+    while (at < blob.size()) {
+      const std::string name = get_str(), bytes = get_str();
+      std::vector<float> x(bytes.size() / sizeof(float));
+      std::memcpy(x.data(), bytes.data(), bytes.size());
+      out[name] = std::move(x);
+    }
+  }
+  return out;
 }
 
 void Trainer::push_weights() {
   const std::vector<runtime::Session*> sessions = local();
-  for (const std::string& p : param_names_) {
-    const std::vector<float> w = update_->read(p);
-    for (runtime::Session* s : sessions) s->write(p, w);
-  }
+  for (const std::string& p : param_names_)
+    for (runtime::Session* s : sessions) s->write(p, weights_.at(p));
 }
 
 std::map<std::string, std::vector<float>> Trainer::model_inputs(const Batch& b) const {
@@ -337,7 +443,9 @@ std::map<std::string, std::vector<float>> Trainer::model_inputs(const Batch& b) 
 }
 
 std::vector<float> Trainer::param(const std::string& name) const {
-  return update_->read(name);
+  const auto it = weights_.find(name);
+  if (it == weights_.end()) throw Error(fmt::format("the model has no param {}", name));
+  return it->second;
 }
 
 double Trainer::flops_per_step() const {
@@ -348,7 +456,7 @@ double Trainer::flops_per_step() const {
 
 double Trainer::validate(int batches) {
   if (batches < 1) throw Error(fmt::format("validate: batches must be >= 1, got {}", batches));
-  for (const std::string& p : param_names_) eval_->write(p, update_->read(p));
+  for (const std::string& p : param_names_) eval_->write(p, weights_.at(p));
   BatchLoader val(val_tokens_, static_cast<int>(c_.batch), static_cast<int>(c_.seq), c_.seed,
                   /*shuffle=*/false);
   double sum = 0;
@@ -387,10 +495,18 @@ StepMetrics Trainer::step(const std::vector<Batch>& micro) {
 void Trainer::set_param(const std::string& name, const std::vector<float>& values) {
   if (std::find(param_names_.begin(), param_names_.end(), name) == param_names_.end())
     throw Error(fmt::format("the model has no param {}", name));
-  update_->write(name, values);
-  for (const auto& [master, p] : master_of_)
-    if (p == name) update_->write(master, update_->read(name));
-  grad_->write(name, update_->read(name));
+  grad_->write(name, values);  // rounds to the param's dtype, checks the size
+  weights_[name] = grad_->read(name);
+  for (Shard& sh : shards_) {
+    if (!sh.session) continue;
+    for (std::size_t i : sh.params)
+      if (param_names_[i] == name) {
+        sh.session->write(name, weights_[name]);
+        for (const auto& [master, p] : master_of_)
+          if (p == name) sh.session->write(master, weights_[name]);
+      }
+  }
+  push_weights();
 }
 
 std::vector<float> Trainer::logits(const Batch& b) {
@@ -404,7 +520,7 @@ std::vector<float> Trainer::logits(const Batch& b) {
     logits_exe_ = std::make_shared<const graph::Executable>(graph::compile(f, chip, o));
     logits_ = std::make_unique<runtime::Session>(chip, logits_exe_);
   }
-  for (const std::string& p : param_names_) logits_->write(p, update_->read(p));
+  for (const std::string& p : param_names_) logits_->write(p, weights_.at(p));
   return logits_->step(model_inputs(b)).outputs.at("logits");
 }
 
@@ -664,30 +780,18 @@ StepMetrics Trainer::attempt(std::int64_t s, const LoaderState& start, int& redo
     }
     return k;
   };
-  std::map<std::string, std::vector<float>> feeds{{"adamw.scalars", scalars(c_.weight_decay)},
-                                                  {"adamw.scalars_no_decay", scalars(0.0)}};
-  for (const std::string& a : acc_names_) feeds[a] = grad_->read(a);
+  const std::map<std::string, std::vector<float>> k{{"adamw.scalars", scalars(c_.weight_decay)},
+                                                    {"adamw.scalars_no_decay", scalars(0.0)}};
   if (keep_grads_) {
     grads_.clear();
     for (std::size_t i = 0; i < acc_names_.size(); ++i) {
-      std::vector<float> x = feeds[acc_names_[i]];
+      std::vector<float> x = grad_->read(acc_names_[i]);
       for (float& e : x)
         e = static_cast<float>(static_cast<double>(e) / static_cast<double>(micro));
       grads_[param_names_[i]] = std::move(x);
     }
   }
-  const runtime::StepResult u = update_->step(feeds);
-  if (c_.dp > 1) {
-    // Every replica runs the update on its copy (ZeRO-0): the step ends
-    // when the slowest chip is done.
-    const Nanoseconds before = system_->clock(0);
-    for (int chip = 0; chip < system_->chips(); ++chip)
-      system_->advance(chip, Nanoseconds(u.time_ns), "update");
-    m.sim_ns += (system_->clock(0) - before).value();
-  } else {
-    m.sim_ns += u.time_ns;
-    system_->advance(0, Nanoseconds(u.time_ns), "update");
-  }
+  m.sim_ns += run_update(k, m);
   zero_accumulators();
   push_weights();
   step_ = s;
@@ -778,8 +882,12 @@ runtime::StepResult Trainer::run_replicas(std::int64_t s, const std::vector<Batc
     }
   }
   const std::vector<std::vector<std::uint8_t>> all = comm_->all_gather(mine);
-  std::int64_t elements = 0;
-  for (std::int64_t e : acc_sizes_) elements += e;
+  // The flat gradient buffer: every accumulator in param order, each
+  // optimizer shard padded to the largest (zero 1 reduce-scatters it).
+  std::int64_t block = 0;
+  for (const Shard& sh : shards_) block = std::max(block, sh.elements);
+  const std::int64_t flat_size =
+      c_.zero == 1 ? block * static_cast<std::int64_t>(shards_.size()) : params_;
   const Nanoseconds t0 = system_->clock(0);
   std::vector<double> losses;
   for (int q = 0; q < comm_->size(); ++q) {
@@ -791,37 +899,160 @@ runtime::StepResult Trainer::run_replicas(std::int64_t s, const std::vector<Batc
       losses.insert(losses.end(), l.begin(), l.end());
       double ns = 0;
       rd.get(&ns, sizeof ns);
-      std::vector<float> flat(static_cast<std::size_t>(elements));
-      rd.get(flat.data(), flat.size() * sizeof(float));
+      std::vector<float> flat(static_cast<std::size_t>(flat_size), 0.0f);
+      std::size_t at = 0;
+      for (std::size_t k = 0; k < shards_.size(); ++k) {
+        if (c_.zero == 1) at = k * static_cast<std::size_t>(block);
+        for (std::size_t i : shards_[k].params) {
+          const auto e = static_cast<std::size_t>(acc_sizes_[i]);
+          rd.get(flat.data() + at, e * sizeof(float));
+          at += e;
+        }
+      }
       system_->advance(static_cast<int>(r), Nanoseconds(ns), "grad");
       system_->write(static_cast<int>(r), "grads", flat);
     }
   }
   for (double l : losses) loss += l;  // in global micro-batch order, as one chip would
-  // ... and the all-reduce runs on the simulated chips: FP32, in replica
-  // order, one bucket of every gradient (runtime::System).
+  // ... and the reduction runs on the simulated chips: FP32, in replica
+  // order, one bucket of every gradient (runtime::System): an all-reduce,
+  // or (zero 1) a reduce-scatter that leaves each replica its shard.
   std::vector<int> group(static_cast<std::size_t>(c_.dp));
   std::iota(group.begin(), group.end(), 0);
-  system_->all_reduce("grads", {group});
-  m.comm_ns += system_->events().back().duration.value();
-  m.exposed_comm_ns += system_->events().back().duration.value();  // after the backward pass
-  const std::vector<float> sum = system_->read(0, "grads");
-  std::map<std::string, std::vector<float>> feeds;
-  std::size_t at = 0;
-  for (std::size_t i = 0; i < acc_names_.size(); ++i) {
-    const auto e = static_cast<std::size_t>(acc_sizes_[i]);
-    std::vector<float> x(sum.begin() + static_cast<std::ptrdiff_t>(at),
-                         sum.begin() + static_cast<std::ptrdiff_t>(at + e));
-    at += e;
-    grad_->write(acc_names_[i], x);
-    feeds[acc_names_[i]] = std::move(x);
+  auto collective = [&](auto&& go) {
+    go();
+    const double d = system_->events().back().duration.value();
+    m.comm_ns += d;
+    m.exposed_comm_ns += d;  // nothing overlaps it: it follows the backward pass
+  };
+  std::vector<std::vector<float>> reduced(shards_.size());
+  if (c_.zero == 1) {
+    collective([&] { system_->reduce_scatter("grads", "grad_shard", {group}); });
+    for (std::size_t k = 0; k < shards_.size(); ++k)
+      reduced[k] = system_->read(static_cast<int>(shards_[k].owner), "grad_shard");
+  } else {
+    collective([&] { system_->all_reduce("grads", {group}); });
+    reduced[0] = system_->read(0, "grads");
   }
-  // Every replica computes the norm of its copy of the sum.
-  runtime::StepResult norm = norm_->step(feeds);
-  for (int chip = 0; chip < system_->chips(); ++chip)
-    system_->advance(chip, Nanoseconds(norm.time_ns), "grad norm");
+  std::vector<std::map<std::string, std::vector<float>>> feeds(shards_.size());
+  for (std::size_t k = 0; k < shards_.size(); ++k) {
+    std::size_t at = 0;
+    for (std::size_t i : shards_[k].params) {
+      const auto e = static_cast<std::size_t>(acc_sizes_[i]);
+      std::vector<float> x(reduced[k].begin() + static_cast<std::ptrdiff_t>(at),
+                           reduced[k].begin() + static_cast<std::ptrdiff_t>(at + e));
+      at += e;
+      grad_->write(acc_names_[i], x);
+      feeds[k][acc_names_[i]] = std::move(x);
+    }
+  }
+  // The norm: every replica of its copy of the sum (zero 1: of its shard,
+  // then the shards' sums of squares all-gathered). The host adds the
+  // per-param sums in param order, as for one chip.
+  runtime::StepResult norm;
+  if (c_.zero == 0) {
+    norm = shards_[0].norm_session->step(feeds[0]);
+    for (int chip = 0; chip < system_->chips(); ++chip)
+      system_->advance(chip, Nanoseconds(norm.time_ns), "grad norm");
+  } else {
+    std::vector<std::uint8_t> part;
+    for (std::size_t k = 0; k < shards_.size(); ++k) {
+      if (!shards_[k].norm_session) continue;
+      const runtime::StepResult r = shards_[k].norm_session->step(feeds[k]);
+      put(part, &r.time_ns, sizeof(double));
+      for (std::size_t i : shards_[k].params) put(part, r.outputs.at(sumsq_names_[i]).data(), 4);
+    }
+    std::size_t most = 0;
+    for (const Shard& sh : shards_) most = std::max(most, sh.params.size());
+    const std::vector<std::vector<std::uint8_t>> parts = comm_->all_gather(part);
+    for (int q = 0; q < comm_->size(); ++q) {
+      Reader rd{parts[static_cast<std::size_t>(q)]};
+      for (const Shard& sh : shards_) {
+        if (sh.owner < runtime::block_first(c_.dp, comm_->size(), q) ||
+            sh.owner >= runtime::block_first(c_.dp, comm_->size(), q + 1))
+          continue;
+        double ns = 0;
+        rd.get(&ns, sizeof ns);
+        std::vector<float> sums(most, 0.0f);
+        for (std::size_t j = 0; j < sh.params.size(); ++j) {
+          rd.get(&sums[j], 4);
+          norm.outputs[sumsq_names_[sh.params[j]]] = {sums[j]};
+        }
+        system_->advance(static_cast<int>(sh.owner), Nanoseconds(ns), "grad norm");
+        system_->write(static_cast<int>(sh.owner), "sumsq", sums);
+      }
+    }
+    collective([&] { system_->all_gather("sumsq", "sumsqs", {group}); });
+  }
   m.sim_ns += (system_->clock(0) - t0).value();
   return norm;
+}
+
+double Trainer::run_update(const std::map<std::string, std::vector<float>>& scalars,
+                           StepMetrics& m) {
+  const Nanoseconds t0 = system_->clock(0);
+  std::vector<std::uint8_t> mine;  // zero 1: this process's shards' times and new weights
+  for (Shard& sh : shards_) {
+    if (!sh.session) continue;
+    std::map<std::string, std::vector<float>> feeds;
+    for (const auto& [name, x] : scalars)
+      if (sh.update->graph.find(name) >= 0) feeds[name] = x;
+    for (std::size_t i : sh.params) feeds[acc_names_[i]] = grad_->read(acc_names_[i]);
+    const runtime::StepResult r = sh.session->step(feeds);
+    if (sh.owner < 0) {  // every replica updates its copy: the same time on each
+      for (std::size_t i : sh.params) weights_[param_names_[i]] = sh.session->read(param_names_[i]);
+      for (int chip = 0; chip < system_->chips(); ++chip)
+        system_->advance(chip, Nanoseconds(r.time_ns), "update");
+      continue;
+    }
+    put(mine, &r.time_ns, sizeof(double));
+    for (std::size_t i : sh.params) {
+      const std::vector<float> w = sh.session->read(param_names_[i]);
+      put(mine, w.data(), w.size() * sizeof(float));
+    }
+  }
+  if (c_.zero == 1) {
+    // Each replica's updated shard, then the weights' all-gather on the
+    // fabric (the shards padded to the largest, in the params' dtype).
+    std::int64_t block = 0;
+    for (const Shard& sh : shards_) block = std::max(block, sh.elements);
+    const graph::Graph& g = grad_exe_->graph;
+    const isa::DType wt = g.value(g.find(param_names_[0])).dtype;
+    const num::FormatId fmt_id = wt == isa::DType::fp32   ? num::FormatId::fp32
+                                 : wt == isa::DType::fp16 ? num::FormatId::fp16
+                                                          : num::FormatId::bf16;
+    const std::vector<std::vector<std::uint8_t>> all = comm_->all_gather(mine);
+    for (int q = 0; q < comm_->size(); ++q) {
+      Reader rd{all[static_cast<std::size_t>(q)]};
+      for (const Shard& sh : shards_) {
+        if (sh.owner < runtime::block_first(c_.dp, comm_->size(), q) ||
+            sh.owner >= runtime::block_first(c_.dp, comm_->size(), q + 1))
+          continue;
+        double ns = 0;
+        rd.get(&ns, sizeof ns);
+        std::vector<float> w(static_cast<std::size_t>(block), 0.0f);
+        rd.get(w.data(), static_cast<std::size_t>(sh.elements) * sizeof(float));
+        system_->advance(static_cast<int>(sh.owner), Nanoseconds(ns), "update");
+        system_->write(static_cast<int>(sh.owner), "weights", w, fmt_id);
+      }
+    }
+    std::vector<int> group(static_cast<std::size_t>(c_.dp));
+    std::iota(group.begin(), group.end(), 0);
+    system_->all_gather("weights", "all_weights", {group});
+    const double d = system_->events().back().duration.value();
+    m.comm_ns += d, m.exposed_comm_ns += d;
+    const std::vector<float> gathered = system_->read(0, "all_weights");
+    for (std::size_t k = 0; k < shards_.size(); ++k) {
+      std::size_t at = k * static_cast<std::size_t>(block);
+      for (std::size_t i : shards_[k].params) {
+        const auto e = static_cast<std::size_t>(acc_sizes_[i]);
+        weights_[param_names_[i]].assign(gathered.begin() + static_cast<std::ptrdiff_t>(at),
+                                         gathered.begin() + static_cast<std::ptrdiff_t>(at + e));
+        at += e;
+      }
+    }
+  }
+  return (system_->clock(0) - t0).value();
 }
 
 // The step's first micro-batch through the graph interpreter (float64,
@@ -832,7 +1063,7 @@ void Trainer::monitor(const Batch& b, StepMetrics& m) {
   std::map<std::string, graph::HostData> feeds;
   for (const auto& [name, x] : model_inputs(b)) feeds[name] = graph::HostData(x.begin(), x.end());
   for (const std::string& p : param_names_) {
-    const std::vector<float> x = update_->read(p);
+    const std::vector<float>& x = weights_.at(p);
     feeds[p] = graph::HostData(x.begin(), x.end());
   }
   for (const std::string& a : acc_names_)
@@ -877,13 +1108,11 @@ void Trainer::monitor(const Batch& b, StepMetrics& m) {
 // weights, masters, moments, gradient accumulators, scaling state.
 void Trainer::rebuild() {
   const runtime::KeptState kept = grad_->kept_state();
-  std::map<std::string, std::vector<float>> state, accs;
-  for (const std::string& p : param_names_) state[p] = update_->read(p);
-  for (const auto& [master, p] : master_of_) state[master] = update_->read(master);
-  for (const std::string& z : moment_names_) state[z] = update_->read(z);
+  const std::map<std::string, std::vector<float>> state = optimizer_state();
+  std::map<std::string, std::vector<float>> accs;
   for (const std::string& a : acc_names_) accs[a] = grad_->read(a);
   build();
-  for (const auto& [name, x] : state) update_->write(name, x);
+  set_optimizer_state(state);
   for (const auto& [name, x] : accs) grad_->write(name, x);
   for (runtime::Session* r : local()) r->restore_kept_state(kept);
   push_weights();
@@ -894,9 +1123,8 @@ void Trainer::rebuild() {
 std::string Trainer::save_checkpoint() {
   if (c_.ckpt_dir.empty()) throw Error("save_checkpoint: no ckpt_dir configured");
   Checkpoint ck;
-  for (const std::string& p : param_names_) ck.tensors["param/" + p] = update_->read(p);
-  for (const auto& [master, p] : master_of_) ck.tensors["param/" + master] = update_->read(master);
-  for (const std::string& z : moment_names_) ck.tensors["param/" + z] = update_->read(z);
+  for (const std::string& p : param_names_) ck.tensors["param/" + p] = weights_.at(p);
+  for (auto& [name, x] : optimizer_state()) ck.tensors["param/" + name] = std::move(x);
   const runtime::KeptState kept = grad_->kept_state();
   for (const auto& [name, bytes] : kept.buffers) {
     std::vector<float> x(bytes.size() / 4);
@@ -992,8 +1220,23 @@ void Trainer::restore_from(const std::string& where) {
 
 void Trainer::restore_checkpoint(const Checkpoint& ck) {
   const nlohmann::json& meta = ck.meta;
-  for (const auto& [name, x] : ck.tensors)
-    if (name.starts_with("param/")) update_->write(name.substr(6), x);
+  // Weights and optimizer state, whatever layout wrote them: each process
+  // takes what its shards hold.
+  std::map<std::string, std::vector<float>> state;
+  for (const auto& [name, x] : ck.tensors) {
+    if (!name.starts_with("param/")) continue;
+    const std::string n = name.substr(6);
+    if (std::find(param_names_.begin(), param_names_.end(), n) != param_names_.end()) {
+      grad_->write(n, x);  // checks the size
+      weights_[n] = grad_->read(n);
+    } else {
+      state[n] = x;
+    }
+  }
+  for (const std::string& p : param_names_)
+    if (!weights_.contains(p))
+      throw Error(fmt::format("the checkpoint has no weights for param {}", p));
+  set_optimizer_state(state);
   runtime::KeptState kept;
   for (const auto& [name, x] : ck.tensors)
     if (name.starts_with("kept/")) {

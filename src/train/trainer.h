@@ -167,16 +167,40 @@ class Trainer {
   std::vector<float> rope_cos_, rope_sin_;  // Llama's tables [seq, head_dim / 2]
   std::string recipe_;
   std::set<std::int64_t> bf16_layers_;
-  std::shared_ptr<const graph::Executable> grad_exe_, update_exe_, eval_exe_;
+  std::shared_ptr<const graph::Executable> grad_exe_, eval_exe_;
   std::unique_ptr<graph::Graph> grad_graph_;  // the grad program's graph (monitors)
-  std::unique_ptr<runtime::Session> grad_, update_, eval_;
+  std::unique_ptr<runtime::Session> grad_, eval_;
+  // The optimizer: one shard of every param (zero 0: run by every replica
+  // on its copy) or dp shards of whole params in order, balanced by
+  // elements (zero 1: replica r updates shard r, then the weights are
+  // all-gathered). A shard's Session exists where its owner is simulated.
+  struct Shard {
+    std::int64_t owner = -1;          // the replica that updates it (-1: every replica)
+    std::vector<std::size_t> params;  // indices into param_names_
+    std::int64_t elements = 0;
+    std::vector<std::string> state;                         // its masters and moments
+    std::shared_ptr<const graph::Executable> update, norm;  // norm: dp > 1
+    std::unique_ptr<runtime::Session> session, norm_session;
+  };
+  std::vector<Shard> shards_;
+  std::map<std::string, std::vector<float>> weights_;  // every param as every replica holds it
+  bool local_shard(const Shard& s) const {
+    return s.owner < 0 || (s.owner >= first_ && s.owner < last_);
+  }
+  // Every state tensor of the optimizer (masters, moments), gathered from
+  // the shards of every process (checkpoints, rebuilds).
+  std::map<std::string, std::vector<float>> optimizer_state();
+  // Writes the named state tensors into the shards this process holds.
+  void set_optimizer_state(const std::map<std::string, std::vector<float>>& state);
+  std::string param_of_state(const std::string& state) const;
+  // The update of a step from the reduced accumulators in grad_: every
+  // shard, then (zero 1) the weights gathered; returns the simulated time.
+  double run_update(const std::map<std::string, std::vector<float>>& scalars, StepMetrics& m);
   runtime::Comm* comm_ = nullptr;
   std::unique_ptr<runtime::Comm> own_comm_;
   std::int64_t first_ = 0, last_ = 1;                    // this process's replicas
   std::vector<std::unique_ptr<runtime::Session>> more_;  // replicas first_ + 1 .. last_ - 1
-  std::unique_ptr<runtime::System> system_;              // dp > 1
-  std::shared_ptr<const graph::Executable> norm_exe_;    // dp > 1: sums of squares
-  std::unique_ptr<runtime::Session> norm_;
+  std::unique_ptr<runtime::System> system_;              // the chips' clocks and fabric
   std::vector<std::string> acc_names_, sumsq_names_;
   std::vector<std::int64_t> acc_sizes_;           // elements of each accumulator
   std::map<std::string, std::string> master_of_;  // master input -> param

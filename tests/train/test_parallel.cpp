@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "fabric/collective.h"
+#include "graph/lower.h"
 #include "runtime/system.h"
 #include "train/trainer.h"
 #include "util/error.h"
@@ -71,6 +72,32 @@ TEST(DataParallel, BitIdenticalToOneChipAccumulating) {
   }
 }
 
+TEST(DataParallel, ShardedOptimizerIsBitIdentical) {
+  // ZeRO-1: replica r updates shard r (whole params, about 1 / dp of the
+  // elements), the gradients reduce-scattered and the weights all-gathered:
+  // the same elementwise AdamW on the same sums, so the same bits.
+  TrainConfig one = tiny("mxfp8");
+  one.accum = 4;
+  TrainConfig z = tiny("mxfp8");
+  z.dp = 4, z.zero = 1;
+  expect_same(train(one, 3), train(z, 3));
+  Trainer t(z);
+  const StepMetrics m = t.step();
+  const auto& ev = t.system()->events();
+  ASSERT_EQ(ev.size(), 3u);
+  EXPECT_EQ(ev[0].op, fabric::Op::reduce_scatter);  // the gradients
+  EXPECT_EQ(ev[1].op, fabric::Op::all_gather);      // the shards' sums of squares
+  EXPECT_EQ(ev[2].op, fabric::Op::all_gather);      // the weights
+  double comm = 0;
+  for (const auto& e : ev) comm += e.duration.value();
+  EXPECT_DOUBLE_EQ(m.comm_ns, comm);
+  // Each chip's update program holds only its shard's optimizer state.
+  TrainConfig z0 = tiny("mxfp8");
+  z0.dp = 4;
+  Trainer full(z0);
+  EXPECT_LT(t.update_executable().plan.total(), full.update_executable().plan.total() / 2);
+}
+
 TEST(DataParallel, AccumulatingReplicasAgreeWithinRounding) {
   // dp 2 x accum 2 sums (g0 + g1) + (g2 + g3), one chip ((g0 + g1) + g2) +
   // g3: FP32 rounding apart, no more.
@@ -131,7 +158,7 @@ TEST(DataParallel, CheckpointsResumeOnAnotherLayout) {
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / "tern_test_dp_resume";
   std::filesystem::remove_all(dir);
   TrainConfig dp = tiny("mxfp8");
-  dp.dp = 2, dp.ckpt_dir = dir.string(), dp.ckpt_every = 2;
+  dp.dp = 2, dp.zero = 1, dp.ckpt_dir = dir.string(), dp.ckpt_every = 2;
   Trace whole;
   {
     Trainer t(dp);
@@ -141,14 +168,17 @@ TEST(DataParallel, CheckpointsResumeOnAnotherLayout) {
     }
   }
   // Step 2's checkpoint continues on one chip (accum 2: the same
-  // micro-batches a step) and on two chips with one host thread.
-  for (int layout = 0; layout < 2; ++layout) {
+  // micro-batches a step), on two chips with one host thread, and on two
+  // with the optimizer state sharded.
+  for (int layout = 0; layout < 3; ++layout) {
     SCOPED_TRACE(layout);
     TrainConfig c = tiny("mxfp8");
     if (layout == 0)
       c.accum = 2;
-    else
+    else if (layout == 1)
       c.dp = 2, c.threads = 1;
+    else
+      c.dp = 2, c.zero = 1;
     c.resume = (dir / "step-00000002.ckpt").string();
     Trainer t(c);
     ASSERT_EQ(t.steps_done(), 2);
