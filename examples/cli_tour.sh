@@ -29,6 +29,8 @@ data=$(cd "$here/../data" && pwd)
 "$TERN" train --config "$here/train/llama.toml" --text "$data/tinyshakespeare.txt" --steps 3 \
   --ckpt-dir "$work/ck" --eval-batches 1 --plot "$work/loss.png" | tail -2
 "$TERN" sample --ckpt "$work/ck" --prompt "ROMEO:" --tokens 20
+"$TERN" train --config "$here/train/data-parallel.toml" --text "$data/tinyshakespeare.txt" --steps 2 \
+  --ckpt-dir "$work/dp" --eval-batches 1 --trace "$work/dp.json" | tail -2
 echo "cli tour: ok"
 "$TERN" plan --model llama3-70b --tp 8 --pp 2 | tail -3
 "$TERN" plan search --model llama3-70b --system trn3-ultraserver-gen1 --chips 1024 | head -5
