@@ -274,6 +274,17 @@ std::map<int, int> add_backward(Graph& g, int loss, const std::vector<int>& wrt)
   if (!g.value(loss).shape.empty())
     throw Error(fmt::format("autodiff: the loss %{} must be a scalar [], got {}",
                             g.value(loss).name, shape_string(g.value(loss).shape)));
+  return add_backward(g, std::map<int, int>{{loss, g.full({}, 1.0, g.value(loss).dtype)}}, wrt);
+}
+
+std::map<int, int> add_backward(Graph& g, const std::map<int, int>& seeds,
+                                const std::vector<int>& wrt) {
+  for (const auto& [y, dy] : seeds)
+    if (g.value(y).shape != g.value(dy).shape || g.value(y).dtype != g.value(dy).dtype)
+      throw Error(fmt::format("autodiff: the gradient %{} of %{} must be {} {}, got {} {}",
+                              g.value(dy).name, g.value(y).name, isa::name(g.value(y).dtype),
+                              shape_string(g.value(y).shape), isa::name(g.value(dy).dtype),
+                              shape_string(g.value(dy).shape)));
   // Values on a path from some wrt value to the loss: only their gradients
   // are built.
   const std::size_t nodes = g.nodes().size();
@@ -283,7 +294,8 @@ std::map<int, int> add_backward(Graph& g, int loss, const std::vector<int>& wrt)
     if (std::any_of(n.inputs.begin(), n.inputs.end(), [&](int v) { return from_wrt.contains(v); }))
       from_wrt.insert(n.outputs.begin(), n.outputs.end());
   }
-  std::set<int> to_loss{loss};
+  std::set<int> to_loss;
+  for (const auto& [y, dy] : seeds) to_loss.insert(y);
   for (std::size_t i = nodes; i-- > 0;) {
     const Node& n = g.nodes()[i];
     if (std::any_of(n.outputs.begin(), n.outputs.end(), [&](int v) { return to_loss.contains(v); }))
@@ -294,8 +306,7 @@ std::map<int, int> add_backward(Graph& g, int loss, const std::vector<int>& wrt)
     if (to_loss.contains(v)) needed.insert(v);
 
   Backward bw(g);
-  const Value& l = g.value(loss);
-  bw.grad_[loss] = g.full({}, 1.0, l.dtype);
+  for (const auto& [y, dy] : seeds) bw.grad_[y] = dy;
   for (std::size_t i = nodes; i-- > 0;) {
     const Node n = g.nodes()[i];  // a copy: g.nodes() grows below
     if (std::none_of(n.outputs.begin(), n.outputs.end(), [&](int v) { return needed.contains(v); }))

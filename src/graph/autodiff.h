@@ -21,5 +21,11 @@ namespace tern::graph {
 // attention; rope's cos and sin; a transposed batched matmul operand
 // against a shared matrix).
 std::map<int, int> add_backward(Graph& g, int loss, const std::vector<int>& wrt);
+// The same from given output gradients (a vector-Jacobian product): `seeds`
+// maps values (graph outputs of a pipeline stage, say) to their gradients,
+// same shape and dtype (inputs of the graph, typically). Throws tern::Error
+// for a seed of another shape or dtype.
+std::map<int, int> add_backward(Graph& g, const std::map<int, int>& seeds,
+                                const std::vector<int>& wrt);
 
 }  // namespace tern::graph

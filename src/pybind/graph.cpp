@@ -186,7 +186,10 @@ void bind_graph(py::module_& m) {
         "a graph from its text form; errors read '<source>:<line>: ...'");
   m.def("load_graph", &graph::load, py::arg("path"));
   m.def("save_graph", &graph::save, py::arg("graph"), py::arg("path"));
-  m.def("add_backward", &graph::add_backward, py::arg("graph"), py::arg("loss"), py::arg("wrt"),
+  m.def("add_backward",
+        static_cast<std::map<int, int> (*)(graph::Graph&, int, const std::vector<int>&)>(
+            &graph::add_backward),
+        py::arg("graph"), py::arg("loss"), py::arg("wrt"),
         "adds the gradient of the scalar `loss` with respect to each of `wrt`; returns "
         "{value id: gradient id}");
   m.def(
