@@ -83,11 +83,16 @@ void run(train::TrainConfig c, Options o) {
         static_cast<long long>(c.seq), static_cast<long long>(c.accum),
         static_cast<long long>(c.dp), t.recipe().c_str(), c.arch.c_str(), e.launches.size(),
         t.update_executable().launches.size(), fusion, hbm / (1 << 20));
-  if (!o.json && c.dp > 1)
+  if (!o.json && c.dp * c.pp > 1)
     std::printf(
-        "layout: dp %lld on %lld chips of %s (%s), %d process%s, replicas %lld..%lld here\n",
-        static_cast<long long>(c.dp), static_cast<long long>(c.dp), t.system()->spec().name.c_str(),
-        c.zero ? "ZeRO-1" : "replicated optimizer", world.size(), world.size() > 1 ? "es" : "",
+        "layout: dp %lld x pp %lld on %lld chips of %s (%s), %d process%s, replicas %lld..%lld "
+        "here\n",
+        static_cast<long long>(c.dp), static_cast<long long>(c.pp),
+        static_cast<long long>(c.dp * c.pp), t.system()->spec().name.c_str(),
+        c.zero     ? "ZeRO-1"
+        : c.pp > 1 ? "1F1B, optimizer by stage"
+                   : "replicated optimizer",
+        world.size(), world.size() > 1 ? "es" : "",
         static_cast<long long>(t.local_replicas().first),
         static_cast<long long>(t.local_replicas().second - 1));
   const double tokens = static_cast<double>(c.batch * c.seq * c.accum * c.dp);
@@ -222,8 +227,8 @@ void run(train::TrainConfig c, Options o) {
     const double tps = tokens / (m.wall_ms / 1e3);
     ema_tps = ema_tps == 0 ? tps : 0.9 * ema_tps + 0.1 * tps;
     const double flops = t.flops_per_step();
-    // MFU per chip: the step's FLOPs over dp chips' peaks.
-    const double chips = static_cast<double>(c.dp);
+    // MFU per chip: the step's FLOPs over dp x pp chips' peaks.
+    const double chips = static_cast<double>(c.dp * c.pp);
     const double mfu_bf16 = flops / (m.sim_ns * 1e-9) / (peak_bf16 * chips);
     const double mfu_mx = peak_mx > 0 ? flops / (m.sim_ns * 1e-9) / (peak_mx * chips) : 0;
     record({{"step", m.step},
@@ -249,10 +254,10 @@ void run(train::TrainConfig c, Options o) {
           "%.3f ms%s | MFU %.1f%% bf16, %.1f%% mxfp8 | fusion %.3f | HBM %.1f MiB\n",
           static_cast<long long>(m.step), static_cast<long long>(c.steps), m.loss, m.grad_norm,
           m.lr, m.wall_ms, ema_tps, m.sim_ns / 1e6,
-          c.dp > 1 ? fmt::format(" (comm {:.3f} ms, exposed {:.3f})", m.comm_ns / 1e6,
-                                 m.exposed_comm_ns / 1e6)
-                         .c_str()
-                   : "",
+          c.dp * c.pp > 1 ? fmt::format(" (comm {:.3f} ms, exposed {:.3f})", m.comm_ns / 1e6,
+                                        m.exposed_comm_ns / 1e6)
+                                .c_str()
+                          : "",
           100 * mfu_bf16, 100 * mfu_mx, t.executable().fusion.rate(), hbm_now() / (1 << 20));
     }
     if (c.ckpt_every > 0 && (t.steps_done() % c.ckpt_every == 0 || t.steps_done() == c.steps)) {
@@ -331,7 +336,8 @@ void add_train_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--tp", c->tp, "Tensor-parallel chips (not supported yet)")
       ->capture_default_str();
-  cmd->add_option("--pp", c->pp, "Pipeline stages (not supported yet)")->capture_default_str();
+  cmd->add_option("--pp", c->pp, "Pipeline stages (1F1B over the --accum micro-batches)")
+      ->capture_default_str();
   cmd->add_option("--zero", c->zero, "1: shard the optimizer state over the replicas (ZeRO-1)")
       ->capture_default_str();
   cmd->add_option("--system", c->system,

@@ -119,15 +119,18 @@ void validate(const TrainConfig& c) {
         "dp, tp and pp must be >= 1 and threads >= 0, got dp {}, tp {}, pp {}, threads {}", c.dp,
         c.tp, c.pp, c.threads));
   if (c.tp > 1) bad("not supported: tensor parallel training (tp > 1); docs/multichip.md");
-  if (c.pp > 1) bad("not supported: pipeline parallel training (pp > 1); docs/multichip.md");
+  if (c.pp > c.layers)
+    bad(fmt::format("pp {} is more pipeline stages than the {} layers", c.pp, c.layers));
+  if (c.pp > 1 && c.zero == 1)
+    bad("not supported: zero 1 with pp > 1 (the optimizer is sharded by stage already)");
   if (c.zero != 0 && c.zero != 1)
     bad(
         fmt::format("zero must be 0 (replicated optimizer) or 1 (sharded optimizer state), got {}"
                     "; ZeRO-2/3 are not supported",
                     c.zero));
-  if (c.dp > 1 && c.recipe == "fp8-hybrid")
-    bad("not supported: dp > 1 with recipe fp8-hybrid (delayed scaling would need its amax "
-        "history all-reduced); use mxfp8, bf16 or fp32");
+  if ((c.dp > 1 || c.pp > 1) && c.recipe == "fp8-hybrid")
+    bad("not supported: dp or pp > 1 with recipe fp8-hybrid (delayed scaling would need its "
+        "amax history shared between chips); use mxfp8, bf16 or fp32");
   if (c.ckpt_every < 0 || c.keep_last < 1) bad("ckpt_every must be >= 0 and keep_last >= 1");
   if (c.ckpt_every > 0 && c.ckpt_dir.empty()) bad("ckpt_every needs ckpt_dir");
   if (c.nan_policy == "rollback" && c.ckpt_every == 0)

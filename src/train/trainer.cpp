@@ -21,6 +21,7 @@
 #include "graph/lower.h"
 #include "graph/models.h"
 #include "graph/optimizer.h"
+#include "graph/partition.h"
 #include "runtime/comm.h"
 #include "runtime/device.h"
 #include "runtime/system.h"
@@ -139,7 +140,7 @@ Trainer::Trainer(const TrainConfig& c, runtime::Comm* comm) : c_(c), comm_(comm)
   first_ = runtime::block_first(c_.dp, comm_->size(), comm_->rank());
   last_ = runtime::block_first(c_.dp, comm_->size(), comm_->rank() + 1);
   // The chips' clocks and fabric (a single chip too: its timeline).
-  system_ = std::make_unique<runtime::System>(system_for(c_), static_cast<int>(c_.dp));
+  system_ = std::make_unique<runtime::System>(system_for(c_), static_cast<int>(c_.dp * c_.pp));
   std::vector<std::uint16_t> train_tokens;
   if (!c_.data.empty()) {
     // A `tern data` directory: its tokenizer and shards.
@@ -216,6 +217,22 @@ void Trainer::build() {
   graph::CompileOptions o;
   o.cores = c_.cores;
 
+  // Adds to a grad graph the FP32 accumulators of `ps` (value ids): each
+  // gradient is added into "<param>.grad_acc", carried to the next step.
+  auto accumulate = [](graph::Graph& g, const std::map<int, int>& grads,
+                       const std::vector<int>& ps) {
+    for (int p : ps) {
+      const graph::Value pv = g.value(p);
+      const int acc = g.input(pv.name + ".grad_acc", pv.shape, isa::DType::fp32);
+      int gr = grads.at(p);
+      if (g.value(gr).dtype != isa::DType::fp32) gr = g.cast(gr, isa::DType::fp32);
+      const int next = g.add(acc, gr);
+      g.rename(next, pv.name + ".grad_acc.next");
+      g.mark_output(next);
+      g.carry(next, acc);
+    }
+  };
+
   // grad: forward + backward, gradients summed into FP32 accumulators.
   graph::Graph g = fwd;
   std::vector<int> params;
@@ -223,25 +240,20 @@ void Trainer::build() {
   const auto grads = graph::add_backward(g, g.find("loss"), params);
   acc_names_.clear(), sumsq_names_.clear(), acc_sizes_.clear();
   params_ = 0;
+  accumulate(g, grads, params);
   for (int p : params) {
-    const graph::Value pv = g.value(p);
+    const graph::Value& pv = g.value(p);
     params_ += graph::elements(pv.shape);
-    const int acc = g.input(pv.name + ".grad_acc", pv.shape, isa::DType::fp32);
-    int gr = grads.at(p);
-    if (g.value(gr).dtype != isa::DType::fp32) gr = g.cast(gr, isa::DType::fp32);
-    const int next = g.add(acc, gr);
-    g.rename(next, pv.name + ".grad_acc.next");
-    g.mark_output(next);
-    g.carry(next, acc);
     acc_names_.push_back(pv.name + ".grad_acc");
     acc_sizes_.push_back(graph::elements(pv.shape));
     sumsq_names_.push_back(pv.name + ".grad_sumsq");
   }
   // The sums of squares after every other node, so that the program with
-  // them (dp 1) and without (dp > 1: the norm of the all-reduced sum runs
-  // in its own program) launch the same kernels in the same order before
-  // them: the same stochastic-rounding streams (runtime/device.h).
-  if (c_.dp == 1)
+  // them (one chip) and without (dp or pp > 1: the norm of the reduced sum
+  // runs in its own program) launch the same kernels in the same order
+  // before them: the same stochastic-rounding streams (runtime/device.h).
+  const bool one_chip = c_.dp == 1 && c_.pp == 1;
+  if (one_chip)
     for (std::size_t i = 0; i < acc_names_.size(); ++i) {
       const int next = g.find(param_names_[i] + ".grad_acc.next");
       const int sq = g.sum(g.mul(next, next), {});
@@ -250,19 +262,93 @@ void Trainer::build() {
     }
   grad_graph_ = std::make_unique<graph::Graph>(g);
   grad_exe_ = std::make_shared<const graph::Executable>(graph::compile(g, chip, o));
-  grad_ = std::make_unique<runtime::Session>(chip, grad_exe_);
-  more_.clear();
-  for (std::int64_t r = first_ + 1; r < last_; ++r)
-    more_.push_back(std::make_unique<runtime::Session>(chip, grad_exe_));
-  // The optimizer's shards (zero 1: dp of them, whole params in order,
-  // each about 1 / dp of the elements; else one shard of everything).
+
+  // The pipeline stages: cut from the forward pass at layer boundaries.
+  stages_.assign(static_cast<std::size_t>(c_.pp), Stage{});
+  stage_of_.assign(param_names_.size(), 0);
+  if (c_.pp == 1) {
+    stages_[0].out = "loss";
+    stages_[0].bwd = grad_exe_;
+    for (std::size_t i = 0; i < param_names_.size(); ++i) stages_[0].params.push_back(i);
+  }
+  for (std::int64_t st = 0; c_.pp > 1 && st < c_.pp; ++st) {
+    Stage& sg = stages_[static_cast<std::size_t>(st)];
+    const bool last = st == c_.pp - 1;
+    const std::int64_t lo =
+        runtime::block_first(c_.layers, static_cast<int>(c_.pp), static_cast<int>(st));
+    const std::int64_t hi =
+        runtime::block_first(c_.layers, static_cast<int>(c_.pp), static_cast<int>(st + 1));
+    if (st > 0) sg.in = layer_prefix(c_, lo - 1) + "out";
+    sg.out = last ? "loss" : layer_prefix(c_, hi - 1) + "out";
+    const graph::Graph part =
+        graph::extract(fwd, sg.in.empty() ? std::vector<std::string>{} : std::vector{sg.in},
+                       {sg.out}, fmt::format("stage{}", st));
+    if (!last) sg.fwd = std::make_shared<const graph::Executable>(graph::compile(part, chip, o));
+    graph::Graph b = part;
+    std::vector<int> ps;
+    for (std::size_t i = 0; i < param_names_.size(); ++i)
+      if (const int v = b.find(param_names_[i]); v >= 0) {
+        ps.push_back(v);
+        sg.params.push_back(i);
+      }
+    std::vector<int> wrt = ps;
+    if (!sg.in.empty()) wrt.push_back(b.find(sg.in));
+    std::map<int, int> gr;
+    if (last) {
+      gr = graph::add_backward(b, b.find("loss"), wrt);
+    } else {
+      const graph::Value& y = b.value(b.find(sg.out));
+      sg.dy = "grad_in." + sg.out;
+      const int dy = b.input(sg.dy, y.shape, y.dtype);
+      gr = graph::add_backward(b, {{b.find(sg.out), dy}}, wrt);
+    }
+    if (!sg.in.empty()) {
+      const int dx = gr.at(b.find(sg.in));
+      b.mark_output(dx);
+      sg.dx = b.value(dx).name;
+    }
+    accumulate(b, gr, ps);
+    sg.bwd = std::make_shared<const graph::Executable>(graph::compile(b, chip, o));
+  }
+  for (std::size_t st = stages_.size(); st-- > 0;)
+    for (std::size_t i : stages_[st].params) stage_of_[i] = st;
+
+  // This process's replicas: a session per stage program.
+  replicas_.clear();
+  for (std::int64_t r = first_; r < last_; ++r) {
+    Replica rep;
+    for (const Stage& sg : stages_) {
+      rep.fwd.push_back(sg.fwd ? std::make_unique<runtime::Session>(chip, sg.fwd) : nullptr);
+      rep.bwd.push_back(std::make_unique<runtime::Session>(chip, sg.bwd));
+    }
+    replicas_.push_back(std::move(rep));
+  }
+  // The optimizer's shards: zero 1, dp of them (whole params in order, each
+  // about 1 / dp of the elements); pp > 1, one per stage, run by the
+  // stage's chips; else one of everything, run by every chip.
   shards_.clear();
-  const std::int64_t nshards = c_.zero == 1 ? c_.dp : 1;
-  if (nshards > static_cast<std::int64_t>(params.size()))
-    throw Error(fmt::format("not supported: zero 1 over {} replicas with only {} param tensors",
-                            nshards, params.size()));
-  shards_.resize(static_cast<std::size_t>(nshards));
-  {
+  std::vector<int> all_chips(static_cast<std::size_t>(c_.dp * c_.pp));
+  std::iota(all_chips.begin(), all_chips.end(), 0);
+  if (c_.pp > 1) {
+    for (std::int64_t st = 0; st < c_.pp; ++st) {
+      Shard sh;
+      sh.params = stages_[static_cast<std::size_t>(st)].params;
+      for (std::size_t i : sh.params) sh.elements += acc_sizes_[i];
+      for (std::int64_t r = 0; r < c_.dp; ++r) sh.chips.push_back(chip_of(r, st));
+      shards_.push_back(std::move(sh));
+    }
+  } else if (c_.zero == 0) {
+    Shard sh;
+    sh.params = stages_[0].params;
+    sh.elements = params_;
+    sh.chips = all_chips;
+    shards_.push_back(std::move(sh));
+  } else {
+    const std::int64_t nshards = c_.dp;
+    if (nshards > static_cast<std::int64_t>(params.size()))
+      throw Error(fmt::format("not supported: zero 1 over {} replicas with only {} param tensors",
+                              nshards, params.size()));
+    shards_.resize(static_cast<std::size_t>(nshards));
     // Param i goes to the next shard once the elements before it reach that
     // shard's share (nshards x done / total), or when the params left are
     // only just enough to give every later shard one.
@@ -278,13 +364,13 @@ void Trainer::build() {
       sh.elements += acc_sizes_[i];
       done += acc_sizes_[i];
     }
+    for (std::size_t k = 0; k < shards_.size(); ++k) shards_[k].chips = {static_cast<int>(k)};
   }
   master_of_.clear(), moment_names_.clear();
   for (std::size_t k = 0; k < shards_.size(); ++k) {
     Shard& sh = shards_[k];
-    sh.owner = c_.zero == 1 ? static_cast<std::int64_t>(k) : -1;
     // update: AdamW over the shard's accumulated gradients.
-    graph::Graph u(nshards > 1 ? fmt::format("update.{}", k) : "update");
+    graph::Graph u(shards_.size() > 1 ? fmt::format("update.{}", k) : "update");
     std::map<int, int> ug;
     for (std::size_t i : sh.params) {
       const graph::Value& pv = g.value(params[i]);
@@ -296,11 +382,15 @@ void Trainer::build() {
     const graph::OptimizerInputs oi = graph::add_adamw(u, ug, ac);
     sh.state.clear();
     for (const auto& [master, p] : oi.master) master_of_[master] = p, sh.state.push_back(master);
-    for (const std::string& z : oi.zeros) moment_names_.push_back(z), sh.state.push_back(z);
+    for (const std::string& z : oi.zeros) {
+      sh.state.push_back(z);
+      if (std::find(moment_names_.begin(), moment_names_.end(), z) == moment_names_.end())
+        moment_names_.push_back(z);  // a tied param's moments are in two stages' shards
+    }
     sh.update = std::make_shared<const graph::Executable>(graph::compile(u, chip, o));
-    if (c_.dp > 1) {
-      // The norm of the all-reduced gradients, on every chip (zero 1: of
-      // its shard): the sums of squares the grad program computes for a
+    if (!one_chip) {
+      // The norm of the reduced gradients, on every chip (zero 1, pp > 1:
+      // of its shard): the sums of squares the grad program computes for a
       // single chip.
       graph::Graph ng(fmt::format("grad_norm.{}", k));
       for (std::size_t i : sh.params) {
@@ -326,15 +416,27 @@ void Trainer::build() {
   zero_accumulators();
 }
 
-std::vector<runtime::Session*> Trainer::local() const {
-  std::vector<runtime::Session*> v{grad_.get()};
-  for (const auto& s : more_) v.push_back(s.get());
-  return v;
+runtime::Session& Trainer::holder(std::size_t i) {
+  return *replicas_.front().bwd[stage_of_[i]];
+}
+
+int Trainer::reporter(const Shard& sh) const {
+  const std::int64_t r = sh.chips.front() / c_.pp;
+  for (int q = 0; q < comm_->size(); ++q)
+    if (r < runtime::block_first(c_.dp, comm_->size(), q + 1)) return q;
+  return comm_->size() - 1;
+}
+
+Nanoseconds Trainer::max_clock() const {
+  Nanoseconds t(0);
+  for (int chip = 0; chip < system_->chips(); ++chip) t = std::max(t, system_->clock(chip));
+  return t;
 }
 
 void Trainer::zero_accumulators() {
-  for (runtime::Session* s : local())
-    for (const std::string& a : acc_names_) s->fill(a, 0.0f);
+  for (Replica& rep : replicas_)
+    for (std::size_t st = 0; st < stages_.size(); ++st)
+      for (std::size_t i : stages_[st].params) rep.bwd[st]->fill(acc_names_[i], 0.0f);
 }
 
 void Trainer::init_weights() {
@@ -351,8 +453,9 @@ void Trainer::init_weights() {
       std::fill(x.begin(), x.end(), 1.0f);
     else if (v.shape.size() > 1)
       for (float& e : x) e = normal(rng);
-    grad_->write(name, x);
-    weights_[name] = grad_->read(name);
+    const std::size_t i = static_cast<std::size_t>(&name - param_names_.data());
+    holder(i).write(name, x);
+    weights_[name] = holder(i).read(name);
   }
   std::map<std::string, std::vector<float>> state;
   for (const auto& [master, param] : master_of_) state[master] = weights_.at(param);
@@ -397,7 +500,7 @@ std::map<std::string, std::vector<float>> Trainer::optimizer_state() {
     mine.insert(mine.end(), x.begin(), x.end());
   };
   for (const Shard& sh : shards_) {
-    if (!sh.session || (sh.owner < 0 && comm_->rank() != 0)) continue;
+    if (reporter(sh) != comm_->rank()) continue;
     for (const std::string& n : sh.state) {
       const std::vector<float> x = sh.session->read(n);
       put_str(n);
@@ -429,9 +532,13 @@ std::map<std::string, std::vector<float>> Trainer::optimizer_state() {
 }
 
 void Trainer::push_weights() {
-  const std::vector<runtime::Session*> sessions = local();
-  for (const std::string& p : param_names_)
-    for (runtime::Session* s : sessions) s->write(p, weights_.at(p));
+  for (Replica& rep : replicas_)
+    for (std::size_t st = 0; st < stages_.size(); ++st)
+      for (std::size_t i : stages_[st].params) {
+        const std::vector<float>& w = weights_.at(param_names_[i]);
+        if (rep.fwd[st]) rep.fwd[st]->write(param_names_[i], w);
+        rep.bwd[st]->write(param_names_[i], w);
+      }
 }
 
 std::map<std::string, std::vector<float>> Trainer::model_inputs(const Batch& b) const {
@@ -495,12 +602,14 @@ StepMetrics Trainer::step(const std::vector<Batch>& micro) {
 void Trainer::set_param(const std::string& name, const std::vector<float>& values) {
   if (std::find(param_names_.begin(), param_names_.end(), name) == param_names_.end())
     throw Error(fmt::format("the model has no param {}", name));
-  grad_->write(name, values);  // rounds to the param's dtype, checks the size
-  weights_[name] = grad_->read(name);
+  const auto i = static_cast<std::size_t>(
+      std::find(param_names_.begin(), param_names_.end(), name) - param_names_.begin());
+  holder(i).write(name, values);  // rounds to the param's dtype, checks the size
+  weights_[name] = holder(i).read(name);
   for (Shard& sh : shards_) {
     if (!sh.session) continue;
-    for (std::size_t i : sh.params)
-      if (param_names_[i] == name) {
+    for (std::size_t k : sh.params)
+      if (param_names_[k] == name) {
         sh.session->write(name, weights_[name]);
         for (const auto& [master, p] : master_of_)
           if (p == name) sh.session->write(master, weights_[name]);
@@ -640,10 +749,11 @@ StepMetrics Trainer::attempt(std::int64_t s, const LoaderState& start, int& redo
       const auto it = std::find(param_names_.begin(), param_names_.end(), p);
       if (it == param_names_.end())
         throw Error(fmt::format("fault nan@{}:{}: the model has no param {}", s, p, p));
-      if (first_ == 0) {  // replica 0's gradient (a NaN reaches the all-reduced sum)
-        std::vector<float> acc = grad_->read(p + ".grad_acc");
+      if (first_ == 0) {  // replica 0's gradient (a NaN reaches the reduced sum)
+        runtime::Session& h = holder(static_cast<std::size_t>(it - param_names_.begin()));
+        std::vector<float> acc = h.read(p + ".grad_acc");
         acc[0] = std::nanf("");
-        grad_->write(p + ".grad_acc", acc);
+        h.write(p + ".grad_acc", acc);
       }
       m.actions.push_back(fmt::format("injected a NaN into the gradient of {} at step {}", p, s));
     }
@@ -664,7 +774,7 @@ StepMetrics Trainer::attempt(std::int64_t s, const LoaderState& start, int& redo
   if (!std::isfinite(sumsq)) {
     double host = 0;
     for (std::size_t i = 0; i < acc_names_.size(); ++i) {
-      std::vector<float> x = grad_->read(acc_names_[i]);
+      std::vector<float> x = reduced_.at(acc_names_[i]);
       std::int64_t n = 0;
       for (float e : x)
         if (std::isfinite(e))
@@ -685,7 +795,7 @@ StepMetrics Trainer::attempt(std::int64_t s, const LoaderState& start, int& redo
     for (auto& [i, x] : with_bad) {
       for (float& e : x)
         if (!std::isfinite(e)) e = 0.0f;
-      grad_->write(acc_names_[i], x);
+      reduced_[acc_names_[i]] = x;
     }
     m.actions.push_back(
         fmt::format("step {}: {} non-finite gradient elements tolerated (nan_rate "
@@ -785,7 +895,7 @@ StepMetrics Trainer::attempt(std::int64_t s, const LoaderState& start, int& redo
   if (keep_grads_) {
     grads_.clear();
     for (std::size_t i = 0; i < acc_names_.size(); ++i) {
-      std::vector<float> x = grad_->read(acc_names_[i]);
+      std::vector<float> x = reduced_.at(acc_names_[i]);
       for (float& e : x)
         e = static_cast<float>(static_cast<double>(e) / static_cast<double>(micro));
       grads_[param_names_[i]] = std::move(x);
@@ -818,35 +928,80 @@ struct Reader {
 
 }  // namespace
 
+namespace {
+
+// The program's share of a batch's inputs (a stage reads some of them).
+std::map<std::string, std::vector<float>> inputs_of(
+    const graph::Executable& e, const std::map<std::string, std::vector<float>>& all) {
+  std::map<std::string, std::vector<float>> out;
+  for (const auto& [k, v] : all)
+    if (e.graph.find(k) >= 0) out[k] = v;
+  return out;
+}
+
+num::FormatId system_format(isa::DType d) {
+  return d == isa::DType::fp32   ? num::FormatId::fp32
+         : d == isa::DType::fp16 ? num::FormatId::fp16
+                                 : num::FormatId::bf16;
+}
+
+}  // namespace
+
 runtime::StepResult Trainer::run_replicas(std::int64_t s, const std::vector<Batch>& batches,
                                           StepMetrics& m, double& loss) {
-  const std::vector<runtime::Session*> sessions = local();
-  const std::size_t n = sessions.size();
+  const std::size_t n = replicas_.size(), P = stages_.size();
+  const auto A = static_cast<std::size_t>(c_.accum);
   struct Ran {
-    std::vector<double> losses;  // per micro-batch
-    double ns = 0;
+    std::vector<double> losses;             // per micro-batch
+    std::vector<std::vector<double>> f, b;  // [stage][micro-batch] program times
     runtime::StepResult last;
     std::exception_ptr error;
   };
   std::vector<Ran> ran(n);
+  // One replica's micro-batches through its stages: forward stage by stage
+  // (each stage's output is the next one's input), then the last stage's
+  // backward (its forward and the loss with it) and each earlier stage's
+  // from the gradient of its output. Every stage of micro-batch j rounds
+  // with the streams of (seed, step, j), salted by the stage.
   auto run = [&](std::size_t k) {
     try {
+      Ran& out = ran[k];
+      Replica& rep = replicas_[k];
+      out.f.assign(P, {}), out.b.assign(P, {});
       const std::int64_t r = first_ + static_cast<std::int64_t>(k);
-      for (std::int64_t i = 0; i < c_.accum; ++i) {
-        const std::int64_t j = r * c_.accum + i;  // the global micro-batch
-        runtime::StepResult res =
-            sessions[k]->step(model_inputs(batches[static_cast<std::size_t>(j)]),
-                              {c_.stochastic_rounding, stream_seed(c_.seed, s, j)});
-        ran[k].losses.push_back(res.outputs.at("loss")[0]);
-        ran[k].ns += res.time_ns;
-        ran[k].last = std::move(res);
+      for (std::size_t i = 0; i < A; ++i) {
+        const std::int64_t j = r * c_.accum + static_cast<std::int64_t>(i);
+        const auto all = model_inputs(batches[static_cast<std::size_t>(j)]);
+        auto opts = [&](std::size_t st) {
+          return runtime::StepOptions{c_.stochastic_rounding,
+                                      stream_seed(c_.seed, s, j) + st * 0x632be59bd9b4e019ull};
+        };
+        std::vector<std::vector<float>> x(P);  // each stage's input
+        for (std::size_t st = 0; st + 1 < P; ++st) {
+          auto feeds = inputs_of(*stages_[st].fwd, all);
+          if (st > 0) feeds[stages_[st].in] = x[st];
+          runtime::StepResult res = rep.fwd[st]->step(feeds, opts(st));
+          out.f[st].push_back(res.time_ns);
+          x[st + 1] = std::move(res.outputs.at(stages_[st].out));
+        }
+        std::vector<float> dy;
+        for (std::size_t st = P; st-- > 0;) {
+          auto feeds = inputs_of(*stages_[st].bwd, all);
+          if (st > 0) feeds[stages_[st].in] = x[st];
+          if (st + 1 < P) feeds[stages_[st].dy] = std::move(dy);
+          runtime::StepResult res = rep.bwd[st]->step(feeds, opts(st));
+          out.b[st].push_back(res.time_ns);
+          if (st + 1 == P) out.losses.push_back(res.outputs.at("loss")[0]);
+          if (st > 0) dy = std::move(res.outputs.at(stages_[st].dx));
+          if (st == 0) out.last = std::move(res);
+        }
       }
     } catch (...) {
       ran[k].error = std::current_exception();
     }
   };
-  // Replicas are independent until the all-reduce: host threads take them
-  // in turn (each has its own Session; results do not depend on the count).
+  // Replicas are independent until the reduction: host threads take them
+  // in turn (each has its own Sessions; results do not depend on the count).
   const std::size_t threads =
       std::min<std::size_t>(n, c_.threads > 0 ? static_cast<std::size_t>(c_.threads)
                                               : std::max(1u, std::thread::hardware_concurrency()));
@@ -863,181 +1018,354 @@ runtime::StepResult Trainer::run_replicas(std::int64_t s, const std::vector<Batc
   }
   for (const Ran& x : ran)
     if (x.error) std::rethrow_exception(x.error);
-  if (c_.dp == 1) {
+  reduced_.clear();
+  if (c_.dp == 1 && P == 1) {  // one chip: the grad program's accumulators and norm
     for (double l : ran[0].losses) loss += l;
-    m.sim_ns += ran[0].ns;
-    system_->advance(0, Nanoseconds(ran[0].ns), "grad");
+    double ns = 0;
+    for (double t : ran[0].b[0]) ns += t;
+    m.sim_ns += ns;
+    system_->advance(0, Nanoseconds(ns), "grad");
+    for (const std::string& a : acc_names_) reduced_[a] = replicas_[0].bwd[0]->read(a);
     return ran[0].last;
   }
 
-  // dp > 1. Every rank gets every replica's losses, grad time and
-  // accumulators (MPI moves the real bytes between processes) ...
+  // Every rank gets every replica's losses, program times and accumulators
+  // (per stage; MPI moves the real bytes between processes) ...
   std::vector<std::uint8_t> mine;
   for (std::size_t k = 0; k < n; ++k) {
-    put(mine, ran[k].losses.data(), ran[k].losses.size() * sizeof(double));
-    put(mine, &ran[k].ns, sizeof(double));
-    for (const std::string& a : acc_names_) {
-      const std::vector<float> x = sessions[k]->read(a);
-      put(mine, x.data(), x.size() * sizeof(float));
+    put(mine, ran[k].losses.data(), A * sizeof(double));
+    for (std::size_t st = 0; st < P; ++st) {
+      if (st + 1 < P) put(mine, ran[k].f[st].data(), A * sizeof(double));
+      put(mine, ran[k].b[st].data(), A * sizeof(double));
+      for (std::size_t i : stages_[st].params) {
+        const std::vector<float> x = replicas_[k].bwd[st]->read(acc_names_[i]);
+        put(mine, x.data(), x.size() * sizeof(float));
+      }
     }
   }
   const std::vector<std::vector<std::uint8_t>> all = comm_->all_gather(mine);
-  // The flat gradient buffer: every accumulator in param order, each
-  // optimizer shard padded to the largest (zero 1 reduce-scatters it).
-  std::int64_t block = 0;
-  for (const Shard& sh : shards_) block = std::max(block, sh.elements);
-  const std::int64_t flat_size =
-      c_.zero == 1 ? block * static_cast<std::int64_t>(shards_.size()) : params_;
-  const Nanoseconds t0 = system_->clock(0);
+  // accs[r][st][p]: replica r's accumulator of stage st's p-th param.
+  std::vector<std::vector<std::vector<std::vector<float>>>> accs(static_cast<std::size_t>(c_.dp));
+  const Nanoseconds t0 = max_clock();
   std::vector<double> losses;
   for (int q = 0; q < comm_->size(); ++q) {
     Reader rd{all[static_cast<std::size_t>(q)]};
     for (std::int64_t r = runtime::block_first(c_.dp, comm_->size(), q);
          r < runtime::block_first(c_.dp, comm_->size(), q + 1); ++r) {
-      std::vector<double> l(static_cast<std::size_t>(c_.accum));
-      rd.get(l.data(), l.size() * sizeof(double));
+      std::vector<double> l(A);
+      rd.get(l.data(), A * sizeof(double));
       losses.insert(losses.end(), l.begin(), l.end());
-      double ns = 0;
-      rd.get(&ns, sizeof ns);
-      std::vector<float> flat(static_cast<std::size_t>(flat_size), 0.0f);
-      std::size_t at = 0;
-      for (std::size_t k = 0; k < shards_.size(); ++k) {
-        if (c_.zero == 1) at = k * static_cast<std::size_t>(block);
-        for (std::size_t i : shards_[k].params) {
-          const auto e = static_cast<std::size_t>(acc_sizes_[i]);
-          rd.get(flat.data() + at, e * sizeof(float));
-          at += e;
+      std::vector<std::vector<double>> f(P, std::vector<double>(A)), b = f;
+      auto& acc = accs[static_cast<std::size_t>(r)];
+      acc.resize(P);
+      for (std::size_t st = 0; st < P; ++st) {
+        if (st + 1 < P) rd.get(f[st].data(), A * sizeof(double));
+        rd.get(b[st].data(), A * sizeof(double));
+        for (std::size_t i : stages_[st].params) {
+          std::vector<float> x(static_cast<std::size_t>(acc_sizes_[i]));
+          rd.get(x.data(), x.size() * sizeof(float));
+          acc[st].push_back(std::move(x));
         }
       }
-      system_->advance(static_cast<int>(r), Nanoseconds(ns), "grad");
-      system_->write(static_cast<int>(r), "grads", flat);
+      if (P == 1) {
+        double ns = 0;
+        for (double t : b[0]) ns += t;
+        system_->advance(chip_of(r, 0), Nanoseconds(ns), "grad");
+      } else {
+        // Send/recv on the collective engines: in comm, not exposed (a
+        // stage waiting for its input shows as the pipeline's bubble).
+        const double p2p = pipeline_timeline(r, f, b);
+        if (r == 0) m.comm_ns += p2p;
+      }
     }
   }
   for (double l : losses) loss += l;  // in global micro-batch order, as one chip would
-  // ... and the reduction runs on the simulated chips: FP32, in replica
-  // order, one bucket of every gradient (runtime::System): an all-reduce,
-  // or (zero 1) a reduce-scatter that leaves each replica its shard.
-  std::vector<int> group(static_cast<std::size_t>(c_.dp));
-  std::iota(group.begin(), group.end(), 0);
+  std::vector<int> dp_group;
   auto collective = [&](auto&& go) {
     go();
     const double d = system_->events().back().duration.value();
     m.comm_ns += d;
     m.exposed_comm_ns += d;  // nothing overlaps it: it follows the backward pass
   };
-  std::vector<std::vector<float>> reduced(shards_.size());
-  if (c_.zero == 1) {
-    collective([&] { system_->reduce_scatter("grads", "grad_shard", {group}); });
-    for (std::size_t k = 0; k < shards_.size(); ++k)
-      reduced[k] = system_->read(static_cast<int>(shards_[k].owner), "grad_shard");
-  } else {
-    collective([&] { system_->all_reduce("grads", {group}); });
-    reduced[0] = system_->read(0, "grads");
-  }
-  std::vector<std::map<std::string, std::vector<float>>> feeds(shards_.size());
-  for (std::size_t k = 0; k < shards_.size(); ++k) {
-    std::size_t at = 0;
-    for (std::size_t i : shards_[k].params) {
-      const auto e = static_cast<std::size_t>(acc_sizes_[i]);
-      std::vector<float> x(reduced[k].begin() + static_cast<std::ptrdiff_t>(at),
-                           reduced[k].begin() + static_cast<std::ptrdiff_t>(at + e));
-      at += e;
-      grad_->write(acc_names_[i], x);
-      feeds[k][acc_names_[i]] = std::move(x);
-    }
-  }
-  // The norm: every replica of its copy of the sum (zero 1: of its shard,
-  // then the shards' sums of squares all-gathered). The host adds the
-  // per-param sums in param order, as for one chip.
-  runtime::StepResult norm;
-  if (c_.zero == 0) {
-    norm = shards_[0].norm_session->step(feeds[0]);
-    for (int chip = 0; chip < system_->chips(); ++chip)
-      system_->advance(chip, Nanoseconds(norm.time_ns), "grad norm");
-  } else {
-    std::vector<std::uint8_t> part;
-    for (std::size_t k = 0; k < shards_.size(); ++k) {
-      if (!shards_[k].norm_session) continue;
-      const runtime::StepResult r = shards_[k].norm_session->step(feeds[k]);
-      put(part, &r.time_ns, sizeof(double));
-      for (std::size_t i : shards_[k].params) put(part, r.outputs.at(sumsq_names_[i]).data(), 4);
-    }
-    std::size_t most = 0;
-    for (const Shard& sh : shards_) most = std::max(most, sh.params.size());
-    const std::vector<std::vector<std::uint8_t>> parts = comm_->all_gather(part);
-    for (int q = 0; q < comm_->size(); ++q) {
-      Reader rd{parts[static_cast<std::size_t>(q)]};
-      for (const Shard& sh : shards_) {
-        if (sh.owner < runtime::block_first(c_.dp, comm_->size(), q) ||
-            sh.owner >= runtime::block_first(c_.dp, comm_->size(), q + 1))
-          continue;
-        double ns = 0;
-        rd.get(&ns, sizeof ns);
-        std::vector<float> sums(most, 0.0f);
-        for (std::size_t j = 0; j < sh.params.size(); ++j) {
-          rd.get(&sums[j], 4);
-          norm.outputs[sumsq_names_[sh.params[j]]] = {sums[j]};
+  auto position = [&](std::size_t st, std::size_t i) {  // param i among stage st's
+    const auto& ps = stages_[st].params;
+    return static_cast<std::size_t>(std::find(ps.begin(), ps.end(), i) - ps.begin());
+  };
+  // ... a param in two stages (GPT-2's tied embedding, pp > 1): its two
+  // gradients all-reduced between the first and the last stage's chips ...
+  std::vector<std::size_t> tied;
+  if (P > 1)
+    for (std::size_t i : stages_.back().params)
+      if (stage_of_[i] != P - 1) tied.push_back(i);
+  if (!tied.empty()) {
+    std::vector<std::vector<int>> groups;
+    for (std::int64_t r = 0; r < c_.dp; ++r) {
+      for (std::size_t st : {std::size_t{0}, P - 1}) {
+        std::vector<float> buf;
+        for (std::size_t i : tied) {
+          const auto& x = accs[static_cast<std::size_t>(r)][st][position(st, i)];
+          buf.insert(buf.end(), x.begin(), x.end());
         }
-        system_->advance(static_cast<int>(sh.owner), Nanoseconds(ns), "grad norm");
-        system_->write(static_cast<int>(sh.owner), "sumsq", sums);
+        system_->write(chip_of(r, static_cast<std::int64_t>(st)), "tied", buf);
+      }
+      groups.push_back({chip_of(r, 0), chip_of(r, c_.pp - 1)});
+    }
+    collective([&] { system_->all_reduce("tied", groups); });
+    for (std::int64_t r = 0; r < c_.dp; ++r) {
+      const std::vector<float> sum = system_->read(chip_of(r, 0), "tied");
+      std::size_t at = 0;
+      for (std::size_t i : tied) {
+        const auto e = static_cast<std::size_t>(acc_sizes_[i]);
+        std::vector<float> x(sum.begin() + static_cast<std::ptrdiff_t>(at),
+                             sum.begin() + static_cast<std::ptrdiff_t>(at + e));
+        at += e;
+        accs[static_cast<std::size_t>(r)][P - 1][position(P - 1, i)] = x;
+        accs[static_cast<std::size_t>(r)][0][position(0, i)] = std::move(x);
       }
     }
-    collective([&] { system_->all_gather("sumsq", "sumsqs", {group}); });
   }
-  m.sim_ns += (system_->clock(0) - t0).value();
+  // ... and the data-parallel reduction on the simulated chips: FP32, in
+  // replica order, one bucket of every gradient of a stage (runtime::
+  // System): an all-reduce, or (zero 1) a reduce-scatter that leaves each
+  // replica its shard, the bucket laid out shard by shard, each padded to
+  // the largest.
+  if (c_.zero == 1) {
+    std::int64_t block = 0;
+    for (const Shard& sh : shards_) block = std::max(block, sh.elements);
+    std::vector<int> group;
+    for (std::int64_t r = 0; r < c_.dp; ++r) {
+      std::vector<float> flat(static_cast<std::size_t>(block) * shards_.size(), 0.0f);
+      for (std::size_t k = 0; k < shards_.size(); ++k) {
+        std::size_t at = k * static_cast<std::size_t>(block);
+        for (std::size_t i : shards_[k].params) {
+          const auto& x = accs[static_cast<std::size_t>(r)][0][i];
+          std::copy(x.begin(), x.end(), flat.begin() + static_cast<std::ptrdiff_t>(at));
+          at += x.size();
+        }
+      }
+      system_->write(chip_of(r, 0), "grads", flat);
+      group.push_back(chip_of(r, 0));
+    }
+    collective([&] { system_->reduce_scatter("grads", "grad_shard", {group}); });
+    for (std::size_t k = 0; k < shards_.size(); ++k) {
+      const std::vector<float> x = system_->read(shards_[k].chips.front(), "grad_shard");
+      std::size_t at = 0;
+      for (std::size_t i : shards_[k].params) {
+        const auto e = static_cast<std::size_t>(acc_sizes_[i]);
+        reduced_[acc_names_[i]].assign(x.begin() + static_cast<std::ptrdiff_t>(at),
+                                       x.begin() + static_cast<std::ptrdiff_t>(at + e));
+        at += e;
+      }
+    }
+  } else {
+    for (std::size_t st = 0; st < P; ++st) {
+      std::vector<float> sum;
+      if (c_.dp > 1) {
+        std::vector<int> group;
+        const std::string name = fmt::format("grads.{}", st);
+        for (std::int64_t r = 0; r < c_.dp; ++r) {
+          std::vector<float> flat;
+          for (const auto& x : accs[static_cast<std::size_t>(r)][st])
+            flat.insert(flat.end(), x.begin(), x.end());
+          system_->write(chip_of(r, static_cast<std::int64_t>(st)), name, flat);
+          group.push_back(chip_of(r, static_cast<std::int64_t>(st)));
+        }
+        collective([&] { system_->all_reduce(name, {group}); });
+        sum = system_->read(group.front(), name);
+      } else {
+        for (const auto& x : accs[0][st]) sum.insert(sum.end(), x.begin(), x.end());
+      }
+      std::size_t at = 0;
+      for (std::size_t i : stages_[st].params) {
+        const auto e = static_cast<std::size_t>(acc_sizes_[i]);
+        if (stage_of_[i] == st)
+          reduced_[acc_names_[i]].assign(sum.begin() + static_cast<std::ptrdiff_t>(at),
+                                         sum.begin() + static_cast<std::ptrdiff_t>(at + e));
+        at += e;
+      }
+    }
+  }
+  // The norm: each shard's chips of their copy of its sum, the shards' sums
+  // of squares then all-gathered (between a replica's stages, or over the
+  // replicas for zero 1). The host adds the per-param sums in param order,
+  // as for one chip.
+  std::vector<std::uint8_t> part;
+  for (Shard& sh : shards_) {
+    if (reporter(sh) != comm_->rank()) continue;
+    std::map<std::string, std::vector<float>> feeds;
+    for (std::size_t i : sh.params) feeds[acc_names_[i]] = reduced_.at(acc_names_[i]);
+    const runtime::StepResult r = sh.norm_session->step(feeds);
+    put(part, &r.time_ns, sizeof(double));
+    for (std::size_t i : sh.params) put(part, r.outputs.at(sumsq_names_[i]).data(), 4);
+  }
+  const std::vector<std::vector<std::uint8_t>> parts = comm_->all_gather(part);
+  std::size_t most = 0;
+  for (const Shard& sh : shards_) most = std::max(most, sh.params.size());
+  runtime::StepResult norm;
+  std::vector<Reader> readers;
+  for (const auto& p : parts) readers.push_back(Reader{p});
+  for (const Shard& sh : shards_) {
+    Reader& rd = readers[static_cast<std::size_t>(reporter(sh))];
+    double ns = 0;
+    rd.get(&ns, sizeof ns);
+    std::vector<float> sums(most, 0.0f);
+    for (std::size_t j = 0; j < sh.params.size(); ++j) {
+      rd.get(&sums[j], 4);
+      norm.outputs.try_emplace(sumsq_names_[sh.params[j]], std::vector<float>{sums[j]});
+    }
+    for (int chip : sh.chips) {
+      system_->advance(chip, Nanoseconds(ns), "grad norm");
+      if (shards_.size() > 1) system_->write(chip, "sumsq", sums);
+    }
+  }
+  if (shards_.size() > 1) {
+    std::vector<std::vector<int>> groups;
+    if (c_.zero == 1) {
+      groups.emplace_back();
+      for (std::int64_t r = 0; r < c_.dp; ++r) groups.back().push_back(chip_of(r, 0));
+    } else {
+      for (std::int64_t r = 0; r < c_.dp; ++r) {
+        groups.emplace_back();
+        for (std::int64_t st = 0; st < c_.pp; ++st) groups.back().push_back(chip_of(r, st));
+      }
+    }
+    collective([&] { system_->all_gather("sumsq", "sumsqs", groups); });
+  }
+  m.sim_ns += (max_clock() - t0).value();
   return norm;
+}
+
+double Trainer::pipeline_timeline(std::int64_t r, const std::vector<std::vector<double>>& f,
+                                  const std::vector<std::vector<double>>& b) {
+  // 1F1B (PipeDream-Flush, Narayanan et al. 2021): stage s runs
+  // min(P - s - 1, m) forwards, then alternates one forward and one
+  // backward, then the remaining backwards; the last stage runs each
+  // micro-batch's backward (its forward included) as soon as its input
+  // arrives. Each stage's output goes to the next stage, each backward's
+  // input gradient to the previous one, by send/recv on the collective
+  // engines while compute goes on; a stage waits only for what it reads.
+  // The transfers here are timed from their sizes; the values went from
+  // program to program on the host.
+  const std::size_t P = stages_.size(), M = static_cast<std::size_t>(c_.accum);
+  struct Op {
+    bool forward;
+    std::size_t i;
+  };
+  std::vector<std::vector<Op>> ops(P);
+  for (std::size_t s = 0; s < P; ++s) {
+    if (s + 1 == P) {
+      for (std::size_t i = 0; i < M; ++i) ops[s].push_back({false, i});
+      continue;
+    }
+    const std::size_t w = std::min(P - 1 - s, M);
+    for (std::size_t i = 0; i < w; ++i) ops[s].push_back({true, i});
+    for (std::size_t k = 0; k < M; ++k) {
+      if (w + k < M) ops[s].push_back({true, w + k});
+      ops[s].push_back({false, k});
+    }
+  }
+  struct Sent {
+    runtime::Handle h = 0;
+    double arrives = -1;  // < 0: not sent yet
+  };
+  std::vector<std::vector<Sent>> act(P, std::vector<Sent>(M)), grad = act;
+  std::vector<std::size_t> at(P, 0);
+  auto chip = [&](std::size_t s) { return chip_of(r, static_cast<std::int64_t>(s)); };
+  double transfers = 0;
+  for (;;) {
+    // The stage whose next op can start first (ties: the lower stage).
+    std::size_t best = P;
+    double best_start = 0;
+    for (std::size_t s = 0; s < P; ++s) {
+      if (at[s] == ops[s].size()) continue;
+      const Op& op = ops[s][at[s]];
+      const Sent* dep =
+          op.forward ? (s > 0 ? &act[s - 1][op.i] : nullptr)
+                     : (s + 1 < P ? &grad[s + 1][op.i] : (s > 0 ? &act[s - 1][op.i] : nullptr));
+      if (dep && dep->arrives < 0) continue;
+      const double start = std::max(system_->clock(chip(s)).value(), dep ? dep->arrives : 0.0);
+      if (best == P || start < best_start) best = s, best_start = start;
+    }
+    if (best == P) break;
+    const std::size_t s = best;
+    const Op op = ops[s][at[s]++];
+    const Sent* dep =
+        op.forward ? (s > 0 ? &act[s - 1][op.i] : nullptr)
+                   : (s + 1 < P ? &grad[s + 1][op.i] : (s > 0 ? &act[s - 1][op.i] : nullptr));
+    if (dep) system_->wait(dep->h, chip(s));
+    system_->advance(chip(s), Nanoseconds(op.forward ? f[s][op.i] : b[s][op.i]),
+                     fmt::format("{} {}", op.forward ? "forward" : "backward", op.i));
+    // What it sends: a forward's output on, a backward's input gradient back.
+    const bool sends = op.forward ? s + 1 < P : s > 0;
+    if (!sends) continue;
+    const std::size_t boundary = op.forward ? s : s - 1;  // stage whose output crosses
+    const graph::Graph& g = stages_[boundary].fwd->graph;
+    const graph::Value& y = g.value(g.find(stages_[boundary].out));
+    const std::vector<float> zeros(static_cast<std::size_t>(graph::elements(y.shape)), 0.0f);
+    const std::string from = op.forward ? "activation" : "activation gradient";
+    system_->write(chip(s), from, zeros, system_format(y.dtype));
+    const int to = op.forward ? chip(s + 1) : chip(s - 1);
+    Sent& out = (op.forward ? act[s] : grad[s])[op.i];
+    out.h = system_->send_recv(chip(s), from, to, fmt::format("{} {}", from, op.i),
+                               runtime::Launch::async);
+    const runtime::CollectiveEvent& e = system_->events().back();
+    out.arrives = (e.start + e.duration).value();
+    transfers += e.duration.value();
+  }
+  return transfers;
 }
 
 double Trainer::run_update(const std::map<std::string, std::vector<float>>& scalars,
                            StepMetrics& m) {
-  const Nanoseconds t0 = system_->clock(0);
-  std::vector<std::uint8_t> mine;  // zero 1: this process's shards' times and new weights
+  const Nanoseconds t0 = max_clock();
+  // Every shard this process holds is updated here (each holder keeps its
+  // copy of the state); its reporter sends the time and the new weights.
+  std::vector<std::uint8_t> mine;
   for (Shard& sh : shards_) {
     if (!sh.session) continue;
     std::map<std::string, std::vector<float>> feeds;
     for (const auto& [name, x] : scalars)
       if (sh.update->graph.find(name) >= 0) feeds[name] = x;
-    for (std::size_t i : sh.params) feeds[acc_names_[i]] = grad_->read(acc_names_[i]);
+    for (std::size_t i : sh.params) feeds[acc_names_[i]] = reduced_.at(acc_names_[i]);
     const runtime::StepResult r = sh.session->step(feeds);
-    if (sh.owner < 0) {  // every replica updates its copy: the same time on each
-      for (std::size_t i : sh.params) weights_[param_names_[i]] = sh.session->read(param_names_[i]);
-      for (int chip = 0; chip < system_->chips(); ++chip)
-        system_->advance(chip, Nanoseconds(r.time_ns), "update");
-      continue;
-    }
+    if (reporter(sh) != comm_->rank()) continue;
     put(mine, &r.time_ns, sizeof(double));
     for (std::size_t i : sh.params) {
       const std::vector<float> w = sh.session->read(param_names_[i]);
       put(mine, w.data(), w.size() * sizeof(float));
     }
   }
-  if (c_.zero == 1) {
-    // Each replica's updated shard, then the weights' all-gather on the
-    // fabric (the shards padded to the largest, in the params' dtype).
-    std::int64_t block = 0;
-    for (const Shard& sh : shards_) block = std::max(block, sh.elements);
-    const graph::Graph& g = grad_exe_->graph;
-    const isa::DType wt = g.value(g.find(param_names_[0])).dtype;
-    const num::FormatId fmt_id = wt == isa::DType::fp32   ? num::FormatId::fp32
-                                 : wt == isa::DType::fp16 ? num::FormatId::fp16
-                                                          : num::FormatId::bf16;
-    const std::vector<std::vector<std::uint8_t>> all = comm_->all_gather(mine);
-    for (int q = 0; q < comm_->size(); ++q) {
-      Reader rd{all[static_cast<std::size_t>(q)]};
-      for (const Shard& sh : shards_) {
-        if (sh.owner < runtime::block_first(c_.dp, comm_->size(), q) ||
-            sh.owner >= runtime::block_first(c_.dp, comm_->size(), q + 1))
-          continue;
-        double ns = 0;
-        rd.get(&ns, sizeof ns);
-        std::vector<float> w(static_cast<std::size_t>(block), 0.0f);
-        rd.get(w.data(), static_cast<std::size_t>(sh.elements) * sizeof(float));
-        system_->advance(static_cast<int>(sh.owner), Nanoseconds(ns), "update");
-        system_->write(static_cast<int>(sh.owner), "weights", w, fmt_id);
-      }
+  const std::vector<std::vector<std::uint8_t>> all = comm_->all_gather(mine);
+  std::vector<Reader> readers;
+  for (const auto& p : all) readers.push_back(Reader{p});
+  std::int64_t block = 0;
+  for (const Shard& sh : shards_) block = std::max(block, sh.elements);
+  const graph::Graph& g = grad_exe_->graph;
+  const num::FormatId wf = system_format(g.value(g.find(param_names_[0])).dtype);
+  for (const Shard& sh : shards_) {
+    Reader& rd = readers[static_cast<std::size_t>(reporter(sh))];
+    double ns = 0;
+    rd.get(&ns, sizeof ns);
+    std::vector<float> w(static_cast<std::size_t>(block), 0.0f);
+    rd.get(w.data(), static_cast<std::size_t>(sh.elements) * sizeof(float));
+    for (int chip : sh.chips) system_->advance(chip, Nanoseconds(ns), "update");
+    if (c_.zero == 1) {
+      system_->write(sh.chips.front(), "weights", w, wf);
+      continue;
     }
-    std::vector<int> group(static_cast<std::size_t>(c_.dp));
-    std::iota(group.begin(), group.end(), 0);
+    std::size_t at = 0;
+    for (std::size_t i : sh.params) {
+      const auto e = static_cast<std::size_t>(acc_sizes_[i]);
+      weights_[param_names_[i]].assign(w.begin() + static_cast<std::ptrdiff_t>(at),
+                                       w.begin() + static_cast<std::ptrdiff_t>(at + e));
+      at += e;
+    }
+  }
+  if (c_.zero == 1) {
+    // The updated shards all-gathered on the fabric (padded to the largest,
+    // in the params' dtype): every replica's weights.
+    std::vector<int> group;
+    for (const Shard& sh : shards_) group.push_back(sh.chips.front());
     system_->all_gather("weights", "all_weights", {group});
     const double d = system_->events().back().duration.value();
     m.comm_ns += d, m.exposed_comm_ns += d;
@@ -1052,7 +1380,7 @@ double Trainer::run_update(const std::map<std::string, std::vector<float>>& scal
       }
     }
   }
-  return (system_->clock(0) - t0).value();
+  return (max_clock() - t0).value();
 }
 
 // The step's first micro-batch through the graph interpreter (float64,
@@ -1069,7 +1397,8 @@ void Trainer::monitor(const Batch& b, StepMetrics& m) {
   for (const std::string& a : acc_names_)
     feeds[a] =
         graph::HostData(static_cast<std::size_t>(graph::elements(g.value(g.find(a)).shape)), 0.0);
-  graph::DelayedScaling scaling = grad_->kept_state().scaling;  // a copy: the run's stays
+  graph::DelayedScaling scaling =
+      replicas_.front().bwd.front()->kept_state().scaling;  // a copy: the run's stays
   graph::evaluate(g, feeds, &scaling, &m.monitors);
   if (m.monitors.empty()) return;
   std::set<std::int64_t> layers;
@@ -1107,14 +1436,14 @@ void Trainer::monitor(const Batch& b, StepMetrics& m) {
 // Recompiles for the current recipe and bf16 layers, keeping every state:
 // weights, masters, moments, gradient accumulators, scaling state.
 void Trainer::rebuild() {
-  const runtime::KeptState kept = grad_->kept_state();
+  // The accumulators are zero here (a fallback comes before a step's
+  // micro-batches or after its bad gradients were dropped).
+  const runtime::KeptState kept = replicas_.front().bwd.front()->kept_state();
   const std::map<std::string, std::vector<float>> state = optimizer_state();
-  std::map<std::string, std::vector<float>> accs;
-  for (const std::string& a : acc_names_) accs[a] = grad_->read(a);
   build();
   set_optimizer_state(state);
-  for (const auto& [name, x] : accs) grad_->write(name, x);
-  for (runtime::Session* r : local()) r->restore_kept_state(kept);
+  for (Replica& rep : replicas_)
+    for (auto& b : rep.bwd) b->restore_kept_state(kept);
   push_weights();
 }
 
@@ -1125,7 +1454,7 @@ std::string Trainer::save_checkpoint() {
   Checkpoint ck;
   for (const std::string& p : param_names_) ck.tensors["param/" + p] = weights_.at(p);
   for (auto& [name, x] : optimizer_state()) ck.tensors["param/" + name] = std::move(x);
-  const runtime::KeptState kept = grad_->kept_state();
+  const runtime::KeptState kept = replicas_.front().bwd.front()->kept_state();
   for (const auto& [name, bytes] : kept.buffers) {
     std::vector<float> x(bytes.size() / 4);
     if (bytes.size() % 4) throw Error(fmt::format("kept buffer {} is not FP32", name));
@@ -1227,8 +1556,10 @@ void Trainer::restore_checkpoint(const Checkpoint& ck) {
     if (!name.starts_with("param/")) continue;
     const std::string n = name.substr(6);
     if (std::find(param_names_.begin(), param_names_.end(), n) != param_names_.end()) {
-      grad_->write(n, x);  // checks the size
-      weights_[n] = grad_->read(n);
+      const auto i = static_cast<std::size_t>(
+          std::find(param_names_.begin(), param_names_.end(), n) - param_names_.begin());
+      holder(i).write(n, x);  // checks the size, rounds to the param's dtype
+      weights_[n] = holder(i).read(n);
     } else {
       state[n] = x;
     }
@@ -1253,7 +1584,8 @@ void Trainer::restore_checkpoint(const Checkpoint& ck) {
     sites[name] = std::move(s);
   }
   kept.scaling.restore(std::move(sites));
-  for (runtime::Session* r : local()) r->restore_kept_state(kept);
+  for (Replica& rep : replicas_)
+    for (auto& b : rep.bwd) b->restore_kept_state(kept);
   zero_accumulators();
   step_ = meta.at("step"), opt_step_ = meta.at("opt_step");
   const auto& n = meta.at("norms");

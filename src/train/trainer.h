@@ -33,6 +33,7 @@
 #include "train/config.h"
 #include "train/loader.h"
 #include "train/tokenizer.h"
+#include "util/units.h"
 
 namespace tern::graph {
 struct Executable;
@@ -142,13 +143,26 @@ class Trainer {
  private:
   void build();  // compiles grad, update and eval programs for recipe_ / bf16_layers_
   void init_weights();
-  void push_weights();                           // update session -> grad sessions
-  std::vector<runtime::Session*> local() const;  // this process's grad sessions
+  void push_weights();  // weights_ -> every grad session of this process
   void zero_accumulators();
-  // Runs this process's replicas on `batches` (host threads); dp > 1 then
-  // all-reduces their accumulators into grad_ and computes the norm.
+  // Runs this process's replicas on `batches` (host threads; pp > 1: each
+  // through its pipeline stages), then reduces the accumulators into
+  // reduced_ (dp > 1 or pp > 1: on the simulated fabric) and computes the
+  // sums of squares (the returned outputs "<param>.grad_sumsq").
   runtime::StepResult run_replicas(std::int64_t s, const std::vector<Batch>& batches,
                                    StepMetrics& m, double& loss);
+  // pp > 1: the timeline of one replica's 1F1B schedule on its chips, from
+  // the programs' times f[stage][i] (forward) and b[stage][i] (backward).
+  // Returns the replica's send/recv time.
+  double pipeline_timeline(std::int64_t replica, const std::vector<std::vector<double>>& f,
+                           const std::vector<std::vector<double>>& b);
+  Nanoseconds max_clock() const;
+  int chip_of(std::int64_t replica, std::int64_t stage) const {
+    return static_cast<int>(replica * c_.pp + stage);
+  }
+  // A session holding param i (stage and replica of this process's first):
+  // it rounds values to the param's dtype.
+  runtime::Session& holder(std::size_t i);
   void restore(const std::string& file_or_dir);
   void restore_from(const std::string& file_or_dir);
   void restore_checkpoint(const struct Checkpoint& ck);
@@ -169,13 +183,33 @@ class Trainer {
   std::set<std::int64_t> bf16_layers_;
   std::shared_ptr<const graph::Executable> grad_exe_, eval_exe_;
   std::unique_ptr<graph::Graph> grad_graph_;  // the grad program's graph (monitors)
-  std::unique_ptr<runtime::Session> grad_, eval_;
-  // The optimizer: one shard of every param (zero 0: run by every replica
-  // on its copy) or dp shards of whole params in order, balanced by
-  // elements (zero 1: replica r updates shard r, then the weights are
-  // all-gathered). A shard's Session exists where its owner is simulated.
+  std::unique_ptr<runtime::Session> eval_;
+  // The model's pipeline stages (pp 1: one, the whole grad program). Stage
+  // s runs layers [s L / pp, (s + 1) L / pp) (the first also the
+  // embeddings, the last the head and the loss); its backward program
+  // recomputes its forward from the stage's input (full recompute) and
+  // adds its params' gradients into FP32 accumulators.
+  struct Stage {
+    std::string in, out;              // boundary values ("" for the first's in; "loss")
+    std::string dx, dy;               // bwd: gradient of `in` (output), of `out` (input)
+    std::vector<std::size_t> params;  // indices into param_names_ (a tied param in two stages)
+    std::shared_ptr<const graph::Executable> fwd, bwd;  // fwd: null for the last stage
+  };
+  std::vector<Stage> stages_;
+  std::vector<std::size_t> stage_of_;  // param -> the first stage holding it
+  // This process's replicas [first_, last_): per stage, its sessions.
+  struct Replica {
+    std::vector<std::unique_ptr<runtime::Session>> fwd, bwd;
+  };
+  std::vector<Replica> replicas_;
+  std::map<std::string, std::vector<float>> reduced_;  // the step's summed accumulators
+  // The optimizer: one shard of every param (zero 0: run by every chip on
+  // its copy), one per pipeline stage (pp > 1: run by the stage's chips),
+  // or dp shards of whole params in order, balanced by elements (zero 1:
+  // replica r updates shard r, then the weights are all-gathered). A
+  // shard's Session exists where one of its chips is simulated.
   struct Shard {
-    std::int64_t owner = -1;          // the replica that updates it (-1: every replica)
+    std::vector<int> chips;           // the chips that run it
     std::vector<std::size_t> params;  // indices into param_names_
     std::int64_t elements = 0;
     std::vector<std::string> state;                         // its masters and moments
@@ -184,23 +218,30 @@ class Trainer {
   };
   std::vector<Shard> shards_;
   std::map<std::string, std::vector<float>> weights_;  // every param as every replica holds it
-  bool local_shard(const Shard& s) const {
-    return s.owner < 0 || (s.owner >= first_ && s.owner < last_);
+  bool local_chip(int chip) const {
+    const std::int64_t r = chip / c_.pp;
+    return r >= first_ && r < last_;
   }
+  bool local_shard(const Shard& s) const {
+    for (int c : s.chips)
+      if (local_chip(c)) return true;
+    return false;
+  }
+  // The rank that reports a shard's results: the one simulating its first chip.
+  int reporter(const Shard& s) const;
   // Every state tensor of the optimizer (masters, moments), gathered from
   // the shards of every process (checkpoints, rebuilds).
   std::map<std::string, std::vector<float>> optimizer_state();
   // Writes the named state tensors into the shards this process holds.
   void set_optimizer_state(const std::map<std::string, std::vector<float>>& state);
   std::string param_of_state(const std::string& state) const;
-  // The update of a step from the reduced accumulators in grad_: every
+  // The update of a step from the reduced accumulators: every
   // shard, then (zero 1) the weights gathered; returns the simulated time.
   double run_update(const std::map<std::string, std::vector<float>>& scalars, StepMetrics& m);
   runtime::Comm* comm_ = nullptr;
   std::unique_ptr<runtime::Comm> own_comm_;
-  std::int64_t first_ = 0, last_ = 1;                    // this process's replicas
-  std::vector<std::unique_ptr<runtime::Session>> more_;  // replicas first_ + 1 .. last_ - 1
-  std::unique_ptr<runtime::System> system_;              // the chips' clocks and fabric
+  std::int64_t first_ = 0, last_ = 1;        // this process's replicas
+  std::unique_ptr<runtime::System> system_;  // the chips' clocks and fabric
   std::vector<std::string> acc_names_, sumsq_names_;
   std::vector<std::int64_t> acc_sizes_;           // elements of each accumulator
   std::map<std::string, std::string> master_of_;  // master input -> param
