@@ -64,7 +64,9 @@ TEST(PlanAgreement, StepTimeWithin15Percent) {
     // Data parallel alone: the one collective is the same formula on the
     // same fabric. (With stages the simulated comm also holds the
     // send/recv, the tied embedding's all-reduce and the norm's gather.)
-    if (k.pp == 1) EXPECT_NEAR(m.comm_ns, e.time.dp_exposed.value(), 0.02 * m.comm_ns + 1);
+    if (k.pp == 1) {
+      EXPECT_NEAR(m.comm_ns, e.time.dp_exposed.value(), 0.02 * m.comm_ns + 1);
+    }
   }
 }
 
