@@ -125,7 +125,10 @@ Graph autocast(const Graph& g, const AutocastOptions& opt) {
   auto named_cast = [&](int v, DType d, const std::string& name) {
     const int c = out.cast(v, d);
     std::string n = name;
-    for (int k = 1; out.find(n) >= 0; ++k) n = fmt::format("{}{}", name, k);
+    // (The cast's own fresh name may be `name` itself: then it is free.
+    // Appending digits to an automatic "t<N>" name would make another
+    // automatic name, so the suffix is ".<k>".)
+    for (int k = 1; out.find(n) >= 0 && out.find(n) != c; ++k) n = fmt::format("{}.{}", name, k);
     out.rename(c, n);
     return c;
   };

@@ -42,6 +42,7 @@ Model gpt2(const Gpt2Config& c) {
   const int targets = g.input("targets", {B, S}, DType::int32);
   const int wte = param("wte", {c.vocab, D}, w), wpe = param("wpe", {S, D}, w);
   int x = g.add(g.embedding(wte, ids), wpe);
+  g.rename(x, "embed");
   for (std::int64_t l = 0; l < c.layers; ++l) {
     const std::string p = fmt::format("h.{}.", l);
     const int ln1 = g.layernorm(x, param(p + "ln_1.w", {D}, w), param(p + "ln_1.b", {D}, w));
@@ -54,9 +55,9 @@ Model gpt2(const Gpt2Config& c) {
     };
     const int o =
         g.attention(head(0), head(1), head(2), true, 1.0 / std::sqrt(static_cast<double>(hd)))[0];
-    const int proj =
-        g.add(g.matmul(merge_heads(g, o, B, S, H, hd), param(p + "attn.c_proj.w", {D, D}, w)),
-              param(p + "attn.c_proj.b", {D}, w));
+    const int pm = g.matmul(merge_heads(g, o, B, S, H, hd), param(p + "attn.c_proj.w", {D, D}, w));
+    g.rename(pm, p + "attn.proj");  // before its bias: where tensor parallelism all-reduces
+    const int proj = g.add(pm, param(p + "attn.c_proj.b", {D}, w));
     x = g.add(proj, x);
     g.rename(x, p + "resid_attn");
     const int ln2 = g.layernorm(x, param(p + "ln_2.w", {D}, w), param(p + "ln_2.b", {D}, w));
@@ -64,8 +65,9 @@ Model gpt2(const Gpt2Config& c) {
     const int fc = g.act(Op::gelu_tanh, g.add(g.matmul(ln2, param(p + "mlp.c_fc.w", {D, 4 * D}, w)),
                                               param(p + "mlp.c_fc.b", {4 * D}, w)));
     g.rename(fc, p + "mlp.fc");
-    const int fp = g.add(g.matmul(fc, param(p + "mlp.c_proj.w", {4 * D, D}, w)),
-                         param(p + "mlp.c_proj.b", {D}, w));
+    const int fm = g.matmul(fc, param(p + "mlp.c_proj.w", {4 * D, D}, w));
+    g.rename(fm, p + "mlp.proj");
+    const int fp = g.add(fm, param(p + "mlp.c_proj.b", {D}, w));
     x = g.add(fp, x);
     g.rename(x, p + "out");
   }
@@ -77,6 +79,46 @@ Model gpt2(const Gpt2Config& c) {
   g.rename(m.loss, "loss");
   g.mark_output(m.loss);
   return m;
+}
+
+Graph gpt2_attention_shard(const Gpt2Config& c, std::int64_t layer, int tp) {
+  if (tp < 1 || c.heads % tp != 0)
+    throw Error(fmt::format("gpt2: tp {} does not divide heads {}", tp, c.heads));
+  Graph g(fmt::format("h.{}.attn.tp", layer));
+  const std::int64_t B = c.batch, S = c.seq, D = c.dim, H = c.heads / tp, hd = c.dim / c.heads;
+  const std::int64_t W = H * hd;  // this rank's share of the width
+  const std::string p = fmt::format("h.{}.", layer);
+  const DType w = c.dtype;
+  const int ln1 = g.input(p + "ln_1", {B, S, D}, w);
+  const int qkv = g.add(g.matmul(ln1, g.param(p + "attn.c_attn.w", {D, 3 * W}, w)),
+                        g.param(p + "attn.c_attn.b", {3 * W}, w));
+  g.rename(qkv, p + "qkv");
+  auto head = [&](std::int64_t part) {
+    return split_heads(g, g.slice(qkv, 2, part * W, (part + 1) * W), B, S, H, hd);
+  };
+  const int o =
+      g.attention(head(0), head(1), head(2), true, 1.0 / std::sqrt(static_cast<double>(hd)))[0];
+  const int pm = g.matmul(merge_heads(g, o, B, S, H, hd), g.param(p + "attn.c_proj.w", {W, D}, w));
+  g.rename(pm, p + "attn.proj");
+  g.mark_output(pm);
+  return g;
+}
+
+Graph gpt2_mlp_shard(const Gpt2Config& c, std::int64_t layer, int tp) {
+  if (tp < 1 || (4 * c.dim) % tp != 0)
+    throw Error(fmt::format("gpt2: tp {} does not divide the MLP width {}", tp, 4 * c.dim));
+  Graph g(fmt::format("h.{}.mlp.tp", layer));
+  const std::int64_t B = c.batch, S = c.seq, D = c.dim, F = 4 * c.dim / tp;
+  const std::string p = fmt::format("h.{}.", layer);
+  const DType w = c.dtype;
+  const int ln2 = g.input(p + "ln_2", {B, S, D}, w);
+  const int fc = g.act(Op::gelu_tanh, g.add(g.matmul(ln2, g.param(p + "mlp.c_fc.w", {D, F}, w)),
+                                            g.param(p + "mlp.c_fc.b", {F}, w)));
+  g.rename(fc, p + "mlp.fc");
+  const int fm = g.matmul(fc, g.param(p + "mlp.c_proj.w", {F, D}, w));
+  g.rename(fm, p + "mlp.proj");
+  g.mark_output(fm);
+  return g;
 }
 
 Model llama(const LlamaConfig& c) {

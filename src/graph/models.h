@@ -37,4 +37,16 @@ struct Model {
 Model gpt2(const Gpt2Config& c);
 Model llama(const LlamaConfig& c);
 
+// A tensor-parallel rank's share of GPT-2 layer `layer` (Megatron-LM,
+// Shoeybi et al. 2019), of tp ranks: the attention from its input
+// "h.<l>.ln_1" [B, S, D] through heads / tp heads (columns of c_attn.w
+// [D, 3 D / tp], q | k | v of its heads, and c_attn.b) to the partial sum
+// "h.<l>.attn.proj" [B, S, D] of its rows of c_proj.w [D / tp, D] (the bias
+// comes after the all-reduce); the MLP from "h.<l>.ln_2" through its
+// columns of c_fc [D, 4 D / tp] to "h.<l>.mlp.proj", its rows of
+// mlp.c_proj.w [4 D / tp, D]. The full model names the same values
+// (gpt2()). Throws tern::Error when tp does not divide the heads or 4 D.
+Graph gpt2_attention_shard(const Gpt2Config& c, std::int64_t layer, int tp);
+Graph gpt2_mlp_shard(const Gpt2Config& c, std::int64_t layer, int tp);
+
 }  // namespace tern::graph

@@ -118,7 +118,13 @@ void validate(const TrainConfig& c) {
     bad(fmt::format(
         "dp, tp and pp must be >= 1 and threads >= 0, got dp {}, tp {}, pp {}, threads {}", c.dp,
         c.tp, c.pp, c.threads));
-  if (c.tp > 1) bad("not supported: tensor parallel training (tp > 1); docs/multichip.md");
+  if (c.tp > 1 && c.model != "gpt2")
+    bad("not supported: tensor parallel training (tp > 1) of the llama model; gpt2 is");
+  if (c.tp > 1 && c.pp > 1)
+    bad("not supported: tp and pp > 1 together (yet); dp combines with either");
+  if (c.tp > 1 && c.zero == 1) bad("not supported: zero 1 with tp > 1");
+  if (c.tp > 1 && c.heads % c.tp != 0)
+    bad(fmt::format("tp {} does not divide heads {}", c.tp, c.heads));
   if (c.pp > c.layers)
     bad(fmt::format("pp {} is more pipeline stages than the {} layers", c.pp, c.layers));
   if (c.pp > 1 && c.zero == 1)
@@ -128,8 +134,8 @@ void validate(const TrainConfig& c) {
         fmt::format("zero must be 0 (replicated optimizer) or 1 (sharded optimizer state), got {}"
                     "; ZeRO-2/3 are not supported",
                     c.zero));
-  if ((c.dp > 1 || c.pp > 1) && c.recipe == "fp8-hybrid")
-    bad("not supported: dp or pp > 1 with recipe fp8-hybrid (delayed scaling would need its "
+  if ((c.dp > 1 || c.pp > 1 || c.tp > 1) && c.recipe == "fp8-hybrid")
+    bad("not supported: dp, tp or pp > 1 with recipe fp8-hybrid (delayed scaling would need its "
         "amax history shared between chips); use mxfp8, bf16 or fp32");
   if (c.ckpt_every < 0 || c.keep_last < 1) bad("ckpt_every must be >= 0 and keep_last >= 1");
   if (c.ckpt_every > 0 && c.ckpt_dir.empty()) bad("ckpt_every needs ckpt_dir");

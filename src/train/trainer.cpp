@@ -22,6 +22,8 @@
 #include "graph/models.h"
 #include "graph/optimizer.h"
 #include "graph/partition.h"
+#include "isa/dtype.h"
+#include "num/convert.h"
 #include "runtime/comm.h"
 #include "runtime/device.h"
 #include "runtime/system.h"
@@ -127,6 +129,23 @@ arch::SystemSpec system_for(const TrainConfig& c) {
 
 }  // namespace
 
+namespace {
+
+// Megatron's split of a GPT-2 layer: c_attn (q | k | v, each by heads) and
+// c_fc by columns, the projections after them by rows.
+bool row_split(const std::string& n) {
+  return n.ends_with("attn.c_proj.w") || n.ends_with("mlp.c_proj.w");
+}
+bool tp_split(const std::string& n) {
+  return row_split(n) || n.ends_with("attn.c_attn.w") || n.ends_with("attn.c_attn.b") ||
+         n.ends_with("mlp.c_fc.w") || n.ends_with("mlp.c_fc.b");
+}
+std::int64_t column_groups(const std::string& n) {
+  return n.find("attn.c_attn.") != std::string::npos ? 3 : 1;  // q, k, v
+}
+
+}  // namespace
+
 Trainer::Trainer(const TrainConfig& c, runtime::Comm* comm) : c_(c), comm_(comm) {
   train::validate(c_);
   if (!comm_) own_comm_ = runtime::single_process(), comm_ = own_comm_.get();
@@ -140,7 +159,8 @@ Trainer::Trainer(const TrainConfig& c, runtime::Comm* comm) : c_(c), comm_(comm)
   first_ = runtime::block_first(c_.dp, comm_->size(), comm_->rank());
   last_ = runtime::block_first(c_.dp, comm_->size(), comm_->rank() + 1);
   // The chips' clocks and fabric (a single chip too: its timeline).
-  system_ = std::make_unique<runtime::System>(system_for(c_), static_cast<int>(c_.dp * c_.pp));
+  system_ =
+      std::make_unique<runtime::System>(system_for(c_), static_cast<int>(c_.dp * c_.pp * c_.tp));
   std::vector<std::uint16_t> train_tokens;
   if (!c_.data.empty()) {
     // A `tern data` directory: its tokenizer and shards.
@@ -241,8 +261,10 @@ void Trainer::build() {
   acc_names_.clear(), sumsq_names_.clear(), acc_sizes_.clear();
   params_ = 0;
   accumulate(g, grads, params);
+  param_shapes_.clear(), param_dtypes_.clear();
   for (int p : params) {
     const graph::Value& pv = g.value(p);
+    param_shapes_.push_back(pv.shape), param_dtypes_.push_back(pv.dtype);
     params_ += graph::elements(pv.shape);
     acc_names_.push_back(pv.name + ".grad_acc");
     acc_sizes_.push_back(graph::elements(pv.shape));
@@ -252,7 +274,7 @@ void Trainer::build() {
   // them (one chip) and without (dp or pp > 1: the norm of the reduced sum
   // runs in its own program) launch the same kernels in the same order
   // before them: the same stochastic-rounding streams (runtime/device.h).
-  const bool one_chip = c_.dp == 1 && c_.pp == 1;
+  const bool one_chip = c_.dp == 1 && c_.pp == 1 && c_.tp == 1;
   if (one_chip)
     for (std::size_t i = 0; i < acc_names_.size(); ++i) {
       const int next = g.find(param_names_[i] + ".grad_acc.next");
@@ -266,7 +288,82 @@ void Trainer::build() {
   // The pipeline stages: cut from the forward pass at layer boundaries.
   stages_.assign(static_cast<std::size_t>(c_.pp), Stage{});
   stage_of_.assign(param_names_.size(), 0);
-  if (c_.pp == 1) {
+  if (c_.tp > 1) {
+    // Tensor parallel: replicated pieces cut from the forward pass between
+    // the all-reduces, and each layer's attention and MLP shards.
+    stages_.clear();
+    graph::Gpt2Config gc;
+    gc.layers = c_.layers, gc.dim = c_.dim, gc.heads = c_.heads, gc.vocab = tok_->vocab();
+    gc.seq = c_.seq, gc.batch = c_.batch;
+    gc.dtype = m.graph.value(m.params.front()).dtype;
+    graph::AutocastOptions ao;
+    if (recipe_ != "fp32") {
+      ao = graph::recipe(recipe_, c_.mx_policy);
+      for (std::int64_t l : bf16_layers_) ao.keep_high.push_back(layer_prefix(c_, l));
+    }
+    auto piece = [&](graph::Graph part, std::vector<std::string> ins, std::vector<std::string> outs,
+                     int rank) {
+      Stage sg;
+      sg.tp = rank, sg.ins = std::move(ins), sg.outs = std::move(outs);
+      const bool last = sg.outs == std::vector<std::string>{"loss"};
+      if (!last) sg.fwd = std::make_shared<const graph::Executable>(graph::compile(part, chip, o));
+      graph::Graph b = part;
+      std::vector<int> ps;
+      for (std::size_t i = 0; i < param_names_.size(); ++i)
+        if (const int v = b.find(param_names_[i]); v >= 0) ps.push_back(v), sg.params.push_back(i);
+      std::vector<int> wrt = ps;
+      for (const std::string& in : sg.ins) wrt.push_back(b.find(in));
+      std::map<int, int> gr;
+      if (last) {
+        gr = graph::add_backward(b, b.find("loss"), wrt);
+      } else {
+        std::map<int, int> seeds;
+        for (const std::string& out : sg.outs) {
+          const graph::Value& y = b.value(b.find(out));
+          sg.dys[out] = "grad_in." + out;
+          seeds[b.find(out)] = b.input(sg.dys[out], y.shape, y.dtype);
+        }
+        gr = graph::add_backward(b, seeds, wrt);
+      }
+      for (const std::string& in : sg.ins) {
+        const int dx = gr.at(b.find(in));
+        b.mark_output(dx);
+        sg.dxs[in] = b.value(dx).name;
+      }
+      accumulate(b, gr, ps);
+      sg.bwd = std::make_shared<const graph::Executable>(graph::compile(b, chip, o));
+      stages_.push_back(std::move(sg));
+    };
+    auto replicated = [&](std::vector<std::string> ins, std::vector<std::string> outs) {
+      piece(graph::extract(fwd, ins, outs, fmt::format("tp.piece{}", stages_.size())), ins, outs,
+            -1);
+    };
+    auto sharded = [&](std::int64_t l, bool attention) {
+      const std::string p = layer_prefix(c_, l);
+      graph::Graph sh = attention ? graph::gpt2_attention_shard(gc, l, static_cast<int>(c_.tp))
+                                  : graph::gpt2_mlp_shard(gc, l, static_cast<int>(c_.tp));
+      if (recipe_ != "fp32") sh = graph::autocast(sh, ao);
+      for (int t = 0; t < c_.tp; ++t)
+        piece(sh, {p + (attention ? "ln_1" : "ln_2")}, {p + (attention ? "attn.proj" : "mlp.proj")},
+              t);
+    };
+    boundary_dtype_.clear();
+    for (const graph::Value& v : fwd.values()) boundary_dtype_[v.name] = v.dtype;
+    for (std::int64_t l = 0; l < c_.layers; ++l) {
+      const std::string p = layer_prefix(c_, l);
+      if (l == 0)
+        replicated({}, {"embed", p + "ln_1"});
+      else
+        replicated({layer_prefix(c_, l - 1) + "mlp.proj", layer_prefix(c_, l - 1) + "resid_attn"},
+                   {layer_prefix(c_, l - 1) + "out", p + "ln_1"});
+      sharded(l, true);
+      replicated({p + "attn.proj", l == 0 ? "embed" : layer_prefix(c_, l - 1) + "out"},
+                 {p + "resid_attn", p + "ln_2"});
+      sharded(l, false);
+    }
+    const std::string p = layer_prefix(c_, c_.layers - 1);
+    replicated({p + "mlp.proj", p + "resid_attn"}, {"loss"});
+  } else if (c_.pp == 1) {
     stages_[0].out = "loss";
     stages_[0].bwd = grad_exe_;
     for (std::size_t i = 0; i < param_names_.size(); ++i) stages_[0].params.push_back(i);
@@ -327,9 +424,22 @@ void Trainer::build() {
   // about 1 / dp of the elements); pp > 1, one per stage, run by the
   // stage's chips; else one of everything, run by every chip.
   shards_.clear();
-  std::vector<int> all_chips(static_cast<std::size_t>(c_.dp * c_.pp));
+  std::vector<int> all_chips(static_cast<std::size_t>(c_.dp * c_.pp * c_.tp));
   std::iota(all_chips.begin(), all_chips.end(), 0);
-  if (c_.pp > 1) {
+  if (c_.tp > 1) {
+    // Each tp rank updates its slices and (redundantly, as Megatron does)
+    // the replicated params.
+    for (std::int64_t t = 0; t < c_.tp; ++t) {
+      Shard sh;
+      sh.tp = static_cast<int>(t);
+      for (std::size_t i = 0; i < param_names_.size(); ++i) {
+        sh.params.push_back(i);
+        sh.elements += sliced(i) ? acc_sizes_[i] / c_.tp : acc_sizes_[i];
+      }
+      for (std::int64_t r = 0; r < c_.dp; ++r) sh.chips.push_back(chip_of(r, 0, t));
+      shards_.push_back(std::move(sh));
+    }
+  } else if (c_.pp > 1) {
     for (std::int64_t st = 0; st < c_.pp; ++st) {
       Shard sh;
       sh.params = stages_[static_cast<std::size_t>(st)].params;
@@ -372,10 +482,15 @@ void Trainer::build() {
     // update: AdamW over the shard's accumulated gradients.
     graph::Graph u(shards_.size() > 1 ? fmt::format("update.{}", k) : "update");
     std::map<int, int> ug;
+    auto shape_in = [&](std::size_t i) {  // a tp rank holds its slice
+      graph::Shape sh_ = param_shapes_[i];
+      if (sh.tp >= 0 && sliced(i)) (row_split(param_names_[i]) ? sh_.front() : sh_.back()) /= c_.tp;
+      return sh_;
+    };
     for (std::size_t i : sh.params) {
       const graph::Value& pv = g.value(params[i]);
-      const int up = u.param(pv.name, pv.shape, pv.dtype);
-      ug[up] = u.input(acc_names_[i], pv.shape, isa::DType::fp32);
+      const int up = u.param(pv.name, shape_in(i), pv.dtype);
+      ug[up] = u.input(acc_names_[i], shape_in(i), isa::DType::fp32);
     }
     graph::AdamWConfig ac;
     ac.beta1 = c_.beta1, ac.beta2 = c_.beta2, ac.no_decay_group = true;
@@ -394,8 +509,7 @@ void Trainer::build() {
       // single chip.
       graph::Graph ng(fmt::format("grad_norm.{}", k));
       for (std::size_t i : sh.params) {
-        const graph::Value& pv = g.value(params[i]);
-        const int x = ng.input(acc_names_[i], pv.shape, isa::DType::fp32);
+        const int x = ng.input(acc_names_[i], shape_in(i), isa::DType::fp32);
         const int sq = ng.sum(ng.mul(x, x), {});
         ng.rename(sq, sumsq_names_[i]);
         ng.mark_output(sq);
@@ -416,12 +530,72 @@ void Trainer::build() {
   zero_accumulators();
 }
 
+bool Trainer::sliced(std::size_t i) const {
+  return c_.tp > 1 && tp_split(param_names_[i]);
+}
+
+std::vector<float> Trainer::slice(std::size_t i, int t, const std::vector<float>& full) const {
+  const graph::Shape& sh = param_shapes_[i];
+  const auto T = c_.tp;
+  std::vector<float> out;
+  if (row_split(param_names_[i])) {
+    const std::int64_t cols = sh.back(), rows = sh.front() / T;
+    const auto b = full.begin() + static_cast<std::ptrdiff_t>(t * rows * cols);
+    out.assign(b, b + static_cast<std::ptrdiff_t>(rows * cols));
+    return out;
+  }
+  const std::int64_t cols = sh.back(), rows = graph::elements(sh) / cols;
+  const std::int64_t g = column_groups(param_names_[i]), w = cols / g / T;
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t k = 0; k < g; ++k) {
+      const auto b = full.begin() + static_cast<std::ptrdiff_t>(r * cols + k * (cols / g) + t * w);
+      out.insert(out.end(), b, b + static_cast<std::ptrdiff_t>(w));
+    }
+  return out;
+}
+
+std::vector<float> Trainer::assemble(std::size_t i,
+                                     const std::vector<std::vector<float>>& parts) const {
+  const graph::Shape& sh = param_shapes_[i];
+  const auto T = c_.tp;
+  std::vector<float> full(static_cast<std::size_t>(graph::elements(sh)));
+  if (row_split(param_names_[i])) {
+    for (std::int64_t t = 0; t < T; ++t)
+      std::copy(parts[static_cast<std::size_t>(t)].begin(),
+                parts[static_cast<std::size_t>(t)].end(),
+                full.begin() + static_cast<std::ptrdiff_t>(t * (graph::elements(sh) / T)));
+    return full;
+  }
+  const std::int64_t cols = sh.back(), rows = graph::elements(sh) / cols;
+  const std::int64_t g = column_groups(param_names_[i]), w = cols / g / T;
+  for (std::int64_t t = 0; t < T; ++t) {
+    const std::vector<float>& p = parts[static_cast<std::size_t>(t)];
+    std::size_t at = 0;
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t k = 0; k < g; ++k, at += static_cast<std::size_t>(w))
+        std::copy(p.begin() + static_cast<std::ptrdiff_t>(at),
+                  p.begin() + static_cast<std::ptrdiff_t>(at) + static_cast<std::ptrdiff_t>(w),
+                  full.begin() + static_cast<std::ptrdiff_t>(r * cols + k * (cols / g) + t * w));
+  }
+  return full;
+}
+
+std::vector<float> Trainer::rounded(std::size_t i, const std::vector<float>& values) const {
+  if (static_cast<std::int64_t>(values.size()) != graph::elements(param_shapes_[i]))
+    throw Error(fmt::format("param {} has {} elements, got {}", param_names_[i],
+                            graph::elements(param_shapes_[i]), values.size()));
+  std::vector<float> out(values.size());
+  const num::Format& f = *isa::format_of(param_dtypes_[i]);
+  for (std::size_t k = 0; k < values.size(); ++k) out[k] = num::round_to(f, values[k]);
+  return out;
+}
+
 runtime::Session& Trainer::holder(std::size_t i) {
   return *replicas_.front().bwd[stage_of_[i]];
 }
 
 int Trainer::reporter(const Shard& sh) const {
-  const std::int64_t r = sh.chips.front() / c_.pp;
+  const std::int64_t r = sh.chips.front() / (c_.pp * c_.tp);
   for (int q = 0; q < comm_->size(); ++q)
     if (r < runtime::block_first(c_.dp, comm_->size(), q + 1)) return q;
   return comm_->size() - 1;
@@ -453,9 +627,7 @@ void Trainer::init_weights() {
       std::fill(x.begin(), x.end(), 1.0f);
     else if (v.shape.size() > 1)
       for (float& e : x) e = normal(rng);
-    const std::size_t i = static_cast<std::size_t>(&name - param_names_.data());
-    holder(i).write(name, x);
-    weights_[name] = holder(i).read(name);
+    weights_[name] = rounded(static_cast<std::size_t>(&name - param_names_.data()), x);
   }
   std::map<std::string, std::vector<float>> state;
   for (const auto& [master, param] : master_of_) state[master] = weights_.at(param);
@@ -477,16 +649,25 @@ std::string Trainer::param_of_state(const std::string& state) const {
 }
 
 void Trainer::set_optimizer_state(const std::map<std::string, std::vector<float>>& state) {
+  auto part = [this](const Shard& sh, std::size_t i, const std::vector<float>& full) {
+    return sh.tp >= 0 && sliced(i) ? slice(i, sh.tp, full) : full;
+  };
   for (Shard& sh : shards_) {
     if (!sh.session) continue;
     for (std::size_t i : sh.params)
-      sh.session->write(param_names_[i], weights_.at(param_names_[i]));
+      sh.session->write(param_names_[i], part(sh, i, weights_.at(param_names_[i])));
     for (const std::string& n : sh.state) {
       const auto it = state.find(n);
       if (it == state.end()) throw Error(fmt::format("no optimizer state {} to restore", n));
-      sh.session->write(n, it->second);
+      sh.session->write(n, part(sh, param_index(param_of_state(n)), it->second));
     }
   }
+}
+
+std::size_t Trainer::param_index(const std::string& name) const {
+  const auto it = std::find(param_names_.begin(), param_names_.end(), name);
+  if (it == param_names_.end()) throw Error(fmt::format("the model has no param {}", name));
+  return static_cast<std::size_t>(it - param_names_.begin());
 }
 
 std::map<std::string, std::vector<float>> Trainer::optimizer_state() {
@@ -499,15 +680,17 @@ std::map<std::string, std::vector<float>> Trainer::optimizer_state() {
                 reinterpret_cast<const std::uint8_t*>(&n) + sizeof n);
     mine.insert(mine.end(), x.begin(), x.end());
   };
-  for (const Shard& sh : shards_) {
+  for (std::size_t k = 0; k < shards_.size(); ++k) {
+    const Shard& sh = shards_[k];
     if (reporter(sh) != comm_->rank()) continue;
     for (const std::string& n : sh.state) {
       const std::vector<float> x = sh.session->read(n);
+      put_str(std::to_string(k));
       put_str(n);
       put_str(std::string(reinterpret_cast<const char*>(x.data()), x.size() * sizeof(float)));
     }
   }
-  std::map<std::string, std::vector<float>> out;
+  std::map<std::string, std::vector<std::vector<float>>> parts;  // by shard
   for (const std::vector<std::uint8_t>& blob : comm_->all_gather(mine)) {
     std::size_t at = 0;
     auto get_str = [&]() {
@@ -522,11 +705,27 @@ std::map<std::string, std::vector<float>> Trainer::optimizer_state() {
       return x;
     };
     while (at < blob.size()) {
+      const std::size_t k = std::stoul(get_str());
       const std::string name = get_str(), bytes = get_str();
       std::vector<float> x(bytes.size() / sizeof(float));
       std::memcpy(x.data(), bytes.data(), bytes.size());
-      out[name] = std::move(x);
+      parts[name].resize(shards_.size());
+      parts[name][k] = std::move(x);
     }
+  }
+  // A tp rank's slices make up the whole; otherwise the first shard's copy.
+  std::map<std::string, std::vector<float>> out;
+  for (auto& [name, by_shard] : parts) {
+    const std::size_t i = param_index(param_of_state(name));
+    if (c_.tp > 1 && sliced(i)) {
+      out[name] = assemble(i, by_shard);
+      continue;
+    }
+    for (auto& x : by_shard)
+      if (!x.empty()) {
+        out[name] = std::move(x);
+        break;
+      }
   }
   return out;
 }
@@ -535,7 +734,9 @@ void Trainer::push_weights() {
   for (Replica& rep : replicas_)
     for (std::size_t st = 0; st < stages_.size(); ++st)
       for (std::size_t i : stages_[st].params) {
-        const std::vector<float>& w = weights_.at(param_names_[i]);
+        const std::vector<float>& full = weights_.at(param_names_[i]);
+        const std::vector<float> w =
+            stages_[st].tp >= 0 && sliced(i) ? slice(i, stages_[st].tp, full) : full;
         if (rep.fwd[st]) rep.fwd[st]->write(param_names_[i], w);
         rep.bwd[st]->write(param_names_[i], w);
       }
@@ -604,8 +805,7 @@ void Trainer::set_param(const std::string& name, const std::vector<float>& value
     throw Error(fmt::format("the model has no param {}", name));
   const auto i = static_cast<std::size_t>(
       std::find(param_names_.begin(), param_names_.end(), name) - param_names_.begin());
-  holder(i).write(name, values);  // rounds to the param's dtype, checks the size
-  weights_[name] = holder(i).read(name);
+  weights_[name] = rounded(i, values);  // checks the size
   for (Shard& sh : shards_) {
     if (!sh.session) continue;
     for (std::size_t k : sh.params)
@@ -976,6 +1176,10 @@ runtime::StepResult Trainer::run_replicas(std::int64_t s, const std::vector<Batc
           return runtime::StepOptions{c_.stochastic_rounding,
                                       stream_seed(c_.seed, s, j) + st * 0x632be59bd9b4e019ull};
         };
+        if (c_.tp > 1) {
+          tensor_parallel_micro_batch(rep, all, opts, out.f, out.b, out.losses);
+          continue;
+        }
         std::vector<std::vector<float>> x(P);  // each stage's input
         for (std::size_t st = 0; st + 1 < P; ++st) {
           auto feeds = inputs_of(*stages_[st].fwd, all);
@@ -1062,12 +1266,16 @@ runtime::StepResult Trainer::run_replicas(std::int64_t s, const std::vector<Batc
         if (st + 1 < P) rd.get(f[st].data(), A * sizeof(double));
         rd.get(b[st].data(), A * sizeof(double));
         for (std::size_t i : stages_[st].params) {
-          std::vector<float> x(static_cast<std::size_t>(acc_sizes_[i]));
+          std::vector<float> x(static_cast<std::size_t>(
+              stages_[st].tp >= 0 && sliced(i) ? acc_sizes_[i] / c_.tp : acc_sizes_[i]));
           rd.get(x.data(), x.size() * sizeof(float));
           acc[st].push_back(std::move(x));
         }
       }
-      if (P == 1) {
+      if (c_.tp > 1) {
+        const double ar = tensor_timeline(r, f, b);  // blocking: all exposed
+        if (r == 0) m.comm_ns += ar, m.exposed_comm_ns += ar;
+      } else if (P == 1) {
         double ns = 0;
         for (double t : b[0]) ns += t;
         system_->advance(chip_of(r, 0), Nanoseconds(ns), "grad");
@@ -1094,7 +1302,7 @@ runtime::StepResult Trainer::run_replicas(std::int64_t s, const std::vector<Batc
   // ... a param in two stages (GPT-2's tied embedding, pp > 1): its two
   // gradients all-reduced between the first and the last stage's chips ...
   std::vector<std::size_t> tied;
-  if (P > 1)
+  if (P > 1 && c_.tp == 1)
     for (std::size_t i : stages_.back().params)
       if (stage_of_[i] != P - 1) tied.push_back(i);
   if (!tied.empty()) {
@@ -1129,7 +1337,73 @@ runtime::StepResult Trainer::run_replicas(std::int64_t s, const std::vector<Batc
   // System): an all-reduce, or (zero 1) a reduce-scatter that leaves each
   // replica its shard, the bucket laid out shard by shard, each padded to
   // the largest.
-  if (c_.zero == 1) {
+  if (c_.tp > 1) {
+    // Each replica's whole accumulators: its ranks' slices side by side,
+    // a replicated param's pieces summed (FP32, in order: the tied
+    // embedding's two uses) ...
+    std::vector<std::vector<std::vector<float>>> full(static_cast<std::size_t>(c_.dp));
+    for (std::int64_t r = 0; r < c_.dp; ++r) {
+      auto& fr = full[static_cast<std::size_t>(r)];
+      fr.resize(param_names_.size());
+      std::vector<std::vector<std::vector<float>>> parts(param_names_.size());
+      for (std::size_t st = 0; st < P; ++st)
+        for (std::size_t i : stages_[st].params) {
+          const auto& x = accs[static_cast<std::size_t>(r)][st][position(st, i)];
+          if (stages_[st].tp >= 0 && sliced(i)) {
+            parts[i].resize(static_cast<std::size_t>(c_.tp));
+            parts[i][static_cast<std::size_t>(stages_[st].tp)] = x;
+          } else if (fr[i].empty()) {
+            fr[i] = x;
+          } else {
+            for (std::size_t e = 0; e < x.size(); ++e) fr[i][e] += x[e];
+          }
+        }
+      for (std::size_t i = 0; i < param_names_.size(); ++i)
+        if (sliced(i)) fr[i] = assemble(i, parts[i]);
+    }
+    // ... then the data-parallel all-reduce of each tp rank's bucket (its
+    // slices and the replicated params) over its replicas.
+    std::vector<std::vector<std::vector<float>>> by_rank(static_cast<std::size_t>(c_.tp));
+    for (std::int64_t t = 0; t < c_.tp; ++t) {
+      std::vector<float> sum;
+      const std::string name = fmt::format("grads.tp{}", t);
+      std::vector<int> group;
+      for (std::int64_t r = 0; r < c_.dp; ++r) {
+        std::vector<float> flat;
+        for (std::size_t i = 0; i < param_names_.size(); ++i) {
+          const auto& x = full[static_cast<std::size_t>(r)][i];
+          const std::vector<float> y = sliced(i) ? slice(i, static_cast<int>(t), x) : x;
+          flat.insert(flat.end(), y.begin(), y.end());
+        }
+        if (c_.dp == 1)
+          sum = std::move(flat);
+        else
+          system_->write(chip_of(r, 0, t), name, flat);
+        group.push_back(chip_of(r, 0, t));
+      }
+      if (c_.dp > 1) {
+        collective([&] { system_->all_reduce(name, {group}); });
+        sum = system_->read(group.front(), name);
+      }
+      std::size_t at = 0;
+      auto& mine_t = by_rank[static_cast<std::size_t>(t)];
+      for (std::size_t i = 0; i < param_names_.size(); ++i) {
+        const auto e = static_cast<std::size_t>(sliced(i) ? acc_sizes_[i] / c_.tp : acc_sizes_[i]);
+        mine_t.emplace_back(sum.begin() + static_cast<std::ptrdiff_t>(at),
+                            sum.begin() + static_cast<std::ptrdiff_t>(at + e));
+        at += e;
+      }
+    }
+    for (std::size_t i = 0; i < param_names_.size(); ++i) {
+      if (!sliced(i)) {
+        reduced_[acc_names_[i]] = by_rank[0][i];
+        continue;
+      }
+      std::vector<std::vector<float>> parts;
+      for (auto& br : by_rank) parts.push_back(br[i]);
+      reduced_[acc_names_[i]] = assemble(i, parts);
+    }
+  } else if (c_.zero == 1) {
     std::int64_t block = 0;
     for (const Shard& sh : shards_) block = std::max(block, sh.elements);
     std::vector<int> group;
@@ -1193,7 +1467,9 @@ runtime::StepResult Trainer::run_replicas(std::int64_t s, const std::vector<Batc
   for (Shard& sh : shards_) {
     if (reporter(sh) != comm_->rank()) continue;
     std::map<std::string, std::vector<float>> feeds;
-    for (std::size_t i : sh.params) feeds[acc_names_[i]] = reduced_.at(acc_names_[i]);
+    for (std::size_t i : sh.params)
+      feeds[acc_names_[i]] = sh.tp >= 0 && sliced(i) ? slice(i, sh.tp, reduced_.at(acc_names_[i]))
+                                                     : reduced_.at(acc_names_[i]);
     const runtime::StepResult r = sh.norm_session->step(feeds);
     put(part, &r.time_ns, sizeof(double));
     for (std::size_t i : sh.params) put(part, r.outputs.at(sumsq_names_[i]).data(), 4);
@@ -1211,7 +1487,10 @@ runtime::StepResult Trainer::run_replicas(std::int64_t s, const std::vector<Batc
     std::vector<float> sums(most, 0.0f);
     for (std::size_t j = 0; j < sh.params.size(); ++j) {
       rd.get(&sums[j], 4);
-      norm.outputs.try_emplace(sumsq_names_[sh.params[j]], std::vector<float>{sums[j]});
+      const std::size_t i = sh.params[j];
+      const auto [it, fresh] =
+          norm.outputs.try_emplace(sumsq_names_[i], std::vector<float>{sums[j]});
+      if (!fresh && sh.tp > 0 && sliced(i)) it->second[0] += sums[j];  // the slices' sums
     }
     for (int chip : sh.chips) {
       system_->advance(chip, Nanoseconds(ns), "grad norm");
@@ -1223,6 +1502,11 @@ runtime::StepResult Trainer::run_replicas(std::int64_t s, const std::vector<Batc
     if (c_.zero == 1) {
       groups.emplace_back();
       for (std::int64_t r = 0; r < c_.dp; ++r) groups.back().push_back(chip_of(r, 0));
+    } else if (c_.tp > 1) {
+      for (std::int64_t r = 0; r < c_.dp; ++r) {
+        groups.emplace_back();
+        for (std::int64_t t = 0; t < c_.tp; ++t) groups.back().push_back(chip_of(r, 0, t));
+      }
     } else {
       for (std::int64_t r = 0; r < c_.dp; ++r) {
         groups.emplace_back();
@@ -1315,6 +1599,140 @@ double Trainer::pipeline_timeline(std::int64_t r, const std::vector<std::vector<
   return transfers;
 }
 
+void Trainer::tensor_parallel_micro_batch(
+    Replica& rep, const std::map<std::string, std::vector<float>>& all,
+    const std::function<runtime::StepOptions(std::size_t)>& opts,
+    std::vector<std::vector<double>>& f, std::vector<std::vector<double>>& b,
+    std::vector<double>& losses) {
+  // Forward: each piece in order; a layer's shard pieces (one a tp rank)
+  // read the same input and their partial outputs are all-reduced: summed
+  // in FP32 in rank order and rounded once to the value's dtype. The last
+  // piece runs the forward, the loss and its backward. Backward: in
+  // reverse, each piece from the gradients of its outputs; the shards'
+  // input gradients all-reduced the same way. Replicated pieces run once
+  // (every rank would compute the same); tensor_timeline() times them on
+  // every rank's chip.
+  const std::size_t P = stages_.size();
+  const auto T = static_cast<std::size_t>(c_.tp);
+  std::map<std::string, std::vector<float>> vals, grads;
+  auto reduce = [this](std::vector<std::vector<float>> parts, const std::string& name) {
+    std::vector<float> sum = std::move(parts[0]);
+    for (std::size_t t = 1; t < parts.size(); ++t)
+      for (std::size_t e = 0; e < sum.size(); ++e) sum[e] += parts[t][e];
+    const num::Format& fm = *isa::format_of(boundary_dtype_.at(name));
+    for (float& e : sum) e = num::round_to(fm, e);
+    return sum;
+  };
+  auto feeds_of = [&](std::size_t st, bool backward) {
+    const Stage& sg = stages_[st];
+    auto feeds = inputs_of(backward ? *sg.bwd : *sg.fwd, all);
+    for (const std::string& in : sg.ins) feeds[in] = vals.at(in);
+    if (backward)
+      for (const std::string& out : sg.outs)
+        if (sg.dys.contains(out)) feeds[sg.dys.at(out)] = grads.at(out);
+    return feeds;
+  };
+  for (std::size_t st = 0; st + 1 < P;) {
+    if (stages_[st].tp < 0) {
+      runtime::StepResult res = rep.fwd[st]->step(feeds_of(st, false), opts(st));
+      f[st].push_back(res.time_ns);
+      for (const std::string& out : stages_[st].outs) vals[out] = std::move(res.outputs.at(out));
+      ++st;
+      continue;
+    }
+    std::vector<std::vector<float>> parts;
+    for (std::size_t t = 0; t < T; ++t) {
+      runtime::StepResult res = rep.fwd[st + t]->step(feeds_of(st + t, false), opts(st + t));
+      f[st + t].push_back(res.time_ns);
+      parts.push_back(std::move(res.outputs.at(stages_[st + t].outs[0])));
+    }
+    vals[stages_[st].outs[0]] = reduce(std::move(parts), stages_[st].outs[0]);
+    st += T;
+  }
+  {
+    runtime::StepResult res = rep.bwd[P - 1]->step(feeds_of(P - 1, true), opts(P - 1));
+    b[P - 1].push_back(res.time_ns);
+    losses.push_back(res.outputs.at("loss")[0]);
+    for (const std::string& in : stages_[P - 1].ins)
+      grads[in] = res.outputs.at(stages_[P - 1].dxs.at(in));  // two inputs may share one
+  }
+  for (std::size_t st = P - 1; st-- > 0;) {
+    if (stages_[st].tp < 0) {
+      runtime::StepResult res = rep.bwd[st]->step(feeds_of(st, true), opts(st));
+      b[st].push_back(res.time_ns);
+      for (const std::string& in : stages_[st].ins)
+        grads[in] = res.outputs.at(stages_[st].dxs.at(in));
+      continue;
+    }
+    const std::size_t first = st + 1 - T;  // the layer's shard pieces [first, st]
+    std::vector<std::vector<float>> parts;
+    for (std::size_t t = 0; t < T; ++t) {
+      runtime::StepResult res =
+          rep.bwd[first + t]->step(feeds_of(first + t, true), opts(first + t));
+      b[first + t].push_back(res.time_ns);
+      const std::string& in = stages_[first + t].ins[0];
+      parts.push_back(std::move(res.outputs.at(stages_[first + t].dxs.at(in))));
+    }
+    grads[stages_[first].ins[0]] = reduce(std::move(parts), stages_[first].ins[0]);
+    st = first;
+  }
+}
+
+double Trainer::tensor_timeline(std::int64_t r, const std::vector<std::vector<double>>& f,
+                                const std::vector<std::vector<double>>& b) {
+  // Megatron's f and g: the shards' outputs all-reduced after the forward
+  // of each attention and MLP, their input gradients after the backward;
+  // blocking (the next piece reads the sum). Replicated pieces run on
+  // every rank's chip.
+  const std::size_t P = stages_.size(), M = static_cast<std::size_t>(c_.accum);
+  const auto T = static_cast<std::size_t>(c_.tp);
+  std::vector<int> group;
+  for (std::size_t t = 0; t < T; ++t) group.push_back(chip_of(r, 0, static_cast<std::int64_t>(t)));
+  double total = 0;
+  auto all_reduce = [&](const std::string& value) {
+    std::int64_t n = 0;
+    for (const Stage& sg : stages_)
+      if (sg.fwd && sg.fwd->graph.find(value) >= 0) {
+        n = graph::elements(sg.fwd->graph.value(sg.fwd->graph.find(value)).shape);
+        break;
+      }
+    const std::vector<float> buf(static_cast<std::size_t>(n), 0.0f);
+    for (int c : group)
+      system_->write(c, "tp.partial", buf, system_format(boundary_dtype_.at(value)));
+    system_->all_reduce("tp.partial", {group});
+    total += system_->events().back().duration.value();
+  };
+  for (std::size_t i = 0; i < M; ++i) {
+    for (std::size_t st = 0; st + 1 < P;) {
+      if (stages_[st].tp < 0) {
+        for (int c : group)
+          system_->advance(c, Nanoseconds(f[st][i]), fmt::format("forward {}", i));
+        ++st;
+        continue;
+      }
+      for (std::size_t t = 0; t < T; ++t)
+        system_->advance(group[t], Nanoseconds(f[st + t][i]), fmt::format("forward {}", i));
+      all_reduce(stages_[st].outs[0]);
+      st += T;
+    }
+    for (int c : group)
+      system_->advance(c, Nanoseconds(b[P - 1][i]), fmt::format("backward {}", i));
+    for (std::size_t st = P - 1; st-- > 0;) {
+      if (stages_[st].tp < 0) {
+        for (int c : group)
+          system_->advance(c, Nanoseconds(b[st][i]), fmt::format("backward {}", i));
+        continue;
+      }
+      const std::size_t first = st + 1 - T;
+      for (std::size_t t = 0; t < T; ++t)
+        system_->advance(group[t], Nanoseconds(b[first + t][i]), fmt::format("backward {}", i));
+      all_reduce(stages_[first].ins[0]);
+      st = first;
+    }
+  }
+  return total;
+}
+
 double Trainer::run_update(const std::map<std::string, std::vector<float>>& scalars,
                            StepMetrics& m) {
   const Nanoseconds t0 = max_clock();
@@ -1326,7 +1744,9 @@ double Trainer::run_update(const std::map<std::string, std::vector<float>>& scal
     std::map<std::string, std::vector<float>> feeds;
     for (const auto& [name, x] : scalars)
       if (sh.update->graph.find(name) >= 0) feeds[name] = x;
-    for (std::size_t i : sh.params) feeds[acc_names_[i]] = reduced_.at(acc_names_[i]);
+    for (std::size_t i : sh.params)
+      feeds[acc_names_[i]] = sh.tp >= 0 && sliced(i) ? slice(i, sh.tp, reduced_.at(acc_names_[i]))
+                                                     : reduced_.at(acc_names_[i]);
     const runtime::StepResult r = sh.session->step(feeds);
     if (reporter(sh) != comm_->rank()) continue;
     put(mine, &r.time_ns, sizeof(double));
@@ -1342,6 +1762,7 @@ double Trainer::run_update(const std::map<std::string, std::vector<float>>& scal
   for (const Shard& sh : shards_) block = std::max(block, sh.elements);
   const graph::Graph& g = grad_exe_->graph;
   const num::FormatId wf = system_format(g.value(g.find(param_names_[0])).dtype);
+  std::map<std::size_t, std::vector<std::vector<float>>> slices;  // tp > 1
   for (const Shard& sh : shards_) {
     Reader& rd = readers[static_cast<std::size_t>(reporter(sh))];
     double ns = 0;
@@ -1355,12 +1776,20 @@ double Trainer::run_update(const std::map<std::string, std::vector<float>>& scal
     }
     std::size_t at = 0;
     for (std::size_t i : sh.params) {
-      const auto e = static_cast<std::size_t>(acc_sizes_[i]);
-      weights_[param_names_[i]].assign(w.begin() + static_cast<std::ptrdiff_t>(at),
-                                       w.begin() + static_cast<std::ptrdiff_t>(at + e));
+      const bool part = sh.tp >= 0 && sliced(i);
+      const auto e = static_cast<std::size_t>(part ? acc_sizes_[i] / c_.tp : acc_sizes_[i]);
+      std::vector<float> x(w.begin() + static_cast<std::ptrdiff_t>(at),
+                           w.begin() + static_cast<std::ptrdiff_t>(at + e));
       at += e;
+      if (part) {
+        slices[i].resize(static_cast<std::size_t>(c_.tp));
+        slices[i][static_cast<std::size_t>(sh.tp)] = std::move(x);
+      } else if (sh.tp <= 0) {  // a replicated param: every tp rank's copy is the same
+        weights_[param_names_[i]] = std::move(x);
+      }
     }
   }
+  for (auto& [i, parts] : slices) weights_[param_names_[i]] = assemble(i, parts);
   if (c_.zero == 1) {
     // The updated shards all-gathered on the fabric (padded to the largest,
     // in the params' dtype): every replica's weights.
@@ -1558,8 +1987,7 @@ void Trainer::restore_checkpoint(const Checkpoint& ck) {
     if (std::find(param_names_.begin(), param_names_.end(), n) != param_names_.end()) {
       const auto i = static_cast<std::size_t>(
           std::find(param_names_.begin(), param_names_.end(), n) - param_names_.begin());
-      holder(i).write(n, x);  // checks the size, rounds to the param's dtype
-      weights_[n] = holder(i).read(n);
+      weights_[n] = rounded(i, x);  // checks the size
     } else {
       state[n] = x;
     }

@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -43,6 +44,7 @@ class Session;
 class System;
 class Comm;
 struct StepResult;
+struct StepOptions;
 }  // namespace tern::runtime
 
 namespace tern::train {
@@ -157,12 +159,34 @@ class Trainer {
   double pipeline_timeline(std::int64_t replica, const std::vector<std::vector<double>>& f,
                            const std::vector<std::vector<double>>& b);
   Nanoseconds max_clock() const;
-  int chip_of(std::int64_t replica, std::int64_t stage) const {
-    return static_cast<int>(replica * c_.pp + stage);
+  // Chips: replica-major, then pipeline stage, then tensor-parallel rank.
+  int chip_of(std::int64_t replica, std::int64_t stage, std::int64_t rank = 0) const {
+    return static_cast<int>((replica * c_.pp + stage) * c_.tp + rank);
   }
-  // A session holding param i (stage and replica of this process's first):
-  // it rounds values to the param's dtype.
+  // A session holding param i (stage and replica of this process's first).
   runtime::Session& holder(std::size_t i);
+  // `values` of param i rounded to its dtype; throws naming a wrong size.
+  std::vector<float> rounded(std::size_t i, const std::vector<float>& values) const;
+  // tp > 1: whether param i is split over the tp ranks, and rank t's part
+  // of a full tensor of its shape (a param, its gradient or optimizer
+  // state), and the full tensor from the parts.
+  bool sliced(std::size_t i) const;
+  std::vector<float> slice(std::size_t i, int t, const std::vector<float>& full) const;
+  std::vector<float> assemble(std::size_t i, const std::vector<std::vector<float>>& parts) const;
+  // tp > 1: the timeline of one replica's micro-batches on its tp chips
+  // from the pieces' times; returns the all-reduces' time.
+  double tensor_timeline(std::int64_t replica, const std::vector<std::vector<double>>& f,
+                         const std::vector<std::vector<double>>& b);
+  // tp > 1: one micro-batch of one replica through its pieces (times into
+  // f and b by piece, the loss appended).
+  struct Replica;
+  void tensor_parallel_micro_batch(Replica& rep,
+                                   const std::map<std::string, std::vector<float>>& inputs,
+                                   const std::function<runtime::StepOptions(std::size_t)>& opts,
+                                   std::vector<std::vector<double>>& f,
+                                   std::vector<std::vector<double>>& b,
+                                   std::vector<double>& losses);
+  std::map<std::string, isa::DType> boundary_dtype_;  // tp > 1: the values between pieces
   void restore(const std::string& file_or_dir);
   void restore_from(const std::string& file_or_dir);
   void restore_checkpoint(const struct Checkpoint& ck);
@@ -189,11 +213,21 @@ class Trainer {
   // embeddings, the last the head and the loss); its backward program
   // recomputes its forward from the stage's input (full recompute) and
   // adds its params' gradients into FP32 accumulators.
+  //
+  // tp > 1 (Megatron-LM): the pieces of the model between tensor-parallel
+  // all-reduces instead, in order: replicated pieces (embeddings, norms,
+  // residual adds, biases after a reduction, the head; tp -1, run once a
+  // replica on the host and timed on each of its tp chips) and each
+  // layer's attention and MLP shard for every tp rank (tp >= 0, their
+  // params sliced: slice()).
   struct Stage {
     std::string in, out;              // boundary values ("" for the first's in; "loss")
     std::string dx, dy;               // bwd: gradient of `in` (output), of `out` (input)
     std::vector<std::size_t> params;  // indices into param_names_ (a tied param in two stages)
     std::shared_ptr<const graph::Executable> fwd, bwd;  // fwd: null for the last stage
+    int tp = -1;                                        // tp > 1: the rank of a shard piece
+    std::vector<std::string> ins, outs;           // tp > 1: boundary values (in, out above: pp)
+    std::map<std::string, std::string> dxs, dys;  // tp > 1: value -> its gradient's name
   };
   std::vector<Stage> stages_;
   std::vector<std::size_t> stage_of_;  // param -> the first stage holding it
@@ -210,6 +244,7 @@ class Trainer {
   // shard's Session exists where one of its chips is simulated.
   struct Shard {
     std::vector<int> chips;           // the chips that run it
+    int tp = -1;                      // tp > 1: the rank whose slices it holds
     std::vector<std::size_t> params;  // indices into param_names_
     std::int64_t elements = 0;
     std::vector<std::string> state;                         // its masters and moments
@@ -219,7 +254,7 @@ class Trainer {
   std::vector<Shard> shards_;
   std::map<std::string, std::vector<float>> weights_;  // every param as every replica holds it
   bool local_chip(int chip) const {
-    const std::int64_t r = chip / c_.pp;
+    const std::int64_t r = chip / (c_.pp * c_.tp);
     return r >= first_ && r < last_;
   }
   bool local_shard(const Shard& s) const {
@@ -235,6 +270,7 @@ class Trainer {
   // Writes the named state tensors into the shards this process holds.
   void set_optimizer_state(const std::map<std::string, std::vector<float>>& state);
   std::string param_of_state(const std::string& state) const;
+  std::size_t param_index(const std::string& name) const;  // throws naming an unknown param
   // The update of a step from the reduced accumulators: every
   // shard, then (zero 1) the weights gathered; returns the simulated time.
   double run_update(const std::map<std::string, std::vector<float>>& scalars, StepMetrics& m);
@@ -243,7 +279,9 @@ class Trainer {
   std::int64_t first_ = 0, last_ = 1;        // this process's replicas
   std::unique_ptr<runtime::System> system_;  // the chips' clocks and fabric
   std::vector<std::string> acc_names_, sumsq_names_;
-  std::vector<std::int64_t> acc_sizes_;           // elements of each accumulator
+  std::vector<std::int64_t> acc_sizes_;  // elements of each accumulator
+  std::vector<graph::Shape> param_shapes_;
+  std::vector<isa::DType> param_dtypes_;
   std::map<std::string, std::string> master_of_;  // master input -> param
   std::vector<std::string> moment_names_;
   std::int64_t step_ = 0, opt_step_ = 0, params_ = 0;

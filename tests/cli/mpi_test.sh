@@ -2,7 +2,7 @@
 # Data-parallel training spread over MPI ranks (issue 9): `mpirun -np 2`
 # and `-np 4` run the same dp-4 training as one process, with identical
 # losses, norms and validation, also with the optimizer state sharded
-# (ZeRO-1), and with pipeline stages; a checkpoint written under 2 ranks resumes under 4 ranks and in
+# (ZeRO-1), with pipeline stages and with tensor-parallel shards; a checkpoint written under 2 ranks resumes under 4 ranks and in
 # one process; a rank's error ends the job (exit 2),
 # it never hangs.
 # Usage: mpi_test.sh path/to/tern path/to/data
@@ -19,9 +19,9 @@ bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
 
 # Root (CI) must say so; 4 ranks on a 2-core machine oversubscribe.
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
-base=(train --text "$DATA/tinyshakespeare.txt" --batch 2 --seq 64 --recipe mxfp8
-      --stochastic-rounding --eval-every 2 --eval-batches 2 --json)
-train=("${base[@]}" --layers 1)
+base=(train --text "$DATA/tinyshakespeare.txt" --batch 2 --seq 64 --stochastic-rounding
+      --eval-every 2 --eval-batches 2 --json)
+train=("${base[@]}" --layers 1 --recipe mxfp8)
 
 # The step and validation records, as "step loss grad_norm sim_ns comm_ns" lines.
 losses() {
@@ -58,12 +58,21 @@ fi
 
 # Pipeline and data parallel (dp 2 x pp 2 = 4 chips, 2 layers): the same
 # losses, norms, simulated and communication times under 2 ranks.
-pp=(--layers 2 --dp 2 --pp 2 --accum 2)
+pp=(--layers 2 --dp 2 --pp 2 --accum 2 --recipe mxfp8)
 "$TERN" "${base[@]}" --steps 3 "${pp[@]}" >"$tmp/pp1.jsonl" 2>"$tmp/err" || bad "pp one process: $(cat "$tmp/err")"
 if timeout 300 "${MPIRUN[@]}" -np 2 "$TERN" "${base[@]}" --steps 3 "${pp[@]}" >"$tmp/pp2.jsonl" 2>"$tmp/err"; then
   if [ -s "$tmp/pp1.jsonl" ] && cmp -s <(losses "$tmp/pp1.jsonl") <(losses "$tmp/pp2.jsonl"); then ok; else bad "dp 2 x pp 2 under 2 ranks differs"; fi
 else
   bad "mpirun -np 2 dp 2 pp 2 failed: $(cat "$tmp/err")"
+fi
+
+# Tensor and data parallel (dp 2 x tp 2): the same under 2 ranks.
+tp=(--layers 2 --dp 2 --tp 2 --recipe bf16)
+"$TERN" "${base[@]}" --steps 3 "${tp[@]}" >"$tmp/tp1.jsonl" 2>"$tmp/err" || bad "tp one process: $(cat "$tmp/err")"
+if timeout 300 "${MPIRUN[@]}" -np 2 "$TERN" "${base[@]}" --steps 3 "${tp[@]}" >"$tmp/tp2.jsonl" 2>"$tmp/err"; then
+  if [ -s "$tmp/tp1.jsonl" ] && cmp -s <(losses "$tmp/tp1.jsonl") <(losses "$tmp/tp2.jsonl"); then ok; else bad "dp 2 x tp 2 under 2 ranks differs"; fi
+else
+  bad "mpirun -np 2 dp 2 tp 2 failed: $(cat "$tmp/err")"
 fi
 
 # Checkpoints: written under 2 ranks at step 2 (sharded optimizer state,

@@ -300,6 +300,95 @@ TEST(PipelineParallel, CheckpointsResumeOnAnotherLayout) {
   std::filesystem::remove_all(dir);
 }
 
+// Tensor parallel (Megatron-LM): each layer's attention heads and MLP
+// columns split over tp chips, their outputs and input gradients
+// all-reduced; the rest replicated.
+TEST(TensorParallel, SameLossesAsOneChipWithinTolerance) {
+  // FP32: the partial sums round differently (measured 1e-7 of the loss);
+  // bf16: each rank's partial rounds to bf16 before the sum (1e-4).
+  for (const char* recipe : {"fp32", "bf16"}) {
+    SCOPED_TRACE(recipe);
+    const double tol = std::string(recipe) == "fp32" ? 1e-6 : 5e-4;
+    TrainConfig one = tiny(recipe);
+    one.layers = 2, one.accum = 4;
+    const Trace a = train(one, 3);
+    for (const auto& [dp, tp, accum] :
+         {std::tuple{1, 2, 4}, std::tuple{2, 2, 2}, std::tuple{4, 2, 1}}) {
+      SCOPED_TRACE(fmt::format("dp {} tp {}", dp, tp));
+      TrainConfig c = tiny(recipe);
+      c.layers = 2, c.dp = dp, c.tp = tp, c.accum = accum;
+      const Trace b = train(c, 3);
+      for (std::size_t i = 0; i < a.loss.size(); ++i)
+        EXPECT_NEAR(b.loss[i], a.loss[i], tol * a.loss[i]) << "step " << i + 1;
+    }
+  }
+  // mxfp8 needs K = dim / tp a multiple of 128 (the MX matmul's blocks);
+  // the MX blocks of partial sums: 2e-3 over 3 steps.
+  TrainConfig one = tiny("mxfp8");
+  one.layers = 2, one.dim = 256, one.heads = 4, one.accum = 2;
+  TrainConfig c = one;
+  c.tp = 2;
+  const Trace a = train(one, 3), b = train(c, 3);
+  for (std::size_t i = 0; i < a.loss.size(); ++i)
+    EXPECT_NEAR(b.loss[i], a.loss[i], 2e-3 * a.loss[i]) << "step " << i + 1;
+}
+
+TEST(TensorParallel, AllReducesOnTheTimeline) {
+  TrainConfig c = tiny("bf16");
+  c.layers = 2, c.tp = 2, c.accum = 2;
+  Trainer t(c);
+  const StepMetrics m = t.step();
+  const runtime::System& s = *t.system();
+  ASSERT_EQ(s.chips(), 2);
+  // Per layer and micro-batch: after the attention and the MLP forward,
+  // and after their backward: 4 x 2 layers x 2 micro-batches; then the
+  // ranks' sums of squares.
+  std::size_t reduce = 0, gather = 0;
+  double comm = 0;
+  for (const auto& e : s.events()) {
+    reduce += e.op == fabric::Op::all_reduce;
+    gather += e.op == fabric::Op::all_gather;
+    comm += e.duration.value();
+    EXPECT_EQ(e.chips, (std::vector<int>{0, 1}));
+  }
+  EXPECT_EQ(reduce, 16u);
+  EXPECT_EQ(gather, 1u);
+  EXPECT_DOUBLE_EQ(m.comm_ns, comm);
+  EXPECT_DOUBLE_EQ(s.clock(0).value(), s.clock(1).value());
+  EXPECT_DOUBLE_EQ(s.clock(0).value(), m.sim_ns);
+}
+
+TEST(TensorParallel, CheckpointsResumeOnAnotherLayout) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "tern_test_tp_resume";
+  std::filesystem::remove_all(dir);
+  TrainConfig tp = tiny("bf16");
+  tp.layers = 2, tp.tp = 2, tp.accum = 2, tp.ckpt_dir = dir.string(), tp.ckpt_every = 2;
+  std::vector<double> whole;
+  {
+    Trainer t(tp);
+    for (int i = 0; i < 4; ++i) {
+      whole.push_back(t.step().loss);
+      if (t.steps_done() == 2) t.save_checkpoint();
+    }
+  }
+  // The checkpoint holds whole tensors: it continues bit for bit on tp 2,
+  // within the tolerance on one chip.
+  for (std::int64_t p : {2, 1}) {
+    SCOPED_TRACE(p);
+    TrainConfig c = tp;
+    c.tp = p, c.ckpt_every = 0, c.resume = (dir / "step-00000002.ckpt").string();
+    Trainer t(c);
+    for (int i = 2; i < 4; ++i) {
+      const double l = t.step().loss;
+      if (p == 2)
+        EXPECT_EQ(l, whole[static_cast<std::size_t>(i)]);
+      else
+        EXPECT_NEAR(l, whole[static_cast<std::size_t>(i)], 5e-4 * l);
+    }
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST(DataParallel, UnsupportedLayoutsSaySo) {
   auto message = [](TrainConfig c) {
     try {
@@ -311,14 +400,21 @@ TEST(DataParallel, UnsupportedLayoutsSaySo) {
   };
   TrainConfig c = tiny("fp8-hybrid");
   c.dp = 2;
-  EXPECT_NE(message(c).find("not supported: dp or pp > 1 with recipe fp8-hybrid"),
+  EXPECT_NE(message(c).find("not supported: dp, tp or pp > 1 with recipe fp8-hybrid"),
             std::string::npos);
-  c = tiny("bf16"), c.tp = 2;
-  EXPECT_NE(message(c).find("not supported: tensor parallel"), std::string::npos);
   c = tiny("bf16"), c.pp = 2;  // one layer
   EXPECT_NE(message(c).find("pp 2 is more pipeline stages than the 1 layers"), std::string::npos);
   c = tiny("bf16"), c.layers = 2, c.pp = 2, c.dp = 2, c.zero = 1;
   EXPECT_NE(message(c).find("not supported: zero 1 with pp > 1"), std::string::npos);
+  c = tiny("bf16"), c.model = "llama", c.tp = 2;
+  EXPECT_NE(message(c).find("not supported: tensor parallel training (tp > 1) of the llama"),
+            std::string::npos);
+  c = tiny("bf16"), c.layers = 2, c.tp = 2, c.pp = 2;
+  EXPECT_NE(message(c).find("not supported: tp and pp > 1 together"), std::string::npos);
+  c = tiny("bf16"), c.tp = 4;  // 2 heads
+  EXPECT_NE(message(c).find("tp 4 does not divide heads 2"), std::string::npos);
+  c = tiny("mxfp8"), c.tp = 2;  // K = 64 in the row-parallel projection
+  EXPECT_NE(message(c).find("not supported: MX matmul with K = 64"), std::string::npos);
   c = tiny("bf16"), c.zero = 2;
   EXPECT_NE(message(c).find("ZeRO-2/3 are not supported"), std::string::npos);
   c = tiny("bf16"), c.dp = 2, c.system = "trn2-48xl";
