@@ -1295,6 +1295,17 @@ runtime::StepResult Trainer::run_replicas(std::int64_t s, const std::vector<Batc
     m.comm_ns += d;
     m.exposed_comm_ns += d;  // nothing overlaps it: it follows the backward pass
   };
+  // Collectives of one kind on disjoint chips (per stage, per tp rank) run
+  // side by side: the step waits for the longest.
+  double side = 0;
+  auto beside = [&](auto&& go) {
+    go();
+    side = std::max(side, system_->events().back().duration.value());
+  };
+  auto end_beside = [&] {
+    m.comm_ns += side, m.exposed_comm_ns += side;
+    side = 0;
+  };
   auto position = [&](std::size_t st, std::size_t i) {  // param i among stage st's
     const auto& ps = stages_[st].params;
     return static_cast<std::size_t>(std::find(ps.begin(), ps.end(), i) - ps.begin());
@@ -1382,7 +1393,7 @@ runtime::StepResult Trainer::run_replicas(std::int64_t s, const std::vector<Batc
         group.push_back(chip_of(r, 0, t));
       }
       if (c_.dp > 1) {
-        collective([&] { system_->all_reduce(name, {group}); });
+        beside([&] { system_->all_reduce(name, {group}); });
         sum = system_->read(group.front(), name);
       }
       std::size_t at = 0;
@@ -1394,6 +1405,7 @@ runtime::StepResult Trainer::run_replicas(std::int64_t s, const std::vector<Batc
         at += e;
       }
     }
+    end_beside();
     for (std::size_t i = 0; i < param_names_.size(); ++i) {
       if (!sliced(i)) {
         reduced_[acc_names_[i]] = by_rank[0][i];
@@ -1444,7 +1456,7 @@ runtime::StepResult Trainer::run_replicas(std::int64_t s, const std::vector<Batc
           system_->write(chip_of(r, static_cast<std::int64_t>(st)), name, flat);
           group.push_back(chip_of(r, static_cast<std::int64_t>(st)));
         }
-        collective([&] { system_->all_reduce(name, {group}); });
+        beside([&] { system_->all_reduce(name, {group}); });
         sum = system_->read(group.front(), name);
       } else {
         for (const auto& x : accs[0][st]) sum.insert(sum.end(), x.begin(), x.end());
@@ -1458,6 +1470,7 @@ runtime::StepResult Trainer::run_replicas(std::int64_t s, const std::vector<Batc
         at += e;
       }
     }
+    end_beside();
   }
   // The norm: each shard's chips of their copy of its sum, the shards' sums
   // of squares then all-gathered (between a replica's stages, or over the
