@@ -83,14 +83,16 @@ void run(train::TrainConfig c, Options o) {
         static_cast<long long>(c.seq), static_cast<long long>(c.accum),
         static_cast<long long>(c.dp), t.recipe().c_str(), c.arch.c_str(), e.launches.size(),
         t.update_executable().launches.size(), fusion, hbm / (1 << 20));
-  if (!o.json && c.dp * c.pp > 1)
+  const std::int64_t chips_used = c.dp * c.tp * c.pp;
+  if (!o.json && chips_used > 1)
     std::printf(
-        "layout: dp %lld x pp %lld on %lld chips of %s (%s), %d process%s, replicas %lld..%lld "
-        "here\n",
-        static_cast<long long>(c.dp), static_cast<long long>(c.pp),
-        static_cast<long long>(c.dp * c.pp), t.system()->spec().name.c_str(),
+        "layout: dp %lld x tp %lld x pp %lld on %lld chips of %s (%s), %d process%s, replicas "
+        "%lld..%lld here\n",
+        static_cast<long long>(c.dp), static_cast<long long>(c.tp), static_cast<long long>(c.pp),
+        static_cast<long long>(chips_used), t.system()->spec().name.c_str(),
         c.zero     ? "ZeRO-1"
         : c.pp > 1 ? "1F1B, optimizer by stage"
+        : c.tp > 1 ? "Megatron tensor parallel"
                    : "replicated optimizer",
         world.size(), world.size() > 1 ? "es" : "",
         static_cast<long long>(t.local_replicas().first),
@@ -227,8 +229,8 @@ void run(train::TrainConfig c, Options o) {
     const double tps = tokens / (m.wall_ms / 1e3);
     ema_tps = ema_tps == 0 ? tps : 0.9 * ema_tps + 0.1 * tps;
     const double flops = t.flops_per_step();
-    // MFU per chip: the step's FLOPs over dp x pp chips' peaks.
-    const double chips = static_cast<double>(c.dp * c.pp);
+    // MFU per chip: the step's FLOPs over every chip's peak.
+    const double chips = static_cast<double>(chips_used);
     const double mfu_bf16 = flops / (m.sim_ns * 1e-9) / (peak_bf16 * chips);
     const double mfu_mx = peak_mx > 0 ? flops / (m.sim_ns * 1e-9) / (peak_mx * chips) : 0;
     record({{"step", m.step},
@@ -254,10 +256,10 @@ void run(train::TrainConfig c, Options o) {
           "%.3f ms%s | MFU %.1f%% bf16, %.1f%% mxfp8 | fusion %.3f | HBM %.1f MiB\n",
           static_cast<long long>(m.step), static_cast<long long>(c.steps), m.loss, m.grad_norm,
           m.lr, m.wall_ms, ema_tps, m.sim_ns / 1e6,
-          c.dp * c.pp > 1 ? fmt::format(" (comm {:.3f} ms, exposed {:.3f})", m.comm_ns / 1e6,
-                                        m.exposed_comm_ns / 1e6)
-                                .c_str()
-                          : "",
+          chips_used > 1 ? fmt::format(" (comm {:.3f} ms, exposed {:.3f})", m.comm_ns / 1e6,
+                                       m.exposed_comm_ns / 1e6)
+                               .c_str()
+                         : "",
           100 * mfu_bf16, 100 * mfu_mx, t.executable().fusion.rate(), hbm_now() / (1 << 20));
     }
     if (c.ckpt_every > 0 && (t.steps_done() % c.ckpt_every == 0 || t.steps_done() == c.steps)) {
@@ -476,7 +478,7 @@ void add_sample_command(CLI::App& app) {
     train::TrainConfig c = train::config_from_json(ck.meta.at("config"));
     c.resume = file.string();
     c.faults.clear();
-    c.accum *= c.dp, c.dp = 1;  // sampling needs one chip
+    c.accum *= c.dp, c.dp = 1, c.tp = 1, c.pp = 1, c.zero = 0;  // sampling needs one chip
     train::Trainer t(c);
     const std::string text = t.sample(o->prompt, o->tokens, o->temperature, o->seed);
     if (o->json) {

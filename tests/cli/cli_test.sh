@@ -282,6 +282,26 @@ printf 'layers = 1\nbatch = 2\nseq = 64\nrecipe = "bf16"\nsteps = 9\n' >"$tmp/t.
 expect_ok "model: gpt2, 1 layers.*batch 2 x 64 x 1 accum x 1 dp; recipe bf16" train --text "$DATA/tinyshakespeare.txt" --config "$tmp/t.toml" --steps 2
 printf 'layers = "one"\n' >"$tmp/bad.toml"
 expect_err "$tmp/bad.toml: 'layers' must be a number" train --config "$tmp/bad.toml"
+# Several chips (issue 9): the layout line, comm on the progress line, the
+# trace with one process per chip, and layouts that cannot run.
+small=(--text "$DATA/tinyshakespeare.txt" --steps 1 --layers 2 --batch 2 --seq 64 --recipe bf16 --eval-batches 1)
+expect_ok "^layout: dp 2 x tp 1 x pp 2 on 4 chips of trn3-ultraserver-gen1 \(1F1B, optimizer by stage\)" train "${small[@]}" --dp 2 --pp 2
+expect_ok "sim [0-9.]+ ms \(comm [0-9.]+ ms, exposed [0-9.]+\)" train "${small[@]}" --tp 2
+run train "${small[@]}" --dp 2 --zero 1 --trace "$tmp/dp.json"
+if [ $rc -eq 0 ] && "$PY" -c "
+import json, sys
+t = json.load(open('$tmp/dp.json'))
+ev = t['traceEvents'] if isinstance(t, dict) else t
+pids = {e['pid'] for e in ev if e.get('ph') == 'X'}
+names = {e['name'] for e in ev if e.get('ph') == 'X'}
+sys.exit(0 if pids == {0, 1} and {'reduce-scatter', 'all-gather', 'grad', 'update'} <= names else 1)"; then ok; else bad "train --dp 2 --trace: $(cat "$tmp/err")"; fi
+expect_err "train config: tp 3 does not divide heads 2" train "${small[@]}" --tp 3
+expect_err "pp 3 is more pipeline stages than the 2 layers" train "${small[@]}" --pp 3
+expect_err "not supported: tp and pp > 1 together" train "${small[@]}" --tp 2 --pp 2
+expect_err "not supported: zero 1 with pp > 1" train "${small[@]}" --pp 2 --dp 2 --zero 1
+expect_err "system trn2-48xl is made of trn2 chips, but arch is trn3" train "${small[@]}" --dp 2 --system trn2-48xl
+expect_err "no system of trn3 chips holds 4096" train "${small[@]}" --dp 4096
+expect_err "dp, tp and pp must be >= 1" train "${small[@]}" --dp 0
 
 # Training from token shards: char, and a byte-level BPE vocabulary made
 # here in GPT-2's file formats (the byte alphabet plus three merges).
