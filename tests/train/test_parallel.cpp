@@ -56,6 +56,12 @@ void expect_same(const Trace& a, const Trace& b) {
   }
 }
 
+void expect_close(const Trace& a, const Trace& b, double tol) {
+  ASSERT_EQ(a.loss.size(), b.loss.size());
+  for (std::size_t i = 0; i < a.loss.size(); ++i)
+    EXPECT_NEAR(b.loss[i], a.loss[i], tol * a.loss[i]) << "step " << i + 1;
+}
+
 TEST(DataParallel, BitIdenticalToOneChipAccumulating) {
   // Clipping is active (norms ~3 > clip 1), stochastic rounding on: the
   // norm, the rounding streams and the reduction order all have to match.
@@ -109,7 +115,7 @@ TEST(DataParallel, AccumulatingReplicasAgreeWithinRounding) {
   TrainConfig dp = tiny("bf16");
   dp.dp = 2, dp.accum = 2;
   const Trace a = train(one, 4), b = train(dp, 4);
-  for (std::size_t i = 0; i < a.loss.size(); ++i) EXPECT_NEAR(a.loss[i], b.loss[i], 2e-3) << i;
+  expect_close(a, b, 5e-4);
   EXPECT_EQ(a.loss.front(), b.loss.front());  // same weights, same batches: the same forward
 }
 
@@ -200,6 +206,22 @@ TEST(DataParallel, CheckpointsResumeOnAnotherLayout) {
   std::filesystem::remove_all(dir);
 }
 
+// Two layers, 4 micro-batches a step: one chip, and dp 1 / 2 / 4 with
+// `field` (pp or tp) 2 over the same micro-batches; the losses of `steps`
+// steps agree within tol (a fraction of the loss).
+void expect_agrees(const char* recipe, std::int64_t TrainConfig::*field, int steps, double tol) {
+  SCOPED_TRACE(recipe);
+  TrainConfig one = tiny(recipe);
+  one.layers = 2, one.accum = 4;
+  const Trace a = train(one, steps);
+  for (const auto& [dp, accum] : {std::pair{1, 4}, std::pair{2, 2}, std::pair{4, 1}}) {
+    SCOPED_TRACE(fmt::format("dp {}", dp));
+    TrainConfig c = one;
+    c.dp = dp, c.*field = 2, c.accum = accum;
+    expect_close(a, train(c, steps), tol);
+  }
+}
+
 // Pipeline parallel: stage s runs layers [s L / pp, (s + 1) L / pp), its
 // backward recomputing its forward; 1F1B over the micro-batches.
 TEST(PipelineParallel, SameLossesAsOneChipWithinTolerance) {
@@ -207,30 +229,14 @@ TEST(PipelineParallel, SameLossesAsOneChipWithinTolerance) {
   // rounding (the boundary's two gradient paths add in another order);
   // bf16 and mxfp8: the stage programs fuse the ops beside the boundary
   // differently (measured: 4e-5 and 1e-4 of the loss over 4 steps).
-  for (const char* recipe : {"fp32", "bf16", "mxfp8"}) {
-    SCOPED_TRACE(recipe);
-    const double tol = std::string(recipe) == "fp32" ? 1e-6 : 5e-4;
-    TrainConfig one = tiny(recipe);
-    one.layers = 2, one.accum = 4;
-    const Trace a = train(one, 4);
-    for (const auto& [dp, pp, accum] :
-         {std::tuple{1, 2, 4}, std::tuple{2, 2, 2}, std::tuple{4, 2, 1}}) {
-      SCOPED_TRACE(fmt::format("dp {} pp {}", dp, pp));
-      TrainConfig c = tiny(recipe);
-      c.layers = 2, c.dp = dp, c.pp = pp, c.accum = accum;
-      const Trace b = train(c, 4);
-      for (std::size_t i = 0; i < a.loss.size(); ++i)
-        EXPECT_NEAR(b.loss[i], a.loss[i], tol * a.loss[i]) << "step " << i + 1;
-    }
-  }
+  for (const char* recipe : {"fp32", "bf16", "mxfp8"})
+    expect_agrees(recipe, &TrainConfig::pp, 4, std::string(recipe) == "fp32" ? 1e-6 : 5e-4);
   // Eight chips: dp 2 x pp 4 of a 4-layer model.
   TrainConfig one = tiny("bf16");
   one.layers = 4, one.accum = 4;
   TrainConfig c = one;
   c.dp = 2, c.pp = 4, c.accum = 2;
-  const Trace a = train(one, 3), b = train(c, 3);
-  for (std::size_t i = 0; i < a.loss.size(); ++i)
-    EXPECT_NEAR(b.loss[i], a.loss[i], 5e-4 * a.loss[i]) << "step " << i + 1;
+  expect_close(train(one, 3), train(c, 3), 5e-4);
 }
 
 TEST(PipelineParallel, OneForwardOneBackwardSchedule) {
@@ -270,24 +276,25 @@ TEST(PipelineParallel, OneForwardOneBackwardSchedule) {
   EXPECT_GT(m.comm_ns, 0);
 }
 
-TEST(PipelineParallel, CheckpointsResumeOnAnotherLayout) {
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "tern_test_pp_resume";
+// A run on `layout` chips (field = 2) checkpoints at step 2; the same
+// layout continues bit for bit, one chip (field = 1) within 5e-4.
+void expect_resumes_on_one_chip(std::int64_t TrainConfig::*field, const std::string& tag) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / tag;
   std::filesystem::remove_all(dir);
-  TrainConfig pp = tiny("bf16");
-  pp.layers = 2, pp.pp = 2, pp.accum = 2, pp.ckpt_dir = dir.string(), pp.ckpt_every = 2;
+  TrainConfig run = tiny("bf16");
+  run.layers = 2, run.*field = 2, run.accum = 2, run.ckpt_dir = dir.string(), run.ckpt_every = 2;
   std::vector<double> whole;
   {
-    Trainer t(pp);
+    Trainer t(run);
     for (int i = 0; i < 4; ++i) {
       whole.push_back(t.step().loss);
       if (t.steps_done() == 2) t.save_checkpoint();
     }
   }
-  // The same layout continues bit for bit; one chip within the tolerance.
   for (std::int64_t p : {2, 1}) {
     SCOPED_TRACE(p);
-    TrainConfig c = pp;
-    c.pp = p, c.ckpt_every = 0, c.resume = (dir / "step-00000002.ckpt").string();
+    TrainConfig c = run;
+    c.*field = p, c.ckpt_every = 0, c.resume = (dir / "step-00000002.ckpt").string();
     Trainer t(c);
     for (int i = 2; i < 4; ++i) {
       const double l = t.step().loss;
@@ -300,37 +307,25 @@ TEST(PipelineParallel, CheckpointsResumeOnAnotherLayout) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(PipelineParallel, CheckpointsResumeOnAnotherLayout) {
+  expect_resumes_on_one_chip(&TrainConfig::pp, "tern_test_pp_resume");
+}
+
 // Tensor parallel (Megatron-LM): each layer's attention heads and MLP
 // columns split over tp chips, their outputs and input gradients
 // all-reduced; the rest replicated.
 TEST(TensorParallel, SameLossesAsOneChipWithinTolerance) {
   // FP32: the partial sums round differently (measured 1e-7 of the loss);
   // bf16: each rank's partial rounds to bf16 before the sum (1e-4).
-  for (const char* recipe : {"fp32", "bf16"}) {
-    SCOPED_TRACE(recipe);
-    const double tol = std::string(recipe) == "fp32" ? 1e-6 : 5e-4;
-    TrainConfig one = tiny(recipe);
-    one.layers = 2, one.accum = 4;
-    const Trace a = train(one, 3);
-    for (const auto& [dp, tp, accum] :
-         {std::tuple{1, 2, 4}, std::tuple{2, 2, 2}, std::tuple{4, 2, 1}}) {
-      SCOPED_TRACE(fmt::format("dp {} tp {}", dp, tp));
-      TrainConfig c = tiny(recipe);
-      c.layers = 2, c.dp = dp, c.tp = tp, c.accum = accum;
-      const Trace b = train(c, 3);
-      for (std::size_t i = 0; i < a.loss.size(); ++i)
-        EXPECT_NEAR(b.loss[i], a.loss[i], tol * a.loss[i]) << "step " << i + 1;
-    }
-  }
+  for (const char* recipe : {"fp32", "bf16"})
+    expect_agrees(recipe, &TrainConfig::tp, 3, std::string(recipe) == "fp32" ? 1e-6 : 5e-4);
   // mxfp8 needs K = dim / tp a multiple of 128 (the MX matmul's blocks);
   // the MX blocks of partial sums: 2e-3 over 3 steps.
   TrainConfig one = tiny("mxfp8");
   one.layers = 2, one.dim = 256, one.heads = 4, one.accum = 2;
   TrainConfig c = one;
   c.tp = 2;
-  const Trace a = train(one, 3), b = train(c, 3);
-  for (std::size_t i = 0; i < a.loss.size(); ++i)
-    EXPECT_NEAR(b.loss[i], a.loss[i], 2e-3 * a.loss[i]) << "step " << i + 1;
+  expect_close(train(one, 3), train(c, 3), 2e-3);
 }
 
 TEST(TensorParallel, AllReducesOnTheTimeline) {
@@ -359,34 +354,8 @@ TEST(TensorParallel, AllReducesOnTheTimeline) {
 }
 
 TEST(TensorParallel, CheckpointsResumeOnAnotherLayout) {
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "tern_test_tp_resume";
-  std::filesystem::remove_all(dir);
-  TrainConfig tp = tiny("bf16");
-  tp.layers = 2, tp.tp = 2, tp.accum = 2, tp.ckpt_dir = dir.string(), tp.ckpt_every = 2;
-  std::vector<double> whole;
-  {
-    Trainer t(tp);
-    for (int i = 0; i < 4; ++i) {
-      whole.push_back(t.step().loss);
-      if (t.steps_done() == 2) t.save_checkpoint();
-    }
-  }
-  // The checkpoint holds whole tensors: it continues bit for bit on tp 2,
-  // within the tolerance on one chip.
-  for (std::int64_t p : {2, 1}) {
-    SCOPED_TRACE(p);
-    TrainConfig c = tp;
-    c.tp = p, c.ckpt_every = 0, c.resume = (dir / "step-00000002.ckpt").string();
-    Trainer t(c);
-    for (int i = 2; i < 4; ++i) {
-      const double l = t.step().loss;
-      if (p == 2)
-        EXPECT_EQ(l, whole[static_cast<std::size_t>(i)]);
-      else
-        EXPECT_NEAR(l, whole[static_cast<std::size_t>(i)], 5e-4 * l);
-    }
-  }
-  std::filesystem::remove_all(dir);
+  // The checkpoint holds whole tensors, not a rank's slices.
+  expect_resumes_on_one_chip(&TrainConfig::tp, "tern_test_tp_resume");
 }
 
 TEST(DataParallel, UnsupportedLayoutsSaySo) {
