@@ -20,16 +20,16 @@ Graph extract(const Graph& g, const std::vector<std::string>& cut,
   for (const std::string& n : cut) given.insert(id(n));
   // The nodes the outputs need, walking back from them to the cut.
   std::vector<bool> needed(g.nodes().size(), false);
-  std::vector<int> todo;
-  for (const std::string& n : outputs) todo.push_back(id(n));
-  while (!todo.empty()) {
-    const int v = todo.back();
-    todo.pop_back();
+  std::vector<int> stack;
+  for (const std::string& n : outputs) stack.push_back(id(n));
+  while (!stack.empty()) {
+    const int v = stack.back();
+    stack.pop_back();
     if (given.contains(v)) continue;
     const int p = g.value(v).node;
     if (needed[static_cast<std::size_t>(p)]) continue;
     needed[static_cast<std::size_t>(p)] = true;
-    for (int in : g.node(p).inputs) todo.push_back(in);
+    for (int in : g.node(p).inputs) stack.push_back(in);
   }
   Graph r(name);
   std::map<int, int> to;  // g's value -> r's
