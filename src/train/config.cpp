@@ -120,8 +120,6 @@ void validate(const TrainConfig& c) {
         c.tp, c.pp, c.threads));
   if (c.tp > 1 && c.model != "gpt2")
     bad("not supported: tensor parallel training (tp > 1) of the llama model; gpt2 is");
-  if (c.tp > 1 && c.pp > 1)
-    bad("not supported: tp and pp > 1 together (yet); dp combines with either");
   if (c.tp > 1 && c.zero == 1) bad("not supported: zero 1 with tp > 1");
   if (c.tp > 1 && c.heads % c.tp != 0)
     bad(fmt::format("tp {} does not divide heads {}", c.tp, c.heads));

@@ -53,7 +53,8 @@ struct TrainConfig {
   // Layout over several simulated chips (docs/multichip.md): dp data-
   // parallel replicas, each running `accum` micro-batches a step (global
   // batch = batch x accum x dp); zero 1 shards the optimizer state over
-  // them (ZeRO-1). tp and pp are named for the layout but not supported yet.
+  // them (ZeRO-1); tp: Megatron tensor parallel over that many chips
+  // (GPT-2); pp: a 1F1B pipeline of that many stages (docs/multichip.md).
   // system: the system file whose fabric joins the chips ("": the smallest
   // system of `arch` holding dp x tp x pp chips). threads: host threads
   // simulating this process's chips (0: one per chip, at most the host's

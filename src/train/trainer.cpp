@@ -285,6 +285,18 @@ void Trainer::build() {
   grad_graph_ = std::make_unique<graph::Graph>(g);
   grad_exe_ = std::make_shared<const graph::Executable>(graph::compile(g, chip, o));
 
+  boundary_dtype_.clear(), boundary_elements_.clear();
+  for (const graph::Value& v : fwd.values())
+    boundary_dtype_[v.name] = v.dtype, boundary_elements_[v.name] = graph::elements(v.shape);
+  auto stage_of_layer = [this](std::int64_t l) {
+    std::int64_t st = 0;
+    while (runtime::block_first(c_.layers, static_cast<int>(c_.pp), static_cast<int>(st + 1)) <= l)
+      ++st;
+    return static_cast<std::size_t>(st);
+  };
+  stage_pieces_.assign(static_cast<std::size_t>(c_.pp), {0, 0});
+  stage_inputs_.assign(static_cast<std::size_t>(c_.pp), {});
+
   // The pipeline stages: cut from the forward pass at layer boundaries.
   stages_.assign(static_cast<std::size_t>(c_.pp), Stage{});
   stage_of_.assign(param_names_.size(), 0);
@@ -347,8 +359,10 @@ void Trainer::build() {
         piece(sh, {p + (attention ? "ln_1" : "ln_2")}, {p + (attention ? "attn.proj" : "mlp.proj")},
               t);
     };
-    boundary_dtype_.clear();
-    for (const graph::Value& v : fwd.values()) boundary_dtype_[v.name] = v.dtype;
+    std::vector<std::size_t> piece_stage;  // by piece
+    auto mark = [&](std::int64_t l) {
+      while (piece_stage.size() < stages_.size()) piece_stage.push_back(stage_of_layer(l));
+    };
     for (std::int64_t l = 0; l < c_.layers; ++l) {
       const std::string p = layer_prefix(c_, l);
       if (l == 0)
@@ -360,15 +374,23 @@ void Trainer::build() {
       replicated({p + "attn.proj", l == 0 ? "embed" : layer_prefix(c_, l - 1) + "out"},
                  {p + "resid_attn", p + "ln_2"});
       sharded(l, false);
+      mark(l);
     }
     const std::string p = layer_prefix(c_, c_.layers - 1);
     replicated({p + "mlp.proj", p + "resid_attn"}, {"loss"});
+    mark(c_.layers - 1);
+    // Each pipeline stage's pieces, and what crosses into it.
+    for (std::size_t k = 0; k < stages_.size(); ++k) {
+      auto& [lo, hi] = stage_pieces_[piece_stage[k]];
+      if (hi == 0) lo = k, stage_inputs_[piece_stage[k]] = stages_[k].ins;
+      hi = k + 1;
+    }
   } else if (c_.pp == 1) {
     stages_[0].out = "loss";
     stages_[0].bwd = grad_exe_;
     for (std::size_t i = 0; i < param_names_.size(); ++i) stages_[0].params.push_back(i);
   }
-  for (std::int64_t st = 0; c_.pp > 1 && st < c_.pp; ++st) {
+  for (std::int64_t st = 0; c_.tp == 1 && c_.pp > 1 && st < c_.pp; ++st) {
     Stage& sg = stages_[static_cast<std::size_t>(st)];
     const bool last = st == c_.pp - 1;
     const std::int64_t lo =
@@ -409,6 +431,11 @@ void Trainer::build() {
   }
   for (std::size_t st = stages_.size(); st-- > 0;)
     for (std::size_t i : stages_[st].params) stage_of_[i] = st;
+  if (c_.tp == 1)
+    for (std::size_t st = 0; st < static_cast<std::size_t>(c_.pp); ++st) {
+      stage_pieces_[st] = {st, st + 1};
+      if (!stages_[st].in.empty()) stage_inputs_[st] = {stages_[st].in};
+    }
 
   // This process's replicas: a session per stage program.
   replicas_.clear();
@@ -427,18 +454,23 @@ void Trainer::build() {
   std::vector<int> all_chips(static_cast<std::size_t>(c_.dp * c_.pp * c_.tp));
   std::iota(all_chips.begin(), all_chips.end(), 0);
   if (c_.tp > 1) {
-    // Each tp rank updates its slices and (redundantly, as Megatron does)
-    // the replicated params.
-    for (std::int64_t t = 0; t < c_.tp; ++t) {
-      Shard sh;
-      sh.tp = static_cast<int>(t);
-      for (std::size_t i = 0; i < param_names_.size(); ++i) {
-        sh.params.push_back(i);
-        sh.elements += sliced(i) ? acc_sizes_[i] / c_.tp : acc_sizes_[i];
+    // Each tp rank of each pipeline stage updates its slices of the stage's
+    // params and (redundantly, as Megatron does) the replicated ones.
+    for (std::int64_t st = 0; st < c_.pp; ++st)
+      for (std::int64_t t = 0; t < c_.tp; ++t) {
+        Shard sh;
+        sh.tp = static_cast<int>(t);
+        const auto [lo, hi] = stage_pieces_[static_cast<std::size_t>(st)];
+        std::set<std::size_t> ps;
+        for (std::size_t k = lo; k < hi; ++k)
+          if (stages_[k].tp < 0 || stages_[k].tp == t)
+            ps.insert(stages_[k].params.begin(), stages_[k].params.end());
+        sh.params.assign(ps.begin(), ps.end());
+        for (std::size_t i : sh.params)
+          sh.elements += sliced(i) ? acc_sizes_[i] / c_.tp : acc_sizes_[i];
+        for (std::int64_t r = 0; r < c_.dp; ++r) sh.chips.push_back(chip_of(r, st, t));
+        shards_.push_back(std::move(sh));
       }
-      for (std::int64_t r = 0; r < c_.dp; ++r) sh.chips.push_back(chip_of(r, 0, t));
-      shards_.push_back(std::move(sh));
-    }
   } else if (c_.pp > 1) {
     for (std::int64_t st = 0; st < c_.pp; ++st) {
       Shard sh;
@@ -718,7 +750,10 @@ std::map<std::string, std::vector<float>> Trainer::optimizer_state() {
   for (auto& [name, by_shard] : parts) {
     const std::size_t i = param_index(param_of_state(name));
     if (c_.tp > 1 && sliced(i)) {
-      out[name] = assemble(i, by_shard);
+      std::vector<std::vector<float>> by_rank(static_cast<std::size_t>(c_.tp));
+      for (std::size_t k = 0; k < by_shard.size(); ++k)
+        if (!by_shard[k].empty()) by_rank[static_cast<std::size_t>(shards_[k].tp)] = by_shard[k];
+      out[name] = assemble(i, by_rank);
       continue;
     }
     for (auto& x : by_shard)
@@ -1272,18 +1307,17 @@ runtime::StepResult Trainer::run_replicas(std::int64_t s, const std::vector<Batc
           acc[st].push_back(std::move(x));
         }
       }
-      if (c_.tp > 1) {
-        const double ar = tensor_timeline(r, f, b);  // blocking: all exposed
-        if (r == 0) m.comm_ns += ar, m.exposed_comm_ns += ar;
-      } else if (P == 1) {
+      if (P == 1) {
         double ns = 0;
         for (double t : b[0]) ns += t;
         system_->advance(chip_of(r, 0), Nanoseconds(ns), "grad");
       } else {
         // Send/recv on the collective engines: in comm, not exposed (a
-        // stage waiting for its input shows as the pipeline's bubble).
-        const double p2p = pipeline_timeline(r, f, b);
-        if (r == 0) m.comm_ns += p2p;
+        // stage waiting for its input shows as the pipeline's bubble); the
+        // tp all-reduces block: exposed.
+        double p2p = 0, reduces = 0;
+        pipeline_timeline(r, f, b, p2p, reduces);
+        if (r == 0) m.comm_ns += p2p + reduces, m.exposed_comm_ns += reduces;
       }
     }
   }
@@ -1372,49 +1406,70 @@ runtime::StepResult Trainer::run_replicas(std::int64_t s, const std::vector<Batc
       for (std::size_t i = 0; i < param_names_.size(); ++i)
         if (sliced(i)) fr[i] = assemble(i, parts[i]);
     }
-    // ... then the data-parallel all-reduce of each tp rank's bucket (its
-    // slices and the replicated params) over its replicas.
-    std::vector<std::vector<std::vector<float>>> by_rank(static_cast<std::size_t>(c_.tp));
-    for (std::int64_t t = 0; t < c_.tp; ++t) {
+    // A param on two stages (the tied embedding, pp > 1): its two
+    // gradients all-reduced between the first and the last stage's chips
+    // (summed above; here timed).
+    if (c_.pp > 1) {
+      std::int64_t tied_n = 0;
+      for (std::size_t i = 0; i < param_names_.size(); ++i)
+        if (stage_of_[i] == stage_pieces_[0].first)
+          for (std::size_t k = stage_pieces_.back().first; k < stage_pieces_.back().second; ++k)
+            if (std::find(stages_[k].params.begin(), stages_[k].params.end(), i) !=
+                stages_[k].params.end()) {
+              tied_n += acc_sizes_[i];
+              break;
+            }
+      if (tied_n > 0) {
+        std::vector<std::vector<int>> groups;
+        const std::vector<float> buf(static_cast<std::size_t>(tied_n), 0.0f);
+        for (std::int64_t r = 0; r < c_.dp; ++r)
+          for (std::int64_t t = 0; t < c_.tp; ++t) {
+            groups.push_back({chip_of(r, 0, t), chip_of(r, c_.pp - 1, t)});
+            for (int ch : groups.back()) system_->write(ch, "tied", buf);
+          }
+        collective([&] { system_->all_reduce("tied", groups); });
+      }
+    }
+    // ... then the data-parallel all-reduce of each optimizer shard's
+    // bucket (a tp rank's slices of a stage's params and the replicated
+    // ones) over its replicas.
+    std::map<std::size_t, std::vector<std::vector<float>>> slices;
+    for (std::size_t k = 0; k < shards_.size(); ++k) {
+      const Shard& sh = shards_[k];
+      const std::string name = fmt::format("grads.{}", k);
       std::vector<float> sum;
-      const std::string name = fmt::format("grads.tp{}", t);
-      std::vector<int> group;
       for (std::int64_t r = 0; r < c_.dp; ++r) {
         std::vector<float> flat;
-        for (std::size_t i = 0; i < param_names_.size(); ++i) {
+        for (std::size_t i : sh.params) {
           const auto& x = full[static_cast<std::size_t>(r)][i];
-          const std::vector<float> y = sliced(i) ? slice(i, static_cast<int>(t), x) : x;
+          const std::vector<float> y = sliced(i) ? slice(i, sh.tp, x) : x;
           flat.insert(flat.end(), y.begin(), y.end());
         }
         if (c_.dp == 1)
           sum = std::move(flat);
         else
-          system_->write(chip_of(r, 0, t), name, flat);
-        group.push_back(chip_of(r, 0, t));
+          system_->write(sh.chips[static_cast<std::size_t>(r)], name, flat);
       }
       if (c_.dp > 1) {
-        beside([&] { system_->all_reduce(name, {group}); });
-        sum = system_->read(group.front(), name);
+        beside([&] { system_->all_reduce(name, {sh.chips}); });
+        sum = system_->read(sh.chips.front(), name);
       }
       std::size_t at = 0;
-      auto& mine_t = by_rank[static_cast<std::size_t>(t)];
-      for (std::size_t i = 0; i < param_names_.size(); ++i) {
+      for (std::size_t i : sh.params) {
         const auto e = static_cast<std::size_t>(sliced(i) ? acc_sizes_[i] / c_.tp : acc_sizes_[i]);
-        mine_t.emplace_back(sum.begin() + static_cast<std::ptrdiff_t>(at),
-                            sum.begin() + static_cast<std::ptrdiff_t>(at + e));
+        std::vector<float> x(sum.begin() + static_cast<std::ptrdiff_t>(at),
+                             sum.begin() + static_cast<std::ptrdiff_t>(at + e));
         at += e;
+        if (sliced(i)) {
+          slices[i].resize(static_cast<std::size_t>(c_.tp));
+          slices[i][static_cast<std::size_t>(sh.tp)] = std::move(x);
+        } else if (!reduced_.contains(acc_names_[i])) {
+          reduced_[acc_names_[i]] = std::move(x);
+        }
       }
     }
     end_beside();
-    for (std::size_t i = 0; i < param_names_.size(); ++i) {
-      if (!sliced(i)) {
-        reduced_[acc_names_[i]] = by_rank[0][i];
-        continue;
-      }
-      std::vector<std::vector<float>> parts;
-      for (auto& br : by_rank) parts.push_back(br[i]);
-      reduced_[acc_names_[i]] = assemble(i, parts);
-    }
+    for (auto& [i, parts] : slices) reduced_[acc_names_[i]] = assemble(i, parts);
   } else if (c_.zero == 1) {
     std::int64_t block = 0;
     for (const Shard& sh : shards_) block = std::max(block, sh.elements);
@@ -1518,7 +1573,8 @@ runtime::StepResult Trainer::run_replicas(std::int64_t s, const std::vector<Batc
     } else if (c_.tp > 1) {
       for (std::int64_t r = 0; r < c_.dp; ++r) {
         groups.emplace_back();
-        for (std::int64_t t = 0; t < c_.tp; ++t) groups.back().push_back(chip_of(r, 0, t));
+        for (std::int64_t st = 0; st < c_.pp; ++st)
+          for (std::int64_t t = 0; t < c_.tp; ++t) groups.back().push_back(chip_of(r, st, t));
       }
     } else {
       for (std::int64_t r = 0; r < c_.dp; ++r) {
@@ -1532,18 +1588,62 @@ runtime::StepResult Trainer::run_replicas(std::int64_t s, const std::vector<Batc
   return norm;
 }
 
-double Trainer::pipeline_timeline(std::int64_t r, const std::vector<std::vector<double>>& f,
-                                  const std::vector<std::vector<double>>& b) {
+double Trainer::pieces_timeline(std::int64_t r, std::int64_t stage, std::size_t lo, std::size_t hi,
+                                bool forward, std::size_t i,
+                                const std::vector<std::vector<double>>& f,
+                                const std::vector<std::vector<double>>& b) {
+  // Megatron's f and g: a layer's shard pieces (one a tp rank) are followed
+  // by a blocking all-reduce of their outputs (forward) or input gradients
+  // (backward). A replicated piece runs on every tp chip of the stage.
+  const auto T = static_cast<std::size_t>(c_.tp);
+  std::vector<int> group;
+  for (std::size_t t = 0; t < T; ++t)
+    group.push_back(chip_of(r, stage, static_cast<std::int64_t>(t)));
+  const std::string step = fmt::format("{} {}", forward ? "forward" : "backward", i);
+  double reduces = 0;
+  auto all_reduce = [&](const std::string& value) {
+    const std::vector<float> buf(static_cast<std::size_t>(boundary_elements_.at(value)), 0.0f);
+    for (int c : group)
+      system_->write(c, "tp.partial", buf, system_format(boundary_dtype_.at(value)));
+    system_->all_reduce("tp.partial", {group});
+    reduces += system_->events().back().duration.value();
+  };
+  auto run = [&](std::size_t k, bool fwd) {
+    const double t = fwd ? f[k][i] : b[k][i];
+    if (stages_[k].tp < 0) {
+      for (int c : group) system_->advance(c, Nanoseconds(t), step);
+      return false;
+    }
+    system_->advance(group[static_cast<std::size_t>(stages_[k].tp)], Nanoseconds(t), step);
+    return true;
+  };
+  if (forward) {
+    for (std::size_t k = lo; k < hi; ++k) {
+      if (!stages_[k].fwd) continue;  // the last piece: its forward runs with its backward
+      if (run(k, true) && stages_[k].tp == c_.tp - 1) all_reduce(stages_[k].outs[0]);
+    }
+  } else {
+    for (std::size_t k = hi; k-- > lo;)
+      if (run(k, false) && stages_[k].tp == 0) all_reduce(stages_[k].ins[0]);
+  }
+  return reduces;
+}
+
+void Trainer::pipeline_timeline(std::int64_t r, const std::vector<std::vector<double>>& f,
+                                const std::vector<std::vector<double>>& b, double& p2p,
+                                double& reduces) {
   // 1F1B (PipeDream-Flush, Narayanan et al. 2021): stage s runs
   // min(P - s - 1, m) forwards, then alternates one forward and one
   // backward, then the remaining backwards; the last stage runs each
   // micro-batch's backward (its forward included) as soon as its input
   // arrives. Each stage's output goes to the next stage, each backward's
   // input gradient to the previous one, by send/recv on the collective
-  // engines while compute goes on; a stage waits only for what it reads.
-  // The transfers here are timed from their sizes; the values went from
-  // program to program on the host.
-  const std::size_t P = stages_.size(), M = static_cast<std::size_t>(c_.accum);
+  // engines (tp rank t to tp rank t) while compute goes on; a stage waits
+  // only for what it reads. The transfers here are timed from their sizes;
+  // the values went from program to program on the host. pp 1: each
+  // micro-batch's forward and backward on the one stage.
+  const auto P = static_cast<std::size_t>(c_.pp), M = static_cast<std::size_t>(c_.accum);
+  const auto T = static_cast<std::size_t>(c_.tp);
   struct Op {
     bool forward;
     std::size_t i;
@@ -1562,23 +1662,26 @@ double Trainer::pipeline_timeline(std::int64_t r, const std::vector<std::vector<
     }
   }
   struct Sent {
-    runtime::Handle h = 0;
-    double arrives = -1;  // < 0: not sent yet
+    std::vector<runtime::Handle> h;  // one a tp rank
+    double arrives = -1;             // < 0: not sent yet; else the last to arrive
   };
   std::vector<std::vector<Sent>> act(P, std::vector<Sent>(M)), grad = act;
   std::vector<std::size_t> at(P, 0);
-  auto chip = [&](std::size_t s) { return chip_of(r, static_cast<std::int64_t>(s)); };
-  double transfers = 0;
+  auto chip = [&](std::size_t s, std::size_t t = 0) {
+    return chip_of(r, static_cast<std::int64_t>(s), static_cast<std::int64_t>(t));
+  };
+  auto dependency = [&](std::size_t s, const Op& op) -> const Sent* {
+    if (op.forward) return s > 0 ? &act[s - 1][op.i] : nullptr;
+    if (s + 1 < P) return &grad[s + 1][op.i];
+    return s > 0 ? &act[s - 1][op.i] : nullptr;
+  };
   for (;;) {
     // The stage whose next op can start first (ties: the lower stage).
     std::size_t best = P;
     double best_start = 0;
     for (std::size_t s = 0; s < P; ++s) {
       if (at[s] == ops[s].size()) continue;
-      const Op& op = ops[s][at[s]];
-      const Sent* dep =
-          op.forward ? (s > 0 ? &act[s - 1][op.i] : nullptr)
-                     : (s + 1 < P ? &grad[s + 1][op.i] : (s > 0 ? &act[s - 1][op.i] : nullptr));
+      const Sent* dep = dependency(s, ops[s][at[s]]);
       if (dep && dep->arrives < 0) continue;
       const double start = std::max(system_->clock(chip(s)).value(), dep ? dep->arrives : 0.0);
       if (best == P || start < best_start) best = s, best_start = start;
@@ -1586,30 +1689,36 @@ double Trainer::pipeline_timeline(std::int64_t r, const std::vector<std::vector<
     if (best == P) break;
     const std::size_t s = best;
     const Op op = ops[s][at[s]++];
-    const Sent* dep =
-        op.forward ? (s > 0 ? &act[s - 1][op.i] : nullptr)
-                   : (s + 1 < P ? &grad[s + 1][op.i] : (s > 0 ? &act[s - 1][op.i] : nullptr));
-    if (dep) system_->wait(dep->h, chip(s));
-    system_->advance(chip(s), Nanoseconds(op.forward ? f[s][op.i] : b[s][op.i]),
-                     fmt::format("{} {}", op.forward ? "forward" : "backward", op.i));
+    if (const Sent* dep = dependency(s, op))
+      for (std::size_t t = 0; t < T; ++t) system_->wait(dep->h[t], chip(s, t));
+    const auto [lo, hi] = stage_pieces_[s];
+    if (op.forward || s + 1 < P) {
+      reduces += pieces_timeline(r, static_cast<std::int64_t>(s), lo, hi, op.forward, op.i, f, b);
+    } else {  // the last stage: forward and backward of each micro-batch
+      reduces += pieces_timeline(r, static_cast<std::int64_t>(s), lo, hi, true, op.i, f, b);
+      reduces += pieces_timeline(r, static_cast<std::int64_t>(s), lo, hi, false, op.i, f, b);
+    }
     // What it sends: a forward's output on, a backward's input gradient back.
     const bool sends = op.forward ? s + 1 < P : s > 0;
     if (!sends) continue;
-    const std::size_t boundary = op.forward ? s : s - 1;  // stage whose output crosses
-    const graph::Graph& g = stages_[boundary].fwd->graph;
-    const graph::Value& y = g.value(g.find(stages_[boundary].out));
-    const std::vector<float> zeros(static_cast<std::size_t>(graph::elements(y.shape)), 0.0f);
+    const std::size_t into = op.forward ? s + 1 : s;  // the stage whose input crosses
+    std::int64_t n = 0;
+    isa::DType dt = isa::DType::fp32;
+    for (const std::string& v : stage_inputs_[into])
+      n += boundary_elements_.at(v), dt = boundary_dtype_.at(v);
+    const std::vector<float> zeros(static_cast<std::size_t>(n), 0.0f);
     const std::string from = op.forward ? "activation" : "activation gradient";
-    system_->write(chip(s), from, zeros, system_format(y.dtype));
-    const int to = op.forward ? chip(s + 1) : chip(s - 1);
     Sent& out = (op.forward ? act[s] : grad[s])[op.i];
-    out.h = system_->send_recv(chip(s), from, to, fmt::format("{} {}", from, op.i),
-                               runtime::Launch::async);
-    const runtime::CollectiveEvent& e = system_->events().back();
-    out.arrives = (e.start + e.duration).value();
-    transfers += e.duration.value();
+    for (std::size_t t = 0; t < T; ++t) {
+      system_->write(chip(s, t), from, zeros, system_format(dt));
+      const int to = op.forward ? chip(s + 1, t) : chip(s - 1, t);
+      out.h.push_back(system_->send_recv(chip(s, t), from, to, fmt::format("{} {}", from, op.i),
+                                         runtime::Launch::async));
+      const runtime::CollectiveEvent& e = system_->events().back();
+      out.arrives = std::max(out.arrives, (e.start + e.duration).value());
+      if (t == 0) p2p += e.duration.value();
+    }
   }
-  return transfers;
 }
 
 void Trainer::tensor_parallel_micro_batch(
@@ -1623,7 +1732,7 @@ void Trainer::tensor_parallel_micro_batch(
   // piece runs the forward, the loss and its backward. Backward: in
   // reverse, each piece from the gradients of its outputs; the shards'
   // input gradients all-reduced the same way. Replicated pieces run once
-  // (every rank would compute the same); tensor_timeline() times them on
+  // (every rank would compute the same); pieces_timeline() times them on
   // every rank's chip.
   const std::size_t P = stages_.size();
   const auto T = static_cast<std::size_t>(c_.tp);
@@ -1689,61 +1798,6 @@ void Trainer::tensor_parallel_micro_batch(
     grads[stages_[first].ins[0]] = reduce(std::move(parts), stages_[first].ins[0]);
     st = first;
   }
-}
-
-double Trainer::tensor_timeline(std::int64_t r, const std::vector<std::vector<double>>& f,
-                                const std::vector<std::vector<double>>& b) {
-  // Megatron's f and g: the shards' outputs all-reduced after the forward
-  // of each attention and MLP, their input gradients after the backward;
-  // blocking (the next piece reads the sum). Replicated pieces run on
-  // every rank's chip.
-  const std::size_t P = stages_.size(), M = static_cast<std::size_t>(c_.accum);
-  const auto T = static_cast<std::size_t>(c_.tp);
-  std::vector<int> group;
-  for (std::size_t t = 0; t < T; ++t) group.push_back(chip_of(r, 0, static_cast<std::int64_t>(t)));
-  double total = 0;
-  auto all_reduce = [&](const std::string& value) {
-    std::int64_t n = 0;
-    for (const Stage& sg : stages_)
-      if (sg.fwd && sg.fwd->graph.find(value) >= 0) {
-        n = graph::elements(sg.fwd->graph.value(sg.fwd->graph.find(value)).shape);
-        break;
-      }
-    const std::vector<float> buf(static_cast<std::size_t>(n), 0.0f);
-    for (int c : group)
-      system_->write(c, "tp.partial", buf, system_format(boundary_dtype_.at(value)));
-    system_->all_reduce("tp.partial", {group});
-    total += system_->events().back().duration.value();
-  };
-  for (std::size_t i = 0; i < M; ++i) {
-    for (std::size_t st = 0; st + 1 < P;) {
-      if (stages_[st].tp < 0) {
-        for (int c : group)
-          system_->advance(c, Nanoseconds(f[st][i]), fmt::format("forward {}", i));
-        ++st;
-        continue;
-      }
-      for (std::size_t t = 0; t < T; ++t)
-        system_->advance(group[t], Nanoseconds(f[st + t][i]), fmt::format("forward {}", i));
-      all_reduce(stages_[st].outs[0]);
-      st += T;
-    }
-    for (int c : group)
-      system_->advance(c, Nanoseconds(b[P - 1][i]), fmt::format("backward {}", i));
-    for (std::size_t st = P - 1; st-- > 0;) {
-      if (stages_[st].tp < 0) {
-        for (int c : group)
-          system_->advance(c, Nanoseconds(b[st][i]), fmt::format("backward {}", i));
-        continue;
-      }
-      const std::size_t first = st + 1 - T;
-      for (std::size_t t = 0; t < T; ++t)
-        system_->advance(group[t], Nanoseconds(b[first + t][i]), fmt::format("backward {}", i));
-      all_reduce(stages_[first].ins[0]);
-      st = first;
-    }
-  }
-  return total;
 }
 
 double Trainer::run_update(const std::map<std::string, std::vector<float>>& scalars,

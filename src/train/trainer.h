@@ -153,11 +153,17 @@ class Trainer {
   // sums of squares (the returned outputs "<param>.grad_sumsq").
   runtime::StepResult run_replicas(std::int64_t s, const std::vector<Batch>& batches,
                                    StepMetrics& m, double& loss);
-  // pp > 1: the timeline of one replica's 1F1B schedule on its chips, from
-  // the programs' times f[stage][i] (forward) and b[stage][i] (backward).
-  // Returns the replica's send/recv time.
-  double pipeline_timeline(std::int64_t replica, const std::vector<std::vector<double>>& f,
-                           const std::vector<std::vector<double>>& b);
+  // pp or tp > 1: the timeline of one replica's micro-batches on its chips
+  // (1F1B over the stages; each stage's pieces on its tp chips) from the
+  // programs' times f[piece][i] (forward) and b[piece][i] (backward); adds
+  // the send/recv time (one tp rank's) to p2p, the tp all-reduces to reduces.
+  void pipeline_timeline(std::int64_t replica, const std::vector<std::vector<double>>& f,
+                         const std::vector<std::vector<double>>& b, double& p2p, double& reduces);
+  // Pieces [lo, hi) of a stage for micro-batch i, forward or (in reverse)
+  // backward, on the stage's tp chips; returns the all-reduces' time.
+  double pieces_timeline(std::int64_t replica, std::int64_t stage, std::size_t lo, std::size_t hi,
+                         bool forward, std::size_t i, const std::vector<std::vector<double>>& f,
+                         const std::vector<std::vector<double>>& b);
   Nanoseconds max_clock() const;
   // Chips: replica-major, then pipeline stage, then tensor-parallel rank.
   int chip_of(std::int64_t replica, std::int64_t stage, std::int64_t rank = 0) const {
@@ -173,10 +179,6 @@ class Trainer {
   bool sliced(std::size_t i) const;
   std::vector<float> slice(std::size_t i, int t, const std::vector<float>& full) const;
   std::vector<float> assemble(std::size_t i, const std::vector<std::vector<float>>& parts) const;
-  // tp > 1: the timeline of one replica's micro-batches on its tp chips
-  // from the pieces' times; returns the all-reduces' time.
-  double tensor_timeline(std::int64_t replica, const std::vector<std::vector<double>>& f,
-                         const std::vector<std::vector<double>>& b);
   // tp > 1: one micro-batch of one replica through its pieces (times into
   // f and b by piece, the loss appended).
   struct Replica;
@@ -186,7 +188,10 @@ class Trainer {
                                    std::vector<std::vector<double>>& f,
                                    std::vector<std::vector<double>>& b,
                                    std::vector<double>& losses);
-  std::map<std::string, isa::DType> boundary_dtype_;  // tp > 1: the values between pieces
+  std::map<std::string, isa::DType> boundary_dtype_;  // the forward pass's values
+  std::map<std::string, std::int64_t> boundary_elements_;
+  std::vector<std::pair<std::size_t, std::size_t>> stage_pieces_;  // pipeline stage -> pieces
+  std::vector<std::vector<std::string>> stage_inputs_;  // what crosses into a pipeline stage
   void restore(const std::string& file_or_dir);
   void restore_from(const std::string& file_or_dir);
   void restore_checkpoint(const struct Checkpoint& ck);

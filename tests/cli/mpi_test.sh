@@ -66,11 +66,12 @@ else
   bad "mpirun -np 2 dp 2 pp 2 failed: $(cat "$tmp/err")"
 fi
 
-# Tensor and data parallel (dp 2 x tp 2): the same under 2 ranks.
-tp=(--layers 2 --dp 2 --tp 2 --recipe bf16)
+# Data, tensor and pipeline parallel (dp 2 x tp 2 x pp 2 = 8 chips): the
+# same under 2 ranks.
+tp=(--layers 2 --dp 2 --tp 2 --pp 2 --accum 2 --recipe bf16)
 "$TERN" "${base[@]}" --steps 3 "${tp[@]}" >"$tmp/tp1.jsonl" 2>"$tmp/err" || bad "tp one process: $(cat "$tmp/err")"
 if timeout 300 "${MPIRUN[@]}" -np 2 "$TERN" "${base[@]}" --steps 3 "${tp[@]}" >"$tmp/tp2.jsonl" 2>"$tmp/err"; then
-  if [ -s "$tmp/tp1.jsonl" ] && cmp -s <(losses "$tmp/tp1.jsonl") <(losses "$tmp/tp2.jsonl"); then ok; else bad "dp 2 x tp 2 under 2 ranks differs"; fi
+  if [ -s "$tmp/tp1.jsonl" ] && cmp -s <(losses "$tmp/tp1.jsonl") <(losses "$tmp/tp2.jsonl"); then ok; else bad "dp 2 x tp 2 x pp 2 under 2 ranks differs"; fi
 else
   bad "mpirun -np 2 dp 2 tp 2 failed: $(cat "$tmp/err")"
 fi
