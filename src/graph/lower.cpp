@@ -495,12 +495,23 @@ class Lowerer {
     l.outputs = {{"dgate", out(ab)}, {"dup", out(m2)}};
   }
 
-  // add / sub / mul with a broadcast operand: the operand is first copied to
-  // the full shape (a layout copy into a temporary), then one pass.
+  // add / sub / mul with a broadcast operand. One row of the last dim's
+  // size (a bias) is read by the kernel's broadcast DMA (add and mul either
+  // way round, sub when it is subtracted); any other broadcast is first
+  // copied to the full shape (a layout copy into a temporary), then one pass.
   std::vector<Launch> broadcast_elementwise(int n, const Launch& base) {
     const Node& N = node(n);
     const Shape& os = val(out(n)).shape;
     Launch e = base;
+    for (std::size_t i = 0; i < 2; ++i) {
+      const Shape& is = val(N.inputs[i]).shape;
+      const bool row = !is.empty() && is.back() == os.back() && elements(is) == os.back() &&
+                       val(N.inputs[1 - i]).shape == os;
+      if (row && (i == 1 || N.op != Op::sub)) {
+        elementwise_with(n, e, true, static_cast<int>(i));
+        return {e};
+      }
+    }
     elementwise_with(n, e, true);
     std::vector<Launch> ls;
     for (std::size_t i = 0; i < 2; ++i) {
@@ -1107,7 +1118,8 @@ class Lowerer {
   }
 
   void elementwise(int n, Launch& l) { elementwise_with(n, l, false); }
-  void elementwise_with(int n, Launch& l, bool broadcast_ok) {
+  // `row`: which operand of add / sub / mul is one broadcast row (-1: none).
+  void elementwise_with(int n, Launch& l, bool broadcast_ok, int row = -1) {
     const Node& N = node(n);
     const auto [rows, cols] = rows_cols(out(n));
     kernel::ElementwiseSpec s;
@@ -1123,6 +1135,11 @@ class Lowerer {
                : N.op == Op::sub ? kernel::ElementwiseOp::sub
                                  : kernel::ElementwiseOp::mul;
         l.inputs = {{"a", N.inputs[0]}, {"b", N.inputs[1]}};
+        if (row >= 0) {  // the row is b (add and mul commute)
+          s.b_row = true;
+          l.inputs = {{"a", N.inputs[static_cast<std::size_t>(1 - row)]},
+                      {"b", N.inputs[static_cast<std::size_t>(row)]}};
+        }
         break;
       case Op::scale:
         s.op = kernel::ElementwiseOp::scale;

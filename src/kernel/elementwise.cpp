@@ -100,10 +100,13 @@ isa::Program elementwise_kernel(const arch::ChipSpec& chip, const ElementwiseSpe
                             : act == isa::ActFunc::gelu_tanh ? isa::ActFunc::gelu_tanh_dx
                             : act == isa::ActFunc::silu      ? isa::ActFunc::silu_dx
                                                              : isa::ActFunc::identity;
+  if (s.b_row && (!binary || grad))
+    throw NotSupported(
+        fmt::format("elementwise: a broadcast row operand with {}", to_string(s.op)));
   Builder b(chip, s.cores);
   const Tensor a = b.hbm("a", {s.rows, s.cols}, s.dtype, isa::TensorKind::input);
   Tensor bb;
-  if (binary) bb = b.hbm("b", {s.rows, s.cols}, s.dtype, isa::TensorKind::input);
+  if (binary) bb = b.hbm("b", {s.b_row ? 1 : s.rows, s.cols}, s.dtype, isa::TensorKind::input);
   const Tensor out = b.hbm("out", {s.rows, s.cols}, s.dtype, isa::TensorKind::output);
   const std::int64_t P = chip.sbuf_partitions;
   const auto work = units(s.rows, s.cols, P, kWidth);
@@ -140,7 +143,8 @@ isa::Program elementwise_kernel(const arch::ChipSpec& chip, const ElementwiseSpe
         b.dma_copy(out.tile(w.r0, w.n, w.c0, w.w), va, -1, false, e);
       } else if (binary) {
         const Tensor vb = tb[i].tile(0, w.n, 0, w.w);
-        b.dma_copy(vb, bb.tile(w.r0, w.n, w.c0, w.w));
+        b.dma_copy(vb,
+                   s.b_row ? detail::bias_rows(bb, w.n, w.c0, w.w) : bb.tile(w.r0, w.n, w.c0, w.w));
         b.tensor_tensor(va, va, vb, op, e);
         b.dma_copy(out.tile(w.r0, w.n, w.c0, w.w), va, -1, false, e);
       } else if (act != isa::ActFunc::identity) {

@@ -277,6 +277,9 @@ struct ElementwiseSpec {
   ElementwiseOp op = ElementwiseOp::add;
   isa::DType dtype = isa::DType::bf16;
   float alpha = 1.0f;  // the factor of `scale`
+  // add / sub / mul: "b" is one row [1, cols], the same for every row of
+  // "a" (a bias), read by a broadcast DMA instead of a [rows, cols] copy.
+  bool b_row = false;
   int cores = 1;
 };
 isa::Program elementwise_kernel(const arch::ChipSpec& chip, const ElementwiseSpec& spec);

@@ -358,16 +358,18 @@ CrossEntropyResult cross_entropy_reference(const std::vector<float>& logits,
 std::vector<float> elementwise_reference(const std::vector<float>& a, const std::vector<float>& b,
                                          const ElementwiseSpec& s, float (*round)(float)) {
   std::vector<float> out(a.size());
+  const auto cols = static_cast<std::size_t>(s.cols);
   for (std::size_t i = 0; i < a.size(); ++i) {
+    const std::size_t j = s.b_row ? i % cols : i;  // b's element for a[i]
     switch (s.op) {
       case ElementwiseOp::add:
-        out[i] = round(a[i] + b[i]);
+        out[i] = round(a[i] + b[j]);
         break;
       case ElementwiseOp::sub:
-        out[i] = round(a[i] - b[i]);
+        out[i] = round(a[i] - b[j]);
         break;
       case ElementwiseOp::mul:
-        out[i] = round(a[i] * b[i]);
+        out[i] = round(a[i] * b[j]);
         break;
       case ElementwiseOp::scale:
         out[i] = round(a[i] * s.alpha);

@@ -201,6 +201,7 @@ ElementwiseSpec elementwise_spec(const Params& p) {
   ElementwiseSpec s;
   s.rows = p.i64("rows"), s.cols = p.i64("dim"), s.op = parse_elementwise_op(p.text("op")),
   s.alpha = p.f32("alpha"), s.dtype = p.dtype("dtype"), s.cores = p.i32("cores");
+  s.b_row = p.flag("b_row");
   return s;
 }
 
@@ -669,6 +670,7 @@ std::vector<KernelEntry> make_registry() {
                  "add, sub, mul, scale, gelu, gelu_tanh, silu, relu, gelu_backward, "
                  "gelu_tanh_backward, silu_backward, relu_backward"},
                 {"alpha", "1", "The factor of scale"},
+                {"b_row", "false", "add, sub, mul: b is one row [1, dim] for every row (a bias)"},
                 {"dtype", "bf16", "Tensor dtype: fp32, bf16 or fp16"},
                 cores_doc()};
     e.build = [](const arch::ChipSpec& c, const Params& p) {

@@ -44,6 +44,14 @@ ComputeModel ComputeModel::of(const arch::SystemSpec& s) {
   c.memory_eff_ = number(t, "memory_efficiency", file.string());
   c.attention_eff_ = number(t, "attention_efficiency", file.string());
   c.attention_bwd_eff_ = number(t, "attention_backward_efficiency", file.string());
+  const auto lat = t["kernel_latency_ns"].value<double>();
+  if (!lat || !(*lat >= 0) || *lat > 1e6) {
+    throw Error(
+        fmt::format("{}: key 'kernel_latency_ns': expected a time in [0, 1e6] ns "
+                    "(regenerate the file with scripts/plan_efficiency.py)",
+                    file.string()));
+  }
+  c.kernel_latency_ns_ = *lat;
   const toml::array* g = t["gemm"].as_array();
   if (!g || g->empty()) throw Error(fmt::format("{}: no [[gemm]] entries", file.string()));
   for (const auto& e : *g) {
@@ -102,8 +110,9 @@ Nanoseconds ComputeModel::attention(double flops, double seq, double head_dim, b
   return Nanoseconds(flops / (peak("bf16").value() * eff) * 1e9);
 }
 
-Nanoseconds ComputeModel::memory(double bytes) const {
-  return Nanoseconds(bytes / (device_.hbm_bandwidth.value() * memory_eff_));
+Nanoseconds ComputeModel::memory(double bytes, double kernels) const {
+  return Nanoseconds(kernels * kernel_latency_ns_ +
+                     bytes / (device_.hbm_bandwidth.value() * memory_eff_));
 }
 
 }  // namespace tern::plan

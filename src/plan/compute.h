@@ -32,14 +32,21 @@ class ComputeModel {
   // forward or backward efficiency) when `fused`, else two batched GEMMs:
   // flops / (bf16 peak x efficiency).
   Nanoseconds attention(double flops, double seq, double head_dim, bool fused, bool backward) const;
-  // Moving `bytes` through HBM at its bandwidth x memory efficiency.
-  Nanoseconds memory(double bytes) const;
+  // `kernels` bandwidth-bound kernels moving `bytes` through HBM in all:
+  // kernels x kernel_latency() + bytes / (HBM bandwidth x memory
+  // efficiency). The latency is what a kernel costs however small its
+  // tensors (on Trainium a DMA's fixed cost in and out); at a few thousand
+  // tokens per micro-batch it is a large part of the elementwise work.
+  Nanoseconds memory(double bytes, double kernels = 0) const;
   // Adam's update of one parameter element: read master, m, v and the
   // gradient, write master, m, v and the 16-bit weight.
   static constexpr double kAdamBytesPerParam = 4 * 3 * 2 + 2 + 2;
 
   double gemm_efficiency(double m, double k, double n, const std::string& dtype) const;
   double memory_efficiency() const { return memory_eff_; }
+  // The fixed time of one bandwidth-bound kernel (Trainium: from the
+  // efficiency table; other devices: not modelled, 0).
+  Nanoseconds kernel_latency() const { return Nanoseconds(kernel_latency_ns_); }
   const std::string& source() const { return source_; }
   FlopRate peak(const std::string& dtype) const;
 
@@ -47,6 +54,7 @@ class ComputeModel {
   arch::DeviceSpec device_;
   std::vector<GemmPoint> gemms_;  // empty: device_.gemm_efficiency everywhere
   double attention_eff_ = 0, attention_bwd_eff_ = 0, memory_eff_ = 0;
+  double kernel_latency_ns_ = 0;
   std::string source_;
 };
 

@@ -148,12 +148,19 @@ std::optional<Estimate> Planner::evaluate_or_throw(const Layout& l, std::string*
   const double scores = b * (a / T) * sl * s;
   const double mem_bytes = (l.sp ? rows_h / T : rows_h) * (8 + 14) +
                            tok * f / T * (m.gated_mlp ? 6 : 4) * topk + (flash ? 0 : 13 * scores);
-  const double mem_f = ns(c.memory(mem_bytes));
+  // Those are kernels of their own, each paying the kernel latency: two
+  // LayerNorms, two bias-dropout-adds, the MLP activation; unfused
+  // attention adds its softmax and dropout. The backward runs twice the
+  // bytes and twice the kernels (each one's backward, LayerNorm's parameter
+  // gradient reductions, the gradients' accumulation).
+  const double mem_kernels = 5 + (flash ? 0 : 2);
+  const double mem_f = ns(c.memory(mem_bytes, mem_kernels));
   const double layer_f = gemm + attn_f + mem_f;
   const double layer_b = 2 * gemm + attn_b + 2 * mem_f;
   double layer_r = 0;
   if (l.recompute == Recompute::full) layer_r = layer_f;
-  if (l.recompute == Recompute::selective && !flash) layer_r = attn_f + ns(c.memory(13 * scores));
+  if (l.recompute == Recompute::selective && !flash)
+    layer_r = attn_f + ns(c.memory(13 * scores, 2));
 
   // ---- communication of one layer, one micro-batch
   const auto tp_g = group_of(l, "tp", net_), dp_g = group_of(l, "dp", net_);
@@ -200,8 +207,12 @@ std::optional<Estimate> Planner::evaluate_or_throw(const Layout& l, std::string*
   const double full = l.recompute == Recompute::full ? 1 : 0;
 
   // ---- the last stage (it holds the output layer), one micro-batch
-  const double logit_f = ns(c.gemm(tok, h, V / T, dtype_)) + ns(c.memory(12 * tok * V / T));
-  const double logit_b = 2 * ns(c.gemm(tok, h, V / T, dtype_)) + ns(c.memory(8 * tok * V / T));
+  // The final LayerNorm (4 B per element of the rows, two kernels back) and
+  // the fused softmax cross-entropy (12 B per logit forward, 8 back).
+  const double logit_f =
+      ns(c.gemm(tok, h, V / T, dtype_)) + ns(c.memory(12 * tok * V / T + 4 * rows_h, 2));
+  const double logit_b =
+      2 * ns(c.gemm(tok, h, V / T, dtype_)) + ns(c.memory(8 * tok * V / T + 8 * rows_h, 3));
   // Parameters on one chip of the first stage (embedding) and of the last
   // (output layer; a tied embedding keeps a copy there); one stage holds
   // both.
@@ -214,8 +225,13 @@ std::optional<Estimate> Planner::evaluate_or_throw(const Layout& l, std::string*
   // Weight gradients accumulate into FP32 main-gradient buffers: every
   // micro-batch reads and writes 8 bytes per local parameter.
   const double accumulate = ns(c.memory(8 * last_params));
-  const double fwd = layers * layer_f + logit_f;
-  const double bwd = layers * layer_b + logit_b + accumulate;
+  // The embedding lookup (a gather, and the position add: read, write) and
+  // its backward (a scatter-add into the table's gradient), on the first
+  // stage; with one stage it is the modelled one.
+  const double embed_f = l.pp == 1 ? ns(c.memory(4 * rows_h, 1)) : 0;
+  const double embed_b = l.pp == 1 ? ns(c.memory(8 * rows_h, 1)) : 0;
+  const double fwd = layers * layer_f + logit_f + embed_f;
+  const double bwd = layers * layer_b + logit_b + accumulate + embed_b;
   const double rec = layers * layer_r;
   const double tp = layers * tp_one * (2 + full);  // forward, backward, recomputed forward
   const double cp = layers * (cp_f * (1 + full) + cp_b);
@@ -263,7 +279,9 @@ std::optional<Estimate> Planner::evaluate_or_throw(const Layout& l, std::string*
       ns(fabric::exposed(Nanoseconds(dp_sync), Nanoseconds(dp_window), t.dp_overlap)) +
       ns(fabric::exposed(Nanoseconds(zero3), Nanoseconds(mbd * (fwd + bwd)), t.dp_overlap));
   const double shard = l.zero >= 1 ? stage_params / dp : stage_params;
-  const double opt = ns(c.memory(shard * ComputeModel::kAdamBytesPerParam));
+  // Clipping's global norm reads every FP32 gradient once (4 B) before
+  // Adam; a multi-tensor kernel each.
+  const double opt = ns(c.memory(shard * (4 + ComputeModel::kAdamBytesPerParam), 2));
 
   StepTime& st = e.time;
   st.forward = Nanoseconds(mbd * fwd);

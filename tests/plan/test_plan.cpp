@@ -250,3 +250,24 @@ TEST(PlanMemory, OneStageHoldsTheEmbeddingAndTheOutputLayer) {
 
 }  // namespace
 }  // namespace tern::plan
+
+namespace tern::plan {
+namespace {
+
+// A bandwidth-bound kernel costs the table's fixed latency plus its bytes
+// at the achieved bandwidth: kernels x latency + bytes / (HBM x efficiency).
+// GPUs model no latency.
+TEST(PlanCompute, BandwidthBoundKernelsPayTheirLatency) {
+  const ComputeModel trn = ComputeModel::of(arch::load_system("trn3-ultraserver-gen1"));
+  const double lat = trn.kernel_latency().value();
+  EXPECT_GT(lat, 1000.0);  // two DMAs' fixed cost at least (data/arch/trn3.toml: 1.3 us each)
+  EXPECT_DOUBLE_EQ(trn.memory(0, 3).value(), 3 * lat);
+  const double bytes = 1 << 20;
+  EXPECT_DOUBLE_EQ(trn.memory(bytes, 2).value() - trn.memory(bytes).value(), 2 * lat);
+  const ComputeModel gpu = ComputeModel::of(arch::load_system("dgx-a100"));
+  EXPECT_DOUBLE_EQ(gpu.kernel_latency().value(), 0.0);
+  EXPECT_DOUBLE_EQ(gpu.memory(bytes, 5).value(), gpu.memory(bytes).value());
+}
+
+}  // namespace
+}  // namespace tern::plan
