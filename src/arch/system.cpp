@@ -219,4 +219,14 @@ SystemSpec load_system(std::string_view name_or_path) {
   return load_system_file(file);
 }
 
+std::optional<SystemSpec> smallest_system(std::string_view chip, std::int64_t chips) {
+  std::optional<SystemSpec> best;
+  for (const std::string& name : list_systems()) {
+    SystemSpec s = load_system(name);
+    if (s.chip && s.chip->name == chip && s.chips >= chips && (!best || s.chips < best->chips))
+      best = std::move(s);
+  }
+  return best;
+}
+
 }  // namespace tern::arch

@@ -83,5 +83,8 @@ std::string_view topology_name(Topology t);
 
 SystemSpec load_system_file(const std::filesystem::path& file);
 SystemSpec load_system(std::string_view name_or_path);
+// The smallest system (data/arch/systems) made of `chip` chips that holds
+// `chips` of them; nullopt when none does.
+std::optional<SystemSpec> smallest_system(std::string_view chip, std::int64_t chips);
 
 }  // namespace tern::arch

@@ -22,8 +22,9 @@ namespace py = pybind11;
 using namespace tern;
 
 namespace tern {
-void bind_graph(py::module_& m);  // graph.cpp
-void bind_train(py::module_& m);  // train.cpp
+void bind_graph(py::module_& m);   // graph.cpp
+void bind_train(py::module_& m);   // train.cpp
+void bind_system(py::module_& m);  // system.cpp
 }  // namespace tern
 
 namespace {
@@ -56,6 +57,7 @@ PYBIND11_MODULE(_core, m) {
   });
   bind_graph(m);
   bind_train(m);
+  bind_system(m);
 
   py::class_<arch::ChipSpec>(m, "Chip")
       .def_readonly("name", &arch::ChipSpec::name)

@@ -115,12 +115,7 @@ arch::SystemSpec system_for(const TrainConfig& c) {
                               s.chip->name, c.arch));
     return s;
   }
-  std::optional<arch::SystemSpec> best;
-  for (const std::string& name : arch::list_systems()) {
-    arch::SystemSpec s = arch::load_system(name);
-    if (s.chip && s.chip->name == c.arch && s.chips >= chips && (!best || s.chips < best->chips))
-      best = std::move(s);
-  }
+  std::optional<arch::SystemSpec> best = arch::smallest_system(c.arch, chips);
   if (!best)
     throw Error(fmt::format("no system of {} chips holds {} (dp x tp x pp); name one with system",
                             c.arch, chips));

@@ -21,6 +21,8 @@ import numpy as np
 
 from tern import _core
 from tern.nki import _tracer
+from tern.nki import collectives  # noqa: F401
+from tern.nki import _collectives
 from tern.nki import isa  # noqa: F401
 from tern.nki import language  # noqa: F401
 from tern.nki import language as nl
@@ -74,12 +76,19 @@ def _input_dtype(a, override):
         raise TypeError(f"no tern dtype for numpy {a.dtype}; pass dtypes={{...}}") from None
 
 
+class per_rank(list):
+    """Inputs that differ by rank: `nki.per_rank([a0, a1, ...])` gives rank r
+    the array a[r] (other inputs are the same on every rank)."""
+
+
 class Kernel:
     """A traced-and-simulated NKI kernel: call it like a function."""
 
-    def __init__(self, fn, platform_target=None, grid=1, mode="both", trace=None, dtypes=None):
+    def __init__(self, fn, platform_target=None, grid=1, mode="both", trace=None, dtypes=None,
+                 ranks=None, system=None):
         self.fn, self.platform_target, self.grid = fn, platform_target, grid
         self.mode, self.trace_path, self.dtypes = mode, trace, dtypes or {}
+        self.ranks, self.system = ranks, system  # ranks None: one rank, results not listed
         self.last = None  # summary of the last run
 
     def __getitem__(self, grid):
@@ -88,23 +97,28 @@ class Kernel:
             if len(grid) != 1:
                 raise NotImplementedError("not supported: launch grids with more than one axis")
             grid = grid[0]
-        return Kernel(self.fn, self.platform_target, int(grid), self.mode, self.trace_path, self.dtypes)
+        return Kernel(self.fn, self.platform_target, int(grid), self.mode, self.trace_path, self.dtypes,
+                      self.ranks, self.system)
 
-    def __call__(self, *args, **kwargs):
-        chip = _core.load_chip(_tracer.target_name(self.platform_target))
+    def _trace(self, chip, rank, ranks, args, kwargs):
+        """Traces the kernel for one rank: (trace, result, [(input name, array)])."""
         names = list(inspect.signature(self.fn).parameters)
-        tr = _tracer.Trace(chip, self.grid)
+        tr = _tracer.Trace(chip, self.grid, rank, ranks)
         inputs = []
         with tr:
             tensor_args = []
             for i, a in enumerate(args):
+                if isinstance(a, per_rank):
+                    if len(a) != ranks:
+                        raise ValueError(f"argument {i}: nki.per_rank of {len(a)} arrays for {ranks} ranks")
+                    a = a[rank]
                 if isinstance(a, spec) and self.mode != "timing":
                     raise ValueError("nki.spec inputs carry no data: use them with nki.benchmark (timing only)")
                 if isinstance(a, (np.ndarray, spec)):
                     name = names[i] if i < len(names) else f"arg{i}"
                     dt = _input_dtype(a, self.dtypes.get(name))
                     shape = a.shape if a.ndim > 0 else (1,)
-                    base = tr.at().hbm(name, list(shape), dt, False)
+                    base = tr.declare_hbm(name, shape, dt, False)
                     tensor_args.append(nl.hbm_tensor(base, nl.hbm, dt, tuple(shape), name))
                     if isinstance(a, np.ndarray):
                         inputs.append((name, a))
@@ -116,11 +130,25 @@ class Kernel:
                 tr.hbm_counter = 0
                 tr.builder.set_core(pid)
                 result = self.fn(*tensor_args, **kwargs)
-            program = tr.builder.finish()
+            tr.finish()
         outs = result if isinstance(result, (tuple, list)) else (() if result is None else (result,))
         for o in outs:
             if not isinstance(o, nl.NkiTensor) or o.buffer is not nl.shared_hbm:
                 raise TypeError("a kernel returns nl.shared_hbm tensors (nl.ndarray(..., buffer=nl.shared_hbm))")
+        return tr, result, inputs
+
+    def __call__(self, *args, **kwargs):
+        chip = _core.load_chip(_tracer.target_name(self.platform_target))
+        ranks = self.ranks or 1
+        traced = [self._trace(chip, r, ranks, args, kwargs) for r in range(ranks)]
+        if self.ranks is None and not traced[0][0].collectives:
+            return self._run_one(chip, *traced[0])
+        return self._run_ranks(chip, traced)
+
+    def _run_one(self, chip, tr, result, inputs):
+        """One program on one chip: the instruction-level profile and trace."""
+        program = tr.segments[0]
+        outs = result if isinstance(result, (tuple, list)) else (() if result is None else (result,))
         sim = _core.Simulator(chip)
         sim.load(program)
         if self.mode != "timing":
@@ -138,6 +166,70 @@ class Kernel:
         arrays = tuple(sim.read(o.name).reshape(o.shape) for o in outs)
         return arrays[0] if isinstance(result, nl.NkiTensor) else arrays
 
+    def _run_ranks(self, chip, traced):
+        """Every rank's parts on its own chip, the collectives between them on
+        a runtime System (docs/nki.md, "Collectives")."""
+        ranks = len(traced)
+        first = traced[0][0]
+        for r, (tr, _, _) in enumerate(traced[1:], 1):
+            _collectives.check_same(first.collectives, tr.collectives, r)
+        name = self.system or _core.smallest_system(chip.name, ranks)
+        if name is None:
+            raise ValueError(f"no system of {chip.name} chips holds {ranks} ranks; name one with system=")
+        system = _core.System(name, ranks)
+        data = self.mode != "timing"
+        carried = [dict() for _ in range(ranks)]  # rank -> tensor name -> raw bytes
+        updates = [dict() for _ in range(ranks)]  # rank -> tensor name -> float values (collective outputs)
+        summaries = [[] for _ in range(ranks)]
+        sims = [None] * ranks
+        parts = len(first.segments)
+        for k in range(parts):
+            for r, (tr, _, inputs) in enumerate(traced):
+                sim = _core.Simulator(chip)
+                sim.load(tr.segments[k])
+                if data:
+                    if k == 0:
+                        for n, a in inputs:
+                            sim.write(n, np.ascontiguousarray(a, dtype=np.float32).reshape(-1))
+                    for n, b in carried[r].items():
+                        sim.write_bytes(n, b)
+                    for n, v in updates[r].items():
+                        sim.write(n, v)
+                    updates[r] = {}
+                summary, _ = sim.run(self.mode, False)
+                summaries[r].append(summary)
+                system.advance(r, summary["latency_ns"], f"part {k}")
+                if data:
+                    carried[r] = {d[0]: sim.read_bytes(d[0])
+                                  for d in tr.hbm_decls[:tr.segment_hbm[k]]}
+                sims[r] = sim
+            if k + 1 < parts:
+                got = _collectives.run(system, first.collectives[k], k, ranks,
+                                       [s if data else None for s in sims])
+                for r, vals in got.items():
+                    updates[r].update(vals)
+        clocks = [system.clock(r) for r in range(ranks)]
+        self.last = {
+            "ranks": ranks, "system": name, "parts": parts,
+            "latency_ns": max(clocks), "latency_us": max(clocks) / 1e3,
+            "rank_latency_ns": clocks,
+            "part_latency_ns": [[s["latency_ns"] for s in rs] for rs in summaries],
+            "collectives": system.events(),
+        }
+        if self.trace_path:
+            system.write_trace(self.trace_path)
+        if not data:
+            return self.last
+        results = []
+        for r, (tr, result, _) in enumerate(traced):
+            sim = sims[r]
+            for prefix, pname, shape in tr.prints:
+                print(f"[rank {r}]", prefix, sim.read(pname).reshape(shape))
+            outs = result if isinstance(result, (tuple, list)) else (() if result is None else (result,))
+            arrays = tuple(sim.read(o.name).reshape(o.shape) for o in outs)
+            results.append(arrays[0] if isinstance(result, nl.NkiTensor) else arrays)
+        return results if self.ranks is not None else results[0]
+
 
 def jit(fn=None, *, platform_target=None, **_ignored):
     """@nki.jit: trace at call time, simulate, return numpy arrays."""
@@ -146,19 +238,25 @@ def jit(fn=None, *, platform_target=None, **_ignored):
     return Kernel(fn, platform_target)
 
 
-def simulate(kernel, platform_target=None):
-    """nki.simulate(kernel)(*args): functional results as numpy arrays."""
+def simulate(kernel, platform_target=None, ranks=None, system=None, trace=None):
+    """nki.simulate(kernel)(*args): functional results as numpy arrays.
+    With ranks=N the kernel runs on N chips of `system` (default: the smallest
+    system of the target's chips holding N) and the call returns a list of the
+    N ranks' results; nki.collectives move data between them."""
     fn = kernel.fn if isinstance(kernel, Kernel) else kernel
     grid = kernel.grid if isinstance(kernel, Kernel) else 1
-    return Kernel(fn, platform_target, grid, "both")
+    return Kernel(fn, platform_target, grid, "both", trace, None, ranks, system)
 
 
-def benchmark(kernel, platform_target=None, timing_only=True, trace=None, dtypes=None):
+def benchmark(kernel, platform_target=None, timing_only=True, trace=None, dtypes=None, ranks=None,
+              system=None):
     """tern.nki.benchmark(kernel)(*args): the simulated latency and profile
-    summary (a dict); timing_only skips the data (inputs only give shapes)."""
+    summary (a dict); timing_only skips the data (inputs only give shapes).
+    With ranks=N: each rank's time and the collectives as they ran."""
     fn = kernel.fn if isinstance(kernel, Kernel) else kernel
     grid = kernel.grid if isinstance(kernel, Kernel) else 1
-    k = Kernel(fn, platform_target, grid, "timing" if timing_only else "both", trace, dtypes)
+    k = Kernel(fn, platform_target, grid, "timing" if timing_only else "both", trace, dtypes, ranks,
+               system)
 
     def run(*args, **kwargs):
         out = k(*args, **kwargs)
@@ -173,3 +271,4 @@ def install():
     sys.modules.setdefault("nki", mod)
     sys.modules.setdefault("nki.language", language)
     sys.modules.setdefault("nki.isa", isa)
+    sys.modules.setdefault("nki.collectives", collectives)

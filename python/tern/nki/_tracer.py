@@ -52,18 +52,37 @@ class Allocation:
 
     def __init__(self, trace, base):
         self.trace, self.base = trace, base
+        self.builder = trace.builder  # a collective starts a new one (Trace.cut)
         self.matmul_written = set()  # views of this PSUM tile a matmul already wrote
 
+    def check_live(self):
+        """SBUF and PSUM do not survive a collective: tern runs a kernel's parts
+        between its collectives as programs of their own."""
+        if self.builder is not self.trace.builder:
+            raise NotImplementedError(
+                f"not supported: an SBUF/PSUM tile used across a collective ({kernel_location()}); "
+                "tern runs the kernel's parts between collectives as separate programs, so only HBM "
+                "tensors carry over: store the tile to HBM before the collective and load it after")
+
     def __del__(self):
-        if _current is self.trace and self.trace.open:
+        if _current is self.trace and self.trace.open and self.builder is self.trace.builder:
             self.trace.builder.release(self.base)
 
 
 class Trace:
-    def __init__(self, chip, programs):
+    """One rank's kernel as it is traced. Collectives cut it into parts
+    (`segments`): each part is a program of its own, `collectives[k]` runs
+    between part k and part k + 1, and the HBM tensors carry over."""
+
+    def __init__(self, chip, programs, rank=0, ranks=1):
         self.chip = chip
         self.builder = _core.Builder(chip, programs, 1)
         self.programs = programs
+        self.rank, self.ranks = rank, ranks
+        self.hbm_decls = []  # (name, shape, dtype, output, base) in declaration order
+        self.segments = []  # finished programs of the parts before each collective
+        self.segment_hbm = []  # per part: how many of hbm_decls its program holds
+        self.collectives = []
         self.program_id = 0
         self.hbm_outputs = []  # (name, ndarray) in creation order
         self.hbm_by_order = {}  # creation index -> ndarray, shared by all programs
@@ -89,3 +108,37 @@ class Trace:
         """Points the builder at the kernel line making the current call."""
         self.builder.set_location(kernel_location())
         return self.builder
+
+    def declare_hbm(self, name, shape, dtype, output):
+        """A named HBM tensor of the kernel (it carries over collectives)."""
+        base = self.at().hbm(name, list(shape), dtype, output)
+        self.hbm_decls.append((name, tuple(shape), dtype, output, base))
+        return base
+
+    def hbm_shape(self, name):
+        for n, shape, dtype, _, _ in self.hbm_decls:
+            if n == name:
+                return shape, dtype
+        return None, None
+
+    def cut(self, record):
+        """Ends the current part at a collective and starts the next: a new
+        builder with the same HBM tensors at the same addresses."""
+        if self.programs != 1:
+            raise NotImplementedError("not supported: collectives in a kernel with a launch grid "
+                                      f"(grid {self.programs}); launch one program per rank")
+        self.segments.append(self.builder.finish())
+        self.segment_hbm.append(len(self.hbm_decls))
+        self.collectives.append(record)
+        self.builder = _core.Builder(self.chip, self.programs, 1)
+        self.builder.set_core(0)
+        for name, shape, dtype, output, base in self.hbm_decls:
+            again = self.builder.hbm(name, list(shape), dtype, output)
+            if repr(again) != repr(base):  # addresses follow declaration order
+                raise RuntimeError(f"internal: HBM tensor {name} moved across a collective")
+
+    def finish(self):
+        """All parts' programs, the last one finished now."""
+        self.segments.append(self.builder.finish())
+        self.segment_hbm.append(len(self.hbm_decls))
+        return self.segments

@@ -120,6 +120,8 @@ class NkiTensor:
 
     def _tensor(self):
         """The C++ view handed to the builder."""
+        if self._alloc is not None:
+            self._alloc.check_live()
         free = self._free if self._free else [(1, 1)]
         return self._base.view(self._p0, self._np, self._off, free, self._row_stride)
 
@@ -216,7 +218,7 @@ def ndarray(shape, dtype, buffer=sbuf, name=None):
         if order in tr.hbm_by_order:  # the same tensor for every program of a launch grid
             return tr.hbm_by_order[order]
         name = name or f"hbm{order}"
-        base = tr.at().hbm(name, list(shape), dtype, buffer is shared_hbm)
+        base = tr.declare_hbm(name, shape, dtype, buffer is shared_hbm)
         t = hbm_tensor(base, buffer, dtype, shape, name)
         tr.hbm_by_order[order] = t
         return t
@@ -346,6 +348,6 @@ def device_print(prefix, x):
     name = f"__print{len(tr.prints)}_p{tr.program_id}"
     if x.buffer is psum:  # DMA cannot read PSUM: stage through SBUF
         x = copy(x, dtype=float32)
-    base = tr.at().hbm(name, list(x.shape), x.dtype, True)
+    base = tr.declare_hbm(name, x.shape, x.dtype, True)
     isa.dma_copy(dst=hbm_tensor(base, shared_hbm, x.dtype, x.shape, name), src=x)
     tr.prints.append((prefix, name, x.shape))
