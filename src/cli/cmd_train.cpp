@@ -336,11 +336,15 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--dp", c->dp,
                   "Data-parallel replicas, each on its own simulated chip (docs/multichip.md)")
       ->capture_default_str();
-  cmd->add_option("--tp", c->tp, "Tensor-parallel chips (not supported yet)")
+  cmd->add_option("--tp", c->tp, "Tensor-parallel chips (Megatron-LM style; GPT-2)")
       ->capture_default_str();
   cmd->add_option("--pp", c->pp, "Pipeline stages (1F1B over the --accum micro-batches)")
       ->capture_default_str();
   cmd->add_option("--zero", c->zero, "1: shard the optimizer state over the replicas (ZeRO-1)")
+      ->capture_default_str();
+  cmd->add_option("--bucket-mb", c->bucket_mb,
+                  "DP gradient all-reduce buckets (MiB), each launched when its gradients are "
+                  "final, overlapping the backward (zero 0, pp 1, tp 1); 0: one bucket after it")
       ->capture_default_str();
   cmd->add_option("--system", c->system,
                   "The system whose fabric joins the chips (default: the smallest of --arch's "

@@ -214,6 +214,55 @@ std::vector<int> Graph::adamw(int master, int grad, int m, int v, int scalars, d
               {"dtype", std::string(isa::name(param_dtype))}});
 }
 
+void Graph::hoist(const std::vector<int>& nodes) {
+  const std::size_t n = nodes_.size();
+  std::vector<char> moving(n, 0), placed(n, 0);
+  for (int k : nodes) {
+    node(k);  // throws for an unknown node
+    moving[static_cast<std::size_t>(k)] = 1;
+  }
+  std::vector<int> order;
+  order.reserve(n);
+  auto ready = [&](int k) {
+    for (int v : node(k).inputs)
+      if (!placed[static_cast<std::size_t>(value(v).node)]) return false;
+    return true;
+  };
+  std::vector<int> pending(nodes.begin(), nodes.end());
+  auto place = [&](int k) {
+    order.push_back(k);
+    placed[static_cast<std::size_t>(k)] = 1;
+  };
+  // Places every pending node whose inputs exist, until none does.
+  auto drain = [&] {
+    for (bool again = true; again;) {
+      again = false;
+      for (std::size_t i = 0; i < pending.size(); ++i)
+        if (pending[i] >= 0 && ready(pending[i])) {
+          place(pending[i]);
+          pending[i] = -1;
+          again = true;
+        }
+    }
+  };
+  drain();
+  for (std::size_t k = 0; k < n; ++k) {
+    if (moving[k]) continue;
+    place(static_cast<int>(k));
+    drain();
+  }
+  if (order.size() != n) throw Error(fmt::format("graph {}: hoist left nodes behind", name_));
+  std::vector<Node> reordered;
+  reordered.reserve(n);
+  std::vector<int> at(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    at[static_cast<std::size_t>(order[i])] = static_cast<int>(i);
+    reordered.push_back(std::move(nodes_[static_cast<std::size_t>(order[i])]));
+  }
+  nodes_ = std::move(reordered);
+  for (Value& v : values_) v.node = at[static_cast<std::size_t>(v.node)];
+}
+
 void Graph::rename(int v, const std::string& name) {
   const std::string old = value(v).name;
   if (old == name) return;

@@ -126,6 +126,11 @@ class Graph {
   const std::vector<std::pair<int, int>>& carries() const { return carries_; }
   // Gives value v another unique name (throws when taken or invalid).
   void rename(int v, const std::string& name);
+  // Schedules `nodes` as early as their inputs allow: each moves to just
+  // after the last producer of its inputs (in the given order among
+  // themselves, leaves first), every other node keeps its place. Value ids
+  // do not change. Used to accumulate each gradient as soon as it exists.
+  void hoist(const std::vector<int>& nodes);
 
   // Builders, one per op (see ops.cpp for the semantics).
   int matmul(int a, int b, bool trans_a = false, bool trans_b = false);

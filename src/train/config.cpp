@@ -127,6 +127,9 @@ void validate(const TrainConfig& c) {
     bad(fmt::format("pp {} is more pipeline stages than the {} layers", c.pp, c.layers));
   if (c.pp > 1 && c.zero == 1)
     bad("not supported: zero 1 with pp > 1 (the optimizer is sharded by stage already)");
+  if (!(c.bucket_mb >= 0) || c.bucket_mb > 1e6)
+    bad(fmt::format("bucket_mb must be in [0, 1e6] MiB (0: one bucket after the backward), got {}",
+                    c.bucket_mb));
   if (c.zero != 0 && c.zero != 1)
     bad(
         fmt::format("zero must be 0 (replicated optimizer) or 1 (sharded optimizer state), got {}"
@@ -165,6 +168,7 @@ nlohmann::json to_json(const TrainConfig& c) {
           {"tp", c.tp},
           {"pp", c.pp},
           {"zero", c.zero},
+          {"bucket_mb", c.bucket_mb},
           {"system", c.system},
           {"threads", c.threads},
           {"lr", c.lr},
@@ -223,6 +227,7 @@ void apply_json(TrainConfig& c, const nlohmann::json& j, const std::string& wher
   c.recipe = m["recipe"], c.mx_policy = m["mx_policy"];
   c.stochastic_rounding = m["stochastic_rounding"], c.arch = m["arch"], c.cores = m["cores"];
   c.dp = m["dp"], c.tp = m["tp"], c.pp = m["pp"], c.zero = m["zero"], c.system = m["system"];
+  c.bucket_mb = m["bucket_mb"];
   c.threads = m["threads"];
   c.lr = m["lr"], c.min_lr = m["min_lr"], c.weight_decay = m["weight_decay"];
   c.beta1 = m["beta1"], c.beta2 = m["beta2"], c.clip = m["clip"];

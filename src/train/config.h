@@ -61,6 +61,12 @@ struct TrainConfig {
   // cores); results do not depend on it, nor on the number of MPI ranks.
   std::int64_t dp = 1, tp = 1, pp = 1;
   int zero = 0;
+  // dp > 1 with zero 0, pp 1 and tp 1: the gradients are all-reduced in
+  // buckets of this many MiB (FP32), each launched as soon as its last
+  // gradient is final in the last micro-batch's backward, overlapping the
+  // rest of it (PyTorch DDP's bucket_cap_mb, default 25). 0: one bucket
+  // after the backward. Other layouts reduce after the backward.
+  double bucket_mb = 25;
   std::string system;
   int threads = 0;
   // AdamW; weight decay on matrices and embeddings only (not biases and

@@ -234,18 +234,28 @@ void Trainer::build() {
 
   // Adds to a grad graph the FP32 accumulators of `ps` (value ids): each
   // gradient is added into "<param>.grad_acc", carried to the next step.
+  // Each accumulation is scheduled as soon as its gradient exists (not
+  // after the whole backward), so the gradients become final in the order
+  // the backward computes them: data parallelism's buckets overlap the rest.
   auto accumulate = [](graph::Graph& g, const std::map<int, int>& grads,
                        const std::vector<int>& ps) {
+    std::vector<int> early;
     for (int p : ps) {
       const graph::Value pv = g.value(p);
       const int acc = g.input(pv.name + ".grad_acc", pv.shape, isa::DType::fp32);
+      early.push_back(g.value(acc).node);
       int gr = grads.at(p);
-      if (g.value(gr).dtype != isa::DType::fp32) gr = g.cast(gr, isa::DType::fp32);
+      if (g.value(gr).dtype != isa::DType::fp32) {
+        gr = g.cast(gr, isa::DType::fp32);
+        early.push_back(g.value(gr).node);
+      }
       const int next = g.add(acc, gr);
+      early.push_back(g.value(next).node);
       g.rename(next, pv.name + ".grad_acc.next");
       g.mark_output(next);
       g.carry(next, acc);
     }
+    g.hoist(early);
   };
 
   // grad: forward + backward, gradients summed into FP32 accumulators.
@@ -1263,6 +1273,26 @@ runtime::StepResult Trainer::run_replicas(std::int64_t s, const std::vector<Batc
     return ran[0].last;
   }
 
+  // Data parallel with one stage and zero 0 overlaps the reduction with the
+  // last micro-batch's backward: buckets of gradients (in the order they
+  // become final, c.bucket_mb each, as PyTorch DDP) are all-reduced as soon
+  // as their last gradient is written. Every replica runs the same program,
+  // so the times are this process's first replica's.
+  const bool overlap =
+      c_.dp > 1 && P == 1 && c_.tp == 1 && c_.zero == 0 && c_.bucket_mb > 0 && A > 0;
+  std::vector<double> ready(param_names_.size(), 0.0);  // ns into the last program
+  if (overlap) {
+    const graph::Executable& ex = *stages_[0].bwd;
+    std::map<std::string, std::size_t> of;
+    for (std::size_t i = 0; i < param_names_.size(); ++i) of[acc_names_[i] + ".next"] = i;
+    const auto& ev = ran[0].last.events;
+    for (std::size_t j = 0; j < ev.size() && j < ex.launches.size(); ++j)
+      for (const graph::Binding& o : ex.launches[j].outputs)
+        if (o.value >= 0)
+          if (auto it = of.find(ex.graph.value(o.value).name); it != of.end())
+            ready[it->second] = std::max(ready[it->second], ev[j].start_ns + ev[j].ns);
+  }
+
   // Every rank gets every replica's losses, program times and accumulators
   // (per stage; MPI moves the real bytes between processes) ...
   std::vector<std::uint8_t> mine;
@@ -1305,7 +1335,10 @@ runtime::StepResult Trainer::run_replicas(std::int64_t s, const std::vector<Batc
       if (P == 1) {
         double ns = 0;
         for (double t : b[0]) ns += t;
-        system_->advance(chip_of(r, 0), Nanoseconds(ns), "grad");
+        // Overlapped: the last micro-batch's program is advanced bucket by
+        // bucket below.
+        if (overlap) ns -= b[0].back();
+        if (ns > 0) system_->advance(chip_of(r, 0), Nanoseconds(ns), "grad");
       } else {
         // Send/recv on the collective engines: in comm, not exposed (a
         // stage waiting for its input shows as the pipeline's bubble); the
@@ -1490,6 +1523,61 @@ runtime::StepResult Trainer::run_replicas(std::int64_t s, const std::vector<Batc
         const auto e = static_cast<std::size_t>(acc_sizes_[i]);
         reduced_[acc_names_[i]].assign(x.begin() + static_cast<std::ptrdiff_t>(at),
                                        x.begin() + static_cast<std::ptrdiff_t>(at + e));
+        at += e;
+      }
+    }
+  } else if (overlap) {
+    // Buckets in the order their gradients become final, each closed at
+    // bucket_mb MiB of FP32 (a larger param is a bucket of its own).
+    std::vector<std::size_t> order(param_names_.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](std::size_t x, std::size_t y) { return ready[x] < ready[y]; });
+    const double cap = c_.bucket_mb * 1024 * 1024;
+    std::vector<std::vector<std::size_t>> buckets(1);
+    double bytes = 0;
+    for (std::size_t i : order) {
+      if (!buckets.back().empty() && bytes + 4.0 * static_cast<double>(acc_sizes_[i]) > cap)
+        buckets.emplace_back(), bytes = 0;
+      buckets.back().push_back(i);
+      bytes += 4.0 * static_cast<double>(acc_sizes_[i]);
+    }
+    const double program = ran[0].b[0].back();
+    std::vector<int> group;
+    for (std::int64_t r = 0; r < c_.dp; ++r) group.push_back(chip_of(r, 0));
+    std::vector<runtime::Handle> handles;
+    double done = 0;  // ns of the last program advanced on every replica's chip
+    for (std::size_t k = 0; k < buckets.size(); ++k) {
+      double at = 0;
+      for (std::size_t i : buckets[k]) at = std::max(at, ready[i]);
+      at = std::min(at, program);
+      const std::string name = fmt::format("grads.{}", k);
+      for (std::int64_t r = 0; r < c_.dp; ++r) {
+        if (at > done) system_->advance(chip_of(r, 0), Nanoseconds(at - done), "grad");
+        std::vector<float> flat;
+        for (std::size_t i : buckets[k]) {
+          const auto& x = accs[static_cast<std::size_t>(r)][0][position(0, i)];
+          flat.insert(flat.end(), x.begin(), x.end());
+        }
+        system_->write(chip_of(r, 0), name, flat);
+      }
+      done = std::max(done, at);
+      handles.push_back(
+          system_->all_reduce(name, {group}, runtime::ReduceOp::sum, runtime::Launch::async));
+      m.comm_ns += system_->events().back().duration.value();
+    }
+    for (std::int64_t r = 0; r < c_.dp; ++r)
+      if (program > done) system_->advance(chip_of(r, 0), Nanoseconds(program - done), "grad");
+    const Nanoseconds computed = max_clock();
+    for (runtime::Handle h : handles) system_->wait(h);
+    m.exposed_comm_ns += (max_clock() - computed).value();
+    for (std::size_t k = 0; k < buckets.size(); ++k) {
+      const std::vector<float> sum = system_->read(group.front(), fmt::format("grads.{}", k));
+      std::size_t at = 0;
+      for (std::size_t i : buckets[k]) {
+        const auto e = static_cast<std::size_t>(acc_sizes_[i]);
+        reduced_[acc_names_[i]].assign(sum.begin() + static_cast<std::ptrdiff_t>(at),
+                                       sum.begin() + static_cast<std::ptrdiff_t>(at + e));
         at += e;
       }
     }

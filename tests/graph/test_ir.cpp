@@ -141,5 +141,34 @@ TEST(GraphIr, ParseErrorsNameTheLine) {
   EXPECT_EQ(g.outputs().size(), 1u);
 }
 
+// hoist() moves nodes to just after the producers of their inputs (leaves
+// to the front), keeps the others in order and the value ids as they were;
+// the graph still prints and parses back (topological order holds).
+TEST(GraphIr, HoistSchedulesNodesAsEarlyAsTheirInputs) {
+  Graph g("h");
+  const int a = g.input("a", {4, 8}, DType::fp32);
+  const int b = g.mul(a, a);
+  const int c = g.add(b, b);
+  const int d = g.scale(c, 2.0);
+  const int late = g.input("late", {4, 8}, DType::fp32);
+  const int e = g.add(b, late);  // needs b and the late input only
+  g.mark_output(d), g.mark_output(e);
+  g.hoist({g.value(late).node, g.value(e).node});
+  std::vector<int> at(g.values().size());
+  for (std::size_t v = 0; v < g.values().size(); ++v) at[v] = g.values()[v].node;
+  EXPECT_EQ(at[static_cast<std::size_t>(late)], 0);  // a leaf: first
+  EXPECT_EQ(at[static_cast<std::size_t>(a)], 1);
+  EXPECT_EQ(at[static_cast<std::size_t>(b)], 2);
+  EXPECT_EQ(at[static_cast<std::size_t>(e)], 3);  // right after b
+  EXPECT_EQ(at[static_cast<std::size_t>(c)], 4);
+  EXPECT_EQ(at[static_cast<std::size_t>(d)], 5);
+  for (std::size_t v = 0; v < g.values().size(); ++v)
+    EXPECT_EQ(g.node(at[v]).outputs[static_cast<std::size_t>(g.values()[v].index)],
+              static_cast<int>(v));
+  const std::string text = print(g);
+  EXPECT_EQ(print(parse(text)), text);
+  EXPECT_THROW(g.hoist({99}), Error);
+}
+
 }  // namespace
 }  // namespace tern::graph

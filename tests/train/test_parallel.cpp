@@ -163,6 +163,39 @@ TEST(DataParallel, AllReduceTakesTheFabricsTime) {
   for (int chip = 0; chip < 4; ++chip) EXPECT_EQ(s.clock(chip).value(), s.clock(0).value());
 }
 
+// Buckets (bucket_mb) are all-reduced while the last backward still runs,
+// each launched when its last gradient is final (accumulations are
+// scheduled as soon as their gradient exists). The values are the same bits
+// as one bucket after the backward; only the timeline changes: what is
+// exposed is the part of the last all-reduce past the end of the backward.
+TEST(DataParallel, BucketsOverlapTheBackward) {
+  TrainConfig c = tiny("bf16");
+  c.dp = 2, c.layers = 2, c.system = "trn3-ultraserver-gen1";
+  TrainConfig after = c;
+  c.bucket_mb = 0.05, after.bucket_mb = 0;
+  expect_same(train(c, 2), train(after, 2));
+
+  Trainer t(c), u(after);
+  const StepMetrics m = t.step(), n = u.step();
+  const runtime::System& s = *t.system();
+  ASSERT_GT(s.events().size(), 3u);
+  double grad_end = 0, last_end = 0, comm = 0;
+  for (const profile::Span& sp : s.trace())
+    if (sp.process == 0 && sp.name == "grad")
+      grad_end = std::max(grad_end, sp.start_ns + sp.dur_ns);
+  for (const runtime::CollectiveEvent& e : s.events()) {
+    last_end = std::max(last_end, (e.start + e.duration).value());
+    comm += e.duration.value();
+  }
+  EXPECT_LT(s.events().front().start.value(), grad_end);  // the first bucket overlaps
+  EXPECT_DOUBLE_EQ(m.comm_ns, comm);
+  EXPECT_DOUBLE_EQ(m.exposed_comm_ns, std::max(0.0, last_end - grad_end));
+  EXPECT_LT(m.exposed_comm_ns, m.comm_ns);
+  EXPECT_EQ(n.exposed_comm_ns, n.comm_ns);  // one bucket after the backward
+  // The same compute either way: the steps differ by the exposed time.
+  EXPECT_NEAR(n.sim_ns - m.sim_ns, n.exposed_comm_ns - m.exposed_comm_ns, 1e-6 * n.sim_ns);
+}
+
 TEST(DataParallel, CheckpointsResumeOnAnotherLayout) {
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / "tern_test_dp_resume";
   std::filesystem::remove_all(dir);
