@@ -34,6 +34,10 @@ num::FormatId buffer_dtype(const std::string& s) {
   throw NotSupported("collectives on " + s + " tensors (float32, bfloat16 or float16)");
 }
 
+runtime::Launch launch(bool async) {
+  return async ? runtime::Launch::async : runtime::Launch::sync;
+}
+
 py::array_t<float> to_array(const std::vector<float>& v) {
   py::array_t<float> out(static_cast<py::ssize_t>(v.size()));
   std::copy(v.begin(), v.end(), out.mutable_data());
@@ -77,17 +81,47 @@ void bind_system(py::module_& m) {
             s.advance(chip, Nanoseconds(ns), name);
           },
           py::arg("chip"), py::arg("ns"), py::arg("name") = "compute")
-      .def("all_reduce", [](System& s, const std::string& in, const Groups& g,
-                            const std::string& op) { s.all_reduce(in, g, reduce_op(op)); })
-      .def("all_gather", [](System& s, const std::string& in, const std::string& out,
-                            const Groups& g) { s.all_gather(in, out, g); })
-      .def("reduce_scatter",
-           [](System& s, const std::string& in, const std::string& out, const Groups& g,
-              const std::string& op) { s.reduce_scatter(in, out, g, reduce_op(op)); })
-      .def("all_to_all", [](System& s, const std::string& in, const std::string& out,
-                            const Groups& g) { s.all_to_all(in, out, g); })
-      .def("send_recv", [](System& s, int from, const std::string& in, int to,
-                           const std::string& out) { s.send_recv(from, in, to, out); })
+      // Collectives: `async_` launches return at once (the chips compute
+      // on; wait() later), else they synchronize the members. Each returns
+      // its handle.
+      .def(
+          "all_reduce",
+          [](System& s, const std::string& in, const Groups& g, const std::string& op, bool a) {
+            return s.all_reduce(in, g, reduce_op(op), launch(a));
+          },
+          py::arg("name"), py::arg("groups"), py::arg("op") = "add", py::arg("async_") = false)
+      .def(
+          "all_gather",
+          [](System& s, const std::string& in, const std::string& out, const Groups& g, bool a) {
+            return s.all_gather(in, out, g, launch(a));
+          },
+          py::arg("name"), py::arg("out"), py::arg("groups"), py::arg("async_") = false)
+      .def(
+          "reduce_scatter",
+          [](System& s, const std::string& in, const std::string& out, const Groups& g,
+             const std::string& op,
+             bool a) { return s.reduce_scatter(in, out, g, reduce_op(op), launch(a)); },
+          py::arg("name"), py::arg("out"), py::arg("groups"), py::arg("op") = "add",
+          py::arg("async_") = false)
+      .def(
+          "all_to_all",
+          [](System& s, const std::string& in, const std::string& out, const Groups& g, bool a) {
+            return s.all_to_all(in, out, g, launch(a));
+          },
+          py::arg("name"), py::arg("out"), py::arg("groups"), py::arg("async_") = false)
+      .def(
+          "send_recv",
+          [](System& s, int from, const std::string& in, int to, const std::string& out, bool a) {
+            return s.send_recv(from, in, to, out, launch(a));
+          },
+          py::arg("src"), py::arg("name"), py::arg("dst"), py::arg("out"),
+          py::arg("async_") = false)
+      // Waits for an async collective on one member (its clock moves to the
+      // end if earlier; its outputs become readable), or on all of them.
+      .def(
+          "wait", [](System& s, runtime::Handle h, int chip) { s.wait(h, chip); },
+          py::arg("handle"), py::arg("chip"))
+      .def("wait_all", [](System& s, runtime::Handle h) { s.wait(h); })
       // The collectives as they ran: op, algorithm, chips, bytes, start and
       // duration (ns).
       .def("events",

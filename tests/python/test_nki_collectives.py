@@ -135,6 +135,43 @@ def test_a_collective_waits_for_its_last_member_and_syncs_the_clocks():
         assert s["rank_latency_ns"][r] == pytest.approx(c["start_ns"] + c["duration_ns"] + parts[r][1])
 
 
+@nki.jit
+def compute_beside(a, b, p, dependent):
+    """An all-reduce of a, then four copies of b: they overlap the collective
+    unless they read its result first (dependent)."""
+    t = nl.ndarray(a.shape, nl.float32, buffer=nl.private_hbm)
+    nl.store(t, nl.load(a))
+    out = nl.ndarray(a.shape, nl.float32, buffer=nl.shared_hbm)
+    ncc.all_reduce([t], [out], ncc.ReplicaGroup([list(range(p))]), nl.add)
+    other = nl.ndarray(b.shape, nl.float32, buffer=nl.shared_hbm)
+    if dependent:
+        nl.store(other, nl.load(out))
+    for _ in range(4):
+        nl.store(other, nl.load(b))
+    return out, other
+
+
+@pytest.mark.parametrize("dependent", [False, True])
+def test_later_parts_overlap_a_collective_unless_they_need_it(dependent):
+    rng = np.random.default_rng(7)
+    a = [rng.standard_normal((128, 512), dtype=np.float32) for _ in range(2)]
+    b = rng.standard_normal((128, 512), dtype=np.float32)
+    k = nki.simulate(compute_beside, ranks=2)
+    got = k(nki.per_rank(a), b, 2, dependent)
+    for out, other in got:
+        assert np.array_equal(out, rank_sum(a, [0, 1]))
+        assert np.array_equal(other, b)
+    (c,) = k.last["collectives"]
+    for r in range(2):
+        p0, p1 = k.last["part_latency_ns"][r]
+        assert c["start_ns"] == pytest.approx(p0)
+        end = c["start_ns"] + c["duration_ns"]
+        want = end + p1 if dependent else max(p0 + p1, end)
+        assert k.last["rank_latency_ns"][r] == pytest.approx(want)
+    if not dependent:
+        assert k.last["latency_ns"] < c["start_ns"] + c["duration_ns"] + p1  # it overlapped
+
+
 def test_a_tile_cannot_live_across_a_collective():
     @nki.jit
     def kernel(a):

@@ -168,7 +168,9 @@ class Kernel:
 
     def _run_ranks(self, chip, traced):
         """Every rank's parts on its own chip, the collectives between them on
-        a runtime System (docs/nki.md, "Collectives")."""
+        a runtime System (docs/nki.md, "Collectives"): launched when the part
+        before them ends, waited for by a rank before its first later part
+        that touches their tensors, or at the end."""
         ranks = len(traced)
         first = traced[0][0]
         for r, (tr, _, _) in enumerate(traced[1:], 1):
@@ -179,12 +181,26 @@ class Kernel:
         system = _core.System(name, ranks)
         data = self.mode != "timing"
         carried = [dict() for _ in range(ranks)]  # rank -> tensor name -> raw bytes
-        updates = [dict() for _ in range(ranks)]  # rank -> tensor name -> float values (collective outputs)
+        updates = [dict() for _ in range(ranks)]  # rank -> tensor name -> values a collective delivered
         summaries = [[] for _ in range(ranks)]
         sims = [None] * ranks
+        in_flight = []
+
+        def settle(r, names=None):
+            for c in in_flight:
+                if r in c.members and (names is None or c.names & names):
+                    c.settle(system, r, updates)
+
+        def value(r, operand):
+            if not data:
+                return _collectives.zeros(operand)
+            got = updates[r].get(operand["name"])
+            return got if got is not None else sims[r].read(operand["name"])
+
         parts = len(first.segments)
         for k in range(parts):
             for r, (tr, _, inputs) in enumerate(traced):
+                settle(r, tr.touched[k])
                 sim = _core.Simulator(chip)
                 sim.load(tr.segments[k])
                 if data:
@@ -204,10 +220,13 @@ class Kernel:
                                   for d in tr.hbm_decls[:tr.segment_hbm[k]]}
                 sims[r] = sim
             if k + 1 < parts:
-                got = _collectives.run(system, first.collectives[k], k, ranks,
-                                       [s if data else None for s in sims])
-                for r, vals in got.items():
-                    updates[r].update(vals)
+                rec = first.collectives[k]
+                names = {o["name"] for pair in rec["operands"] for o in pair}
+                for r in range(ranks):  # a tensor still in flight is read or rewritten
+                    settle(r, names)
+                in_flight += _collectives.launch(system, rec, k, value)
+        for r in range(ranks):
+            settle(r)
         clocks = [system.clock(r) for r in range(ranks)]
         self.last = {
             "ranks": ranks, "system": name, "parts": parts,
@@ -223,6 +242,8 @@ class Kernel:
         results = []
         for r, (tr, result, _) in enumerate(traced):
             sim = sims[r]
+            for n, v in updates[r].items():  # delivered after the last part that ran
+                sim.write(n, v)
             for prefix, pname, shape in tr.prints:
                 print(f"[rank {r}]", prefix, sim.read(pname).reshape(shape))
             outs = result if isinstance(result, (tuple, list)) else (() if result is None else (result,))

@@ -1,7 +1,9 @@
 """Running nki.collectives between a multi-rank kernel's parts: the calls
 recorded while tracing (collectives.py) move the ranks' HBM values through a
 runtime System (tern._core.System), which reduces in FP32 in rank order and
-times each collective on the fabric."""
+times each collective on the fabric. Collectives launch asynchronously: a
+rank's next parts run while one is in flight, and a rank waits for it
+before the first part that touches its tensors (or at the kernel's end)."""
 import numpy as np
 
 
@@ -18,40 +20,55 @@ def check_same(want, got, rank):
                              f"{a['where']} (op, group, shapes and dtypes must match)")
 
 
-def _values(sim, operand):
-    if sim is None:  # timing only: sizes matter, values do not
-        return np.zeros(operand["elements"], dtype=np.float32)
-    return sim.read(operand["name"])
+class InFlight:
+    """One launched collective: its System handle, the ranks that have not
+    waited for it yet, the tensors it reads or writes, and where each
+    member's destination values are (rank -> [(tensor, System buffer)])."""
+
+    def __init__(self, handle, members, names, reads):
+        self.handle, self.members, self.names, self.reads = handle, set(members), set(names), reads
+
+    def settle(self, system, rank, updates):
+        """Rank waits for it; its destination values go to updates[rank]."""
+        system.wait(self.handle, rank)
+        for tensor, buf in self.reads.get(rank, []):
+            updates[rank][tensor] = system.read(rank, buf)
+        self.members.discard(rank)
 
 
-def run(system, rec, k, ranks, sims):
-    """Runs collective `rec` (the k-th) on `system`; returns, per rank, the
-    new values of its destination tensors (name -> float32 array)."""
-    out = {}
+def launch(system, rec, k, value):
+    """Launches collective `rec` (the k-th) on `system`; `value(rank, operand)`
+    gives a rank's source values. Returns the InFlight collectives."""
+    out = []
     op, groups = rec["op"], rec["groups"]
     for i, (src, dst) in enumerate(rec["operands"]):
         tag = f"collective{k}.{i}"
+        names = {src["name"], dst["name"]}
         if op == "collective_permute":
             for j, (a, b) in enumerate(rec["pairs"]):
-                system.write(a, f"{tag}.{j}.send", _values(sims[a], src), src["dtype"])
-                system.send_recv(a, f"{tag}.{j}.send", b, f"{tag}.{j}.recv")
-                out.setdefault(b, {})[dst["name"]] = system.read(b, f"{tag}.{j}.recv")
+                system.write(a, f"{tag}.{j}.send", value(a, src), src["dtype"])
+                h = system.send_recv(a, f"{tag}.{j}.send", b, f"{tag}.{j}.recv", async_=True)
+                out.append(InFlight(h, {a, b}, names, {b: [(dst["name"], f"{tag}.{j}.recv")]}))
             continue
         members = [r for g in groups for r in g]
         src_buf, dst_buf = f"{tag}.in", f"{tag}.out"
         for r in members:
-            system.write(r, src_buf, _values(sims[r], src), src["dtype"])
+            system.write(r, src_buf, value(r, src), src["dtype"])
         if op == "all_reduce":
-            system.all_reduce(src_buf, groups, rec["reduce"])
+            h = system.all_reduce(src_buf, groups, rec["reduce"], async_=True)
             dst_buf = src_buf
         elif op == "all_gather":
-            system.all_gather(src_buf, dst_buf, groups)
+            h = system.all_gather(src_buf, dst_buf, groups, async_=True)
         elif op == "reduce_scatter":
-            system.reduce_scatter(src_buf, dst_buf, groups, rec["reduce"])
+            h = system.reduce_scatter(src_buf, dst_buf, groups, rec["reduce"], async_=True)
         elif op == "all_to_all":
-            system.all_to_all(src_buf, dst_buf, groups)
+            h = system.all_to_all(src_buf, dst_buf, groups, async_=True)
         else:
             raise RuntimeError(f"internal: unknown collective {op}")
-        for r in members:
-            out.setdefault(r, {})[dst["name"]] = system.read(r, dst_buf)
+        out.append(InFlight(h, members, names, {r: [(dst["name"], dst_buf)] for r in members}))
     return out
+
+
+def zeros(operand):
+    """Timing only: sizes matter, values do not."""
+    return np.zeros(operand["elements"], dtype=np.float32)

@@ -82,6 +82,7 @@ class Trace:
         self.hbm_decls = []  # (name, shape, dtype, output, base) in declaration order
         self.segments = []  # finished programs of the parts before each collective
         self.segment_hbm = []  # per part: how many of hbm_decls its program holds
+        self.touched = [set()]  # per part: the HBM tensors its instructions access
         self.collectives = []
         self.program_id = 0
         self.hbm_outputs = []  # (name, ndarray) in creation order
@@ -130,6 +131,7 @@ class Trace:
         self.segments.append(self.builder.finish())
         self.segment_hbm.append(len(self.hbm_decls))
         self.collectives.append(record)
+        self.touched.append(set())
         self.builder = _core.Builder(self.chip, self.programs, 1)
         self.builder.set_core(0)
         for name, shape, dtype, output, base in self.hbm_decls:

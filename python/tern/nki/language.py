@@ -122,6 +122,8 @@ class NkiTensor:
         """The C++ view handed to the builder."""
         if self._alloc is not None:
             self._alloc.check_live()
+        elif self.name is not None and self.buffer in (hbm, shared_hbm, private_hbm):
+            _tracer.current().touched[-1].add(self.name)  # a collective's part waits for it
         free = self._free if self._free else [(1, 1)]
         return self._base.view(self._p0, self._np, self._off, free, self._row_stride)
 
