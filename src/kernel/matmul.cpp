@@ -35,13 +35,18 @@ isa::Program mx_matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
     throw NotSupported(fmt::format("MX matmul on {} ({}): MXFP8 needs NeuronCore-v4", chip.name,
                                    chip.core_generation));
   }
-  if (s.k % 128 != 0) {
-    throw NotSupported(fmt::format("MX matmul with K = {}: K must be a multiple of 128", s.k));
-  }
-  Builder b(chip, s.cores, s.lnc);
   // BF16 operands quantized on chip, or operands already in MX form in HBM
   // (mx_quantize_kernel's layout: x4 data [K/4, C], E8M0 scales [K/32, C]).
   const bool pre = s.mx_prequantized;
+  // quantize_mx reads 32-partition multiples (128 K rows): on chip, a last
+  // K tile of K % 128 rows (a whole number of 32-element MX blocks) is
+  // zero-padded to 128 in SBUF; the padding's blocks quantize to zeros and
+  // add exact zeros to the FP32 sums. Quantized operands in HBM cannot be.
+  if (s.k % 32 != 0 || (pre && s.k % 128 != 0)) {
+    throw NotSupported(
+        fmt::format("MX matmul with K = {}: K must be a multiple of {}", s.k, pre ? 128 : 32));
+  }
+  Builder b(chip, s.cores, s.lnc);
   const Tensor at = pre ? b.hbm("at_q", {s.k / 4, s.m}, s.in, isa::TensorKind::input)
                         : b.hbm("at", {s.k, s.m}, DType::bf16, isa::TensorKind::input);
   const Tensor at_s =
@@ -61,6 +66,12 @@ isa::Program mx_matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
   const Tensor& bias_h = io.bias;
   const Tensor& residual_h = io.residual;
   const std::int64_t KT = ceil_div(s.k, TKL);
+  // Packed partitions of K tile kt as loaded (`real`) and as quantized and
+  // multiplied (a multiple of 32: the zero-padded tail).
+  auto real_parts = [&](std::int64_t kt) {
+    return static_cast<int>(std::min(TKL, s.k - kt * TKL) / 4);
+  };
+  auto padded_parts = [&](std::int64_t kt) { return (real_parts(kt) + 31) / 32 * 32; };
   const std::int64_t budget = chip.sbuf_partition_bytes.value();
   // Per partition: all of A quantized (4 B x M per k tile, + 1 B scales), two
   // sets of one B column tile (4 B x TN, + scales), staging and outputs.
@@ -91,7 +102,7 @@ isa::Program mx_matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
     b.set_core(core);
     std::vector<Tensor> aq(KT), as(KT), bq[2], bs[2];
     for (std::int64_t kt = 0; kt < KT; ++kt) {
-      const int parts = static_cast<int>(std::min(TKL, s.k - kt * TKL) / 4);
+      const int parts = padded_parts(kt);
       aq[kt] = b.sbuf(parts, s.m, s.in);
       as[kt] = b.sbuf(parts / 8, s.m, DType::uint8);
       for (int i = 0; i < 2; ++i) {
@@ -120,7 +131,7 @@ isa::Program mx_matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
                                 std::vector<Tensor>& stage, std::int64_t c0, std::int64_t nc,
                                 std::vector<Tensor>& q, std::vector<Tensor>& qs, std::int64_t q0) {
       for (std::int64_t kt = 0; kt < KT; ++kt) {
-        const int parts = static_cast<int>(std::min(TKL, s.k - kt * TKL) / 4);
+        const int parts = padded_parts(kt), real = real_parts(kt);
         if (pre) {  // already quantized: two plain loads
           b.dma_copy(q[kt].tile(0, parts, q0, nc),
                      hbm.tile(static_cast<int>(kt * TKL / 4), parts, c0, nc));
@@ -130,7 +141,8 @@ isa::Program mx_matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
         }
         const Tensor src = stage[si].tile(0, parts, 0, 4 * nc);
         si = (si + 1) % kStage;
-        b.dma_copy(src, interleave4(hbm, kt * TKL, parts, c0, nc));
+        if (real < parts) b.memset(src, 0.0f, Engine::gpsimd);  // the tail's zero padding
+        b.dma_copy(src.tile(0, real, 0, 4 * nc), interleave4(hbm, kt * TKL, real, c0, nc));
         b.quantize_mx(q[kt].tile(0, parts, q0, nc), qs[kt].tile(0, parts / 8, q0, nc), src);
       }
     };
@@ -162,7 +174,7 @@ isa::Program mx_matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
         const Tensor p = ps[pi].tile(0, tm, 0, tn);
         pi = (pi + 1) % kPsum;
         for (std::int64_t kt = 0; kt < KT; ++kt) {
-          const int parts = static_cast<int>(std::min(TKL, s.k - kt * TKL) / 4);
+          const int parts = padded_parts(kt);
           b.matmul_mx(p, aq[kt].tile(0, parts, m0, tm), as[kt].tile(0, parts / 8, m0, tm),
                       q[kt].tile(0, parts, 0, tn), qs[kt].tile(0, parts / 8, 0, tn), kt > 0);
         }

@@ -136,6 +136,11 @@ INSTANTIATE_TEST_SUITE_P(
               {"epilogue", "bias,gelu,amax,qscale"},
               {"out", "fp8_e4m3"},
               {"cores", "2"}}},
+        // MX with a K tail of 64 and of 32 + 128: zero-padded on chip.
+        Case{"matmul", "trn3", {{"m", "200"}, {"n", "300"}, {"k", "64"}, {"dtype", "fp8_e4m3_x4"}}},
+        Case{"matmul",
+             "trn3",
+             {{"m", "64"}, {"n", "130"}, {"k", "160"}, {"dtype", "fp8_e5m2_x4"}, {"cores", "2"}}},
         Case{"matmul",
              "trn3",
              {{"m", "130"},
