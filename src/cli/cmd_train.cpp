@@ -92,8 +92,9 @@ void run(train::TrainConfig c, Options o) {
         static_cast<long long>(chips_used), t.system()->spec().name.c_str(),
         c.zero     ? "ZeRO-1"
         : c.pp > 1 ? "1F1B, optimizer by stage"
-        : c.tp > 1 ? "Megatron tensor parallel"
-                   : "replicated optimizer",
+        : c.tp > 1
+            ? (c.sp ? "Megatron tensor parallel, sequence parallel" : "Megatron tensor parallel")
+            : "replicated optimizer",
         world.size(), world.size() > 1 ? "es" : "",
         static_cast<long long>(t.local_replicas().first),
         static_cast<long long>(t.local_replicas().second - 1));
@@ -338,6 +339,9 @@ void add_train_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--tp", c->tp, "Tensor-parallel chips (Megatron-LM style; GPT-2)")
       ->capture_default_str();
+  cmd->add_flag("--sp", c->sp,
+                "With --tp: sequence parallelism (norms and residual adds on seq / tp positions "
+                "a rank; reduce-scatter and all-gather instead of all-reduce)");
   cmd->add_option("--pp", c->pp, "Pipeline stages (1F1B over the --accum micro-batches)")
       ->capture_default_str();
   cmd->add_option("--zero", c->zero, "1: shard the optimizer state over the replicas (ZeRO-1)")

@@ -121,6 +121,11 @@ void validate(const TrainConfig& c) {
   if (c.tp > 1 && c.model != "gpt2")
     bad("not supported: tensor parallel training (tp > 1) of the llama model; gpt2 is");
   if (c.tp > 1 && c.zero == 1) bad("not supported: zero 1 with tp > 1");
+  if (c.sp && c.tp == 1) bad("sp (sequence parallelism) needs tp > 1");
+  if (c.sp && c.seq % c.tp != 0)
+    bad(fmt::format("sp: tp {} does not divide seq {} (each rank holds seq / tp positions)", c.tp,
+                    c.seq));
+  if (c.sp && c.pp > 1) bad("not supported: sp with pp > 1");
   if (c.tp > 1 && c.heads % c.tp != 0)
     bad(fmt::format("tp {} does not divide heads {}", c.tp, c.heads));
   if (c.pp > c.layers)
@@ -169,6 +174,7 @@ nlohmann::json to_json(const TrainConfig& c) {
           {"pp", c.pp},
           {"zero", c.zero},
           {"bucket_mb", c.bucket_mb},
+          {"sp", c.sp},
           {"system", c.system},
           {"threads", c.threads},
           {"lr", c.lr},
@@ -227,7 +233,7 @@ void apply_json(TrainConfig& c, const nlohmann::json& j, const std::string& wher
   c.recipe = m["recipe"], c.mx_policy = m["mx_policy"];
   c.stochastic_rounding = m["stochastic_rounding"], c.arch = m["arch"], c.cores = m["cores"];
   c.dp = m["dp"], c.tp = m["tp"], c.pp = m["pp"], c.zero = m["zero"], c.system = m["system"];
-  c.bucket_mb = m["bucket_mb"];
+  c.bucket_mb = m["bucket_mb"], c.sp = m["sp"];
   c.threads = m["threads"];
   c.lr = m["lr"], c.min_lr = m["min_lr"], c.weight_decay = m["weight_decay"];
   c.beta1 = m["beta1"], c.beta2 = m["beta2"], c.clip = m["clip"];

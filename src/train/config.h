@@ -61,6 +61,11 @@ struct TrainConfig {
   // cores); results do not depend on it, nor on the number of MPI ranks.
   std::int64_t dp = 1, tp = 1, pp = 1;
   int zero = 0;
+  // tp > 1: Megatron-LM sequence parallelism (Korthikanti et al. 2022):
+  // the LayerNorms, bias and residual adds between the tensor-parallel
+  // blocks run on 1 / tp of the sequence on each rank, the all-reduces
+  // become reduce-scatters and all-gathers (docs/multichip.md).
+  bool sp = false;
   // dp > 1 with zero 0, pp 1 and tp 1: the gradients are all-reduced in
   // buckets of this many MiB (FP32), each launched as soon as its last
   // gradient is final in the last micro-batch's backward, overlapping the

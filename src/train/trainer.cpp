@@ -355,6 +355,26 @@ void Trainer::build() {
       piece(graph::extract(fwd, ins, outs, fmt::format("tp.piece{}", stages_.size())), ins, outs,
             -1);
     };
+    // Sequence parallel: the piece cut from the model of seq / tp positions,
+    // one a tp rank (the same programs).
+    graph::Graph fwd_sp;
+    if (c_.sp) {
+      TrainConfig cs = c_;
+      cs.seq = c_.seq / c_.tp;
+      fwd_sp = make_model(cs, tok_->vocab()).graph;
+      if (recipe_ != "fp32") fwd_sp = graph::autocast(fwd_sp, ao);
+    }
+    auto between = [&](std::vector<std::string> ins, std::vector<std::string> outs) {
+      if (!c_.sp) return replicated(std::move(ins), std::move(outs));
+      piece(graph::extract(fwd_sp, ins, outs, fmt::format("sp.piece{}", stages_.size())), ins, outs,
+            0);
+      stages_.back().sp = true;
+      for (int t = 1; t < c_.tp; ++t) {
+        Stage copy = stages_.back();
+        copy.tp = t;
+        stages_.push_back(std::move(copy));
+      }
+    };
     auto sharded = [&](std::int64_t l, bool attention) {
       const std::string p = layer_prefix(c_, l);
       graph::Graph sh = attention ? graph::gpt2_attention_shard(gc, l, static_cast<int>(c_.tp))
@@ -373,11 +393,11 @@ void Trainer::build() {
       if (l == 0)
         replicated({}, {"embed", p + "ln_1"});
       else
-        replicated({layer_prefix(c_, l - 1) + "mlp.proj", layer_prefix(c_, l - 1) + "resid_attn"},
-                   {layer_prefix(c_, l - 1) + "out", p + "ln_1"});
+        between({layer_prefix(c_, l - 1) + "mlp.proj", layer_prefix(c_, l - 1) + "resid_attn"},
+                {layer_prefix(c_, l - 1) + "out", p + "ln_1"});
       sharded(l, true);
-      replicated({p + "attn.proj", l == 0 ? "embed" : layer_prefix(c_, l - 1) + "out"},
-                 {p + "resid_attn", p + "ln_2"});
+      between({p + "attn.proj", l == 0 ? "embed" : layer_prefix(c_, l - 1) + "out"},
+              {p + "resid_attn", p + "ln_2"});
       sharded(l, false);
       mark(l);
     }
@@ -1684,12 +1704,31 @@ double Trainer::pieces_timeline(std::int64_t r, std::int64_t stage, std::size_t 
     group.push_back(chip_of(r, stage, static_cast<std::int64_t>(t)));
   const std::string step = fmt::format("{} {}", forward ? "forward" : "backward", i);
   double reduces = 0;
-  auto all_reduce = [&](const std::string& value) {
-    const std::vector<float> buf(static_cast<std::size_t>(boundary_elements_.at(value)), 0.0f);
-    for (int c : group)
-      system_->write(c, "tp.partial", buf, system_format(boundary_dtype_.at(value)));
-    system_->all_reduce("tp.partial", {group});
+  // The collective on value's full size: all-reduce; with sequence
+  // parallelism, a reduce-scatter into a sequence-parallel piece's input or
+  // an all-gather out of one.
+  enum class Kind { all_reduce, reduce_scatter, all_gather };
+  auto collective = [&](const std::string& value, Kind kind) {
+    const auto n = static_cast<std::size_t>(boundary_elements_.at(value));
+    const num::FormatId fm = system_format(boundary_dtype_.at(value));
+    const std::vector<float> buf(kind == Kind::all_gather ? n / T : n, 0.0f);
+    for (int c : group) system_->write(c, "tp.partial", buf, fm);
+    if (kind == Kind::all_reduce) system_->all_reduce("tp.partial", {group});
+    if (kind == Kind::reduce_scatter) system_->reduce_scatter("tp.partial", "tp.out", {group});
+    if (kind == Kind::all_gather) system_->all_gather("tp.partial", "tp.out", {group});
     reduces += system_->events().back().duration.value();
+  };
+  auto all_reduce = [&](const std::string& value) { collective(value, Kind::all_reduce); };
+  // Whether the piece reading (or writing) `value` is sequence parallel.
+  auto sp_reads = [&](const std::string& value) {
+    for (const Stage& sg : stages_)
+      if (std::find(sg.ins.begin(), sg.ins.end(), value) != sg.ins.end()) return sg.sp;
+    return false;
+  };
+  auto sp_writes = [&](const std::string& value) {
+    for (const Stage& sg : stages_)
+      if (std::find(sg.outs.begin(), sg.outs.end(), value) != sg.outs.end()) return sg.sp;
+    return false;
   };
   auto run = [&](std::size_t k, bool fwd) {
     const double t = fwd ? f[k][i] : b[k][i];
@@ -1703,11 +1742,26 @@ double Trainer::pieces_timeline(std::int64_t r, std::int64_t stage, std::size_t 
   if (forward) {
     for (std::size_t k = lo; k < hi; ++k) {
       if (!stages_[k].fwd) continue;  // the last piece: its forward runs with its backward
-      if (run(k, true) && stages_[k].tp == c_.tp - 1) all_reduce(stages_[k].outs[0]);
+      if (!run(k, true) || stages_[k].tp != c_.tp - 1) continue;
+      if (stages_[k].sp) {  // its outputs whole for the pieces that are not
+        for (const std::string& out : stages_[k].outs)
+          if (!sp_reads(out)) collective(out, Kind::all_gather);
+      } else {
+        const std::string& out = stages_[k].outs[0];
+        sp_reads(out) ? collective(out, Kind::reduce_scatter) : all_reduce(out);
+      }
     }
   } else {
-    for (std::size_t k = hi; k-- > lo;)
-      if (run(k, false) && stages_[k].tp == 0) all_reduce(stages_[k].ins[0]);
+    for (std::size_t k = hi; k-- > lo;) {
+      if (!run(k, false) || stages_[k].tp != 0) continue;
+      if (stages_[k].sp) {
+        for (const std::string& in : stages_[k].ins)
+          if (!sp_writes(in)) collective(in, Kind::all_gather);
+      } else {
+        const std::string& in = stages_[k].ins[0];
+        sp_writes(in) ? collective(in, Kind::reduce_scatter) : all_reduce(in);
+      }
+    }
   }
   return reduces;
 }
@@ -1804,6 +1858,29 @@ void Trainer::pipeline_timeline(std::int64_t r, const std::vector<std::vector<do
   }
 }
 
+std::vector<float> Trainer::seq_shard(const std::vector<float>& x, std::size_t t) const {
+  const auto B = static_cast<std::size_t>(c_.batch), S = static_cast<std::size_t>(c_.seq);
+  const auto n = S / static_cast<std::size_t>(c_.tp), row = x.size() / (B * S);
+  std::vector<float> out;
+  out.reserve(B * n * row);
+  for (std::size_t q = 0; q < B; ++q) {
+    const auto at = x.begin() + static_cast<std::ptrdiff_t>((q * S + t * n) * row);
+    out.insert(out.end(), at, at + static_cast<std::ptrdiff_t>(n * row));
+  }
+  return out;
+}
+
+std::vector<float> Trainer::seq_assemble(const std::vector<std::vector<float>>& parts) const {
+  const auto B = static_cast<std::size_t>(c_.batch), S = static_cast<std::size_t>(c_.seq);
+  const auto n = S / parts.size(), row = parts[0].size() / (B * n);
+  std::vector<float> out(B * S * row);
+  for (std::size_t t = 0; t < parts.size(); ++t)
+    for (std::size_t q = 0; q < B; ++q)
+      std::copy_n(parts[t].begin() + static_cast<std::ptrdiff_t>(q * n * row), n * row,
+                  out.begin() + static_cast<std::ptrdiff_t>((q * S + t * n) * row));
+  return out;
+}
+
 void Trainer::tensor_parallel_micro_batch(
     Replica& rep, const std::map<std::string, std::vector<float>>& all,
     const std::function<runtime::StepOptions(std::size_t)>& opts,
@@ -1837,12 +1914,38 @@ void Trainer::tensor_parallel_micro_batch(
         if (sg.dys.contains(out)) feeds[sg.dys.at(out)] = grads.at(out);
     return feeds;
   };
+  // A sequence-parallel group [st, st + T): rank t's piece on its
+  // positions of every boundary value; the outputs (forward) or input
+  // gradients (backward) put back together. (Host values stay whole: a
+  // reduce-scatter gives each rank its positions of what the all-reduce
+  // gives all, the same sums.)
+  auto sp_group = [&](std::size_t st, bool backward) {
+    const Stage& sg = stages_[st];
+    std::map<std::string, std::vector<std::vector<float>>> parts;
+    for (std::size_t t = 0; t < T; ++t) {
+      auto feeds = inputs_of(backward ? *sg.bwd : *sg.fwd, all);
+      for (const std::string& in : sg.ins) feeds[in] = seq_shard(vals.at(in), t);
+      if (backward)
+        for (const std::string& out : sg.outs) feeds[sg.dys.at(out)] = seq_shard(grads.at(out), t);
+      auto& s = backward ? rep.bwd[st + t] : rep.fwd[st + t];
+      runtime::StepResult res = s->step(feeds, opts(st + t));
+      (backward ? b : f)[st + t].push_back(res.time_ns);
+      for (const std::string& v : backward ? sg.ins : sg.outs)
+        parts[v].push_back(res.outputs.at(backward ? sg.dxs.at(v) : v));  // two may share one
+    }
+    for (auto& [v, p] : parts) (backward ? grads : vals)[v] = seq_assemble(p);
+  };
   for (std::size_t st = 0; st + 1 < P;) {
     if (stages_[st].tp < 0) {
       runtime::StepResult res = rep.fwd[st]->step(feeds_of(st, false), opts(st));
       f[st].push_back(res.time_ns);
       for (const std::string& out : stages_[st].outs) vals[out] = std::move(res.outputs.at(out));
       ++st;
+      continue;
+    }
+    if (stages_[st].sp) {
+      sp_group(st, false);
+      st += T;
       continue;
     }
     std::vector<std::vector<float>> parts;
@@ -1869,7 +1972,12 @@ void Trainer::tensor_parallel_micro_batch(
         grads[in] = res.outputs.at(stages_[st].dxs.at(in));
       continue;
     }
-    const std::size_t first = st + 1 - T;  // the layer's shard pieces [first, st]
+    const std::size_t first = st + 1 - T;  // the group's pieces [first, st]
+    if (stages_[st].sp) {
+      sp_group(first, true);
+      st = first;
+      continue;
+    }
     std::vector<std::vector<float>> parts;
     for (std::size_t t = 0; t < T; ++t) {
       runtime::StepResult res =

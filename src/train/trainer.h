@@ -188,6 +188,10 @@ class Trainer {
                                    std::vector<std::vector<double>>& f,
                                    std::vector<std::vector<double>>& b,
                                    std::vector<double>& losses);
+  // sp: rank t's positions [t seq / tp, (t + 1) seq / tp) of every
+  // sequence of a [batch, seq, ...] value, and the value from the ranks'.
+  std::vector<float> seq_shard(const std::vector<float>& x, std::size_t t) const;
+  std::vector<float> seq_assemble(const std::vector<std::vector<float>>& parts) const;
   std::map<std::string, isa::DType> boundary_dtype_;  // the forward pass's values
   std::map<std::string, std::int64_t> boundary_elements_;
   std::vector<std::pair<std::size_t, std::size_t>> stage_pieces_;  // pipeline stage -> pieces
@@ -231,6 +235,7 @@ class Trainer {
     std::vector<std::size_t> params;  // indices into param_names_ (a tied param in two stages)
     std::shared_ptr<const graph::Executable> fwd, bwd;  // fwd: null for the last stage
     int tp = -1;                                        // tp > 1: the rank of a shard piece
+    bool sp = false;  // sp: a sequence-parallel piece (rank tp's seq / tp positions)
     std::vector<std::string> ins, outs;           // tp > 1: boundary values (in, out above: pp)
     std::map<std::string, std::string> dxs, dys;  // tp > 1: value -> its gradient's name
   };

@@ -298,6 +298,9 @@ sys.exit(0 if pids == {0, 1} and {'reduce-scatter', 'all-gather', 'grad', 'updat
 expect_err "train config: tp 3 does not divide heads 2" train "${small[@]}" --tp 3
 expect_err "pp 3 is more pipeline stages than the 2 layers" train "${small[@]}" --pp 3
 expect_ok "^layout: dp 1 x tp 2 x pp 2 on 4 chips" train "${small[@]}" --tp 2 --pp 2
+expect_ok "^layout: dp 1 x tp 2 x pp 1 on 2 chips of .*sequence parallel" train "${small[@]}" --tp 2 --sp
+expect_err "sp (sequence parallelism) needs tp > 1" train "${small[@]}" --sp
+expect_err "not supported: sp with pp > 1" train "${small[@]}" --tp 2 --pp 2 --sp
 expect_err "not supported: zero 1 with pp > 1" train "${small[@]}" --pp 2 --dp 2 --zero 1
 expect_err "system trn2-48xl is made of trn2 chips, but arch is trn3" train "${small[@]}" --dp 2 --system trn2-48xl
 expect_err "no system of trn3 chips holds 4096" train "${small[@]}" --dp 4096

@@ -18,6 +18,7 @@ namespace {
 struct Case {
   std::int64_t dp, accum, pp = 1, tp = 1;
   bool overlap = false;  // DP buckets during the last backward (bucket_mb 25)
+  bool sp = false;       // sequence parallelism (tp > 1)
 };
 
 TEST(PlanAgreement, StepTimeWithin15Percent) {
@@ -34,16 +35,17 @@ TEST(PlanAgreement, StepTimeWithin15Percent) {
   pm.vocab = 65;  // TinyShakespeare's characters
   pm.tied_embeddings = true;
   std::printf(
-      "| dp | tp | pp | accum | overlap | simulated step (ms) | planned step (ms) | error | sim "
-      "comm (ms) | sim exposed (ms) | planned DP exposed (ms) |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|\n");
-  for (const Case& k :
-       {Case{1, 1}, Case{2, 1}, Case{4, 1}, Case{2, 2}, Case{1, 4, 2}, Case{2, 2, 2},
-        Case{1, 1, 1, 2}, Case{2, 1, 1, 2}, Case{2, 1, 1, 1, true}, Case{4, 1, 1, 1, true}}) {
+      "| dp | tp | pp | accum | overlap | sp | simulated step (ms) | planned step (ms) | error | "
+      "sim comm (ms) | sim exposed (ms) | planned DP exposed (ms) |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const Case& k : {Case{1, 1}, Case{2, 1}, Case{4, 1}, Case{2, 2}, Case{1, 4, 2},
+                        Case{2, 2, 2}, Case{1, 1, 1, 2}, Case{2, 1, 1, 2}, Case{2, 1, 1, 1, true},
+                        Case{4, 1, 1, 1, true}, Case{1, 1, 1, 2, false, true}}) {
     SCOPED_TRACE(k.dp);
     TrainConfig t = c;
     t.dp = k.dp, t.accum = k.accum, t.pp = k.pp, t.tp = k.tp;
     t.bucket_mb = k.overlap ? 25 : 0;
+    t.sp = k.sp;
     Trainer tr(t);
     const StepMetrics m = tr.step();
 
@@ -56,7 +58,7 @@ TEST(PlanAgreement, StepTimeWithin15Percent) {
     pt.grad_bytes = 4, pt.dp_overlap = k.overlap ? 1 : 0;
     plan::Layout l;
     l.dp = static_cast<int>(k.dp), l.pp = static_cast<int>(k.pp), l.tp = static_cast<int>(k.tp);
-    l.sp = false;  // tern's tensor parallelism has no sequence parallelism
+    l.sp = k.sp;
     // The trainer's pipeline stages and tensor-parallel pieces recompute
     // their forward in the backward.
     if (k.pp > 1 || k.tp > 1) l.recompute = plan::Recompute::full;
@@ -65,10 +67,11 @@ TEST(PlanAgreement, StepTimeWithin15Percent) {
     const double sim = m.sim_ns, planned = e.time.step.value();
     const double err = (planned - sim) / sim;
     std::printf(
-        "| %lld | %lld | %lld | %lld | %s | %.3f | %.3f | %+.1f %% | %.3f | %.3f | %.3f |\n",
+        "| %lld | %lld | %lld | %lld | %s | %s | %.3f | %.3f | %+.1f %% | %.3f | %.3f | %.3f |\n",
         static_cast<long long>(k.dp), static_cast<long long>(k.tp), static_cast<long long>(k.pp),
-        static_cast<long long>(k.accum), k.overlap ? "yes" : "no", sim / 1e6, planned / 1e6,
-        100 * err, m.comm_ns / 1e6, m.exposed_comm_ns / 1e6, e.time.dp_exposed.value() / 1e6);
+        static_cast<long long>(k.accum), k.overlap ? "yes" : "no", k.sp ? "yes" : "no", sim / 1e6,
+        planned / 1e6, 100 * err, m.comm_ns / 1e6, m.exposed_comm_ns / 1e6,
+        e.time.dp_exposed.value() / 1e6);
     EXPECT_LT(std::abs(err), 0.15) << "simulated " << sim << " ns, planned " << planned;
     // Data parallel alone: the one collective is the same formula on the
     // same fabric. (With stages the simulated comm also holds the
