@@ -1300,7 +1300,7 @@ runtime::StepResult Trainer::run_replicas(std::int64_t s, const std::vector<Batc
   // so the times are this process's first replica's.
   const bool overlap =
       c_.dp > 1 && P == 1 && c_.tp == 1 && c_.zero == 0 && c_.bucket_mb > 0 && A > 0;
-  std::vector<double> ready(param_names_.size(), 0.0);  // ns into the last program
+  std::vector<double> ready(param_names_.size(), -1.0);  // ns into the last program
   if (overlap) {
     const graph::Executable& ex = *stages_[0].bwd;
     std::map<std::string, std::size_t> of;
@@ -1311,6 +1311,9 @@ runtime::StepResult Trainer::run_replicas(std::int64_t s, const std::vector<Batc
         if (o.value >= 0)
           if (auto it = of.find(ex.graph.value(o.value).name); it != of.end())
             ready[it->second] = std::max(ready[it->second], ev[j].start_ns + ev[j].ns);
+    // A gradient no launch is seen writing is taken as final at the end.
+    for (double& t : ready)
+      if (t < 0) t = ran[0].b[0].back();
   }
 
   // Every rank gets every replica's losses, program times and accumulators
