@@ -17,6 +17,9 @@ namespace tern::isa {
 
 enum class Engine : std::uint8_t { tensor, vector, scalar, gpsimd, sync, count_ };
 constexpr int kEngines = static_cast<int>(Engine::count_);
+// quantize_mx reads whole groups of this many partitions (NKI
+// nisa.quantize_mx; the simulator's rule checks enforce it, kernels pad to it).
+constexpr int kQuantizeMxPartitions = 32;
 std::string_view engine_name(Engine e);
 Engine parse_engine(std::string_view s);
 

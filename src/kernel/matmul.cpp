@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "isa/instruction.h"
 #include "kernel/builder.h"
 #include "kernel/detail.h"
 #include "kernel/kernels.h"
@@ -71,7 +72,10 @@ isa::Program mx_matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
   auto real_parts = [&](std::int64_t kt) {
     return static_cast<int>(std::min(TKL, s.k - kt * TKL) / 4);
   };
-  auto padded_parts = [&](std::int64_t kt) { return (real_parts(kt) + 31) / 32 * 32; };
+  auto padded_parts = [&](std::int64_t kt) {
+    constexpr int G = isa::kQuantizeMxPartitions;
+    return (real_parts(kt) + G - 1) / G * G;
+  };
   const std::int64_t budget = chip.sbuf_partition_bytes.value();
   // Per partition: all of A quantized (4 B x M per k tile, + 1 B scales), two
   // sets of one B column tile (4 B x TN, + scales), staging and outputs.

@@ -423,11 +423,11 @@ std::string check_instruction(const arch::ChipSpec& chip, const isa::Program& pr
         return fmt::format("quantize_mx reads bfloat16 or float16, not {}", isa::name(src.dtype));
       for (const auto* ap : {&d, &sc, &src})
         if (ap->mem != Mem::sbuf) return "quantize_mx reads and writes SBUF only";
-      if (src.partitions % 32 != 0 || src.free_size() % 4 != 0)
+      if (src.partitions % isa::kQuantizeMxPartitions != 0 || src.free_size() % 4 != 0)
         return fmt::format(
-            "quantize_mx source is [{}, {}]: partitions must be a multiple of 32 and the "
+            "quantize_mx source is [{}, {}]: partitions must be a multiple of {} and the "
             "free size a multiple of 4",
-            src.partitions, src.free_size());
+            src.partitions, src.free_size(), isa::kQuantizeMxPartitions);
       if (d.partitions != src.partitions || d.free_size() * 4 != src.free_size())
         return fmt::format("quantize_mx destination is [{}, {}], expected [{}, {}] x4 values",
                            d.partitions, d.free_size(), src.partitions, src.free_size() / 4);
