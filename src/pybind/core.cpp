@@ -2,6 +2,8 @@
 // hardware descriptions, the kernel builder and the simulator; the graph IR
 // (graph.cpp). The NKI frontend (python/tern/nki) and tern.graph are
 // written on top of it.
+#include <fmt/format.h>
+
 #include <map>
 
 #include <pybind11/numpy.h>
@@ -15,6 +17,7 @@
 #include "kernel/reference.h"
 #include "kernel/registry.h"
 #include "profile/profile.h"
+#include "sim/codec.h"
 #include "sim/simulator.h"
 #include "util/error.h"
 
@@ -147,6 +150,34 @@ PYBIND11_MODULE(_core, m) {
     return v;
   });
   m.def("dtype_size", [](const std::string& d) { return isa::size_bytes(isa::parse_dtype(d)); });
+  // Raw little-endian elements of dtype `d` <-> their FP32 values, through
+  // the simulator's codec (encode rounds to nearest even, non-saturating).
+  m.def("decode", [](const std::string& d,
+                     py::array_t<std::uint8_t, py::array::c_style | py::array::forcecast> raw) {
+    const isa::DType dt = isa::parse_dtype(d);
+    const auto sz = static_cast<std::size_t>(isa::size_bytes(dt));
+    if (isa::is_x4(dt)) throw Error("decode: x4-packed types hold 4 elements per code");
+    if (static_cast<std::size_t>(raw.size()) % sz != 0)
+      throw Error(fmt::format("decode: {} bytes are not whole {} elements", raw.size(), d));
+    const std::size_t n = static_cast<std::size_t>(raw.size()) / sz;
+    std::vector<std::int64_t> offs(n);
+    for (std::size_t i = 0; i < n; ++i) offs[i] = static_cast<std::int64_t>(i * sz);
+    py::array_t<float> out(static_cast<py::ssize_t>(n));
+    sim::decode_row(dt, raw.data(), offs, out.mutable_data(), 1);
+    return out;
+  });
+  m.def("encode", [](const std::string& d,
+                     py::array_t<float, py::array::c_style | py::array::forcecast> values) {
+    const isa::DType dt = isa::parse_dtype(d);
+    if (isa::is_x4(dt)) throw Error("encode: x4-packed types hold 4 elements per code");
+    const auto sz = static_cast<std::size_t>(isa::size_bytes(dt));
+    const auto n = static_cast<std::size_t>(values.size());
+    std::vector<std::int64_t> offs(n);
+    for (std::size_t i = 0; i < n; ++i) offs[i] = static_cast<std::int64_t>(i * sz);
+    py::array_t<std::uint8_t> out(static_cast<py::ssize_t>(n * sz));
+    sim::encode_row(dt, values.data(), offs, out.mutable_data(), num::CastOptions{}, 0, 1);
+    return out;
+  });
 
   auto alu = [](int v) { return static_cast<isa::AluOp>(v); };
   py::class_<Builder>(m, "Builder")

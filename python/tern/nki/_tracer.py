@@ -1,4 +1,5 @@
 """The tracing state of the kernel being built (one at a time)."""
+import math
 import os
 import sys
 
@@ -74,17 +75,21 @@ class Trace:
     (`segments`): each part is a program of its own, `collectives[k]` runs
     between part k and part k + 1, and the HBM tensors carry over."""
 
-    def __init__(self, chip, programs, rank=0, ranks=1):
+    def __init__(self, chip, grid=(), rank=0, ranks=1):
         self.chip = chip
-        self.builder = _core.Builder(chip, programs, 1)
-        self.programs = programs
+        self.grid = tuple(grid)  # the launch grid's extents, () without one
+        self.programs = math.prod(self.grid)
+        # Programs beyond the chip's cores run one after another on the cores
+        # they share (program i on core i mod cores).
+        self.cores = min(self.programs, chip.cores)
+        self.builder = _core.Builder(chip, self.cores, 1)
         self.rank, self.ranks = rank, ranks
         self.hbm_decls = []  # (name, shape, dtype, output, base) in declaration order
         self.segments = []  # finished programs of the parts before each collective
         self.segment_hbm = []  # per part: how many of hbm_decls its program holds
         self.touched = [set()]  # per part: the HBM tensors its instructions access
         self.collectives = []
-        self.program_id = 0
+        self.program_id = 0  # the flat index of the program being traced (row-major over grid)
         self.hbm_outputs = []  # (name, ndarray) in creation order
         self.hbm_by_order = {}  # creation index -> ndarray, shared by all programs
         self.hbm_counter = 0
@@ -132,7 +137,7 @@ class Trace:
         self.segment_hbm.append(len(self.hbm_decls))
         self.collectives.append(record)
         self.touched.append(set())
-        self.builder = _core.Builder(self.chip, self.programs, 1)
+        self.builder = _core.Builder(self.chip, self.cores, 1)
         self.builder.set_core(0)
         for name, shape, dtype, output, base in self.hbm_decls:
             again = self.builder.hbm(name, list(shape), dtype, output)
@@ -144,3 +149,16 @@ class Trace:
         self.segments.append(self.builder.finish())
         self.segment_hbm.append(len(self.hbm_decls))
         return self.segments
+
+    def program_index(self, axis):
+        """The traced program's index along grid axis `axis`."""
+        if not self.grid:
+            if axis != 0:
+                raise ValueError(f"program_id({axis}): the kernel has no launch grid")
+            return 0
+        if not 0 <= axis < len(self.grid):
+            raise ValueError(f"program_id({axis}): the launch grid {list(self.grid)} has {len(self.grid)} axes")
+        rest = self.program_id
+        for extent in reversed(self.grid[axis + 1:]):
+            rest //= extent
+        return rest % self.grid[axis]
