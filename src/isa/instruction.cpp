@@ -32,14 +32,18 @@ constexpr std::array<std::string_view, static_cast<std::size_t>(Opcode::count_)>
     "iota",          "quantize_mx",     "reciprocal",      "bn_stats",      "bn_aggr",
     "select",        "copy_predicated", "exponential",     "affine_select", "partition_reduce",
     "dma_transpose", "reg_set",         "reg_alu",         "branch",        "dma_gather",
-    "dma_scatter"};
+    "dma_scatter",   "max8",            "find_index8",     "match_replace8", "tensor_scan",
+    "select_reduce", "range_select",    "nonzero_count",   "n_gather",      "stream_shuffle",
+    "local_gather"};
 constexpr std::array<std::string_view, static_cast<std::size_t>(AluOp::count_)> kAluNames = {
     "bypass",  "add",         "subtract",   "multiply",    "divide",     "max",        "min",
     "abs_max", "pow",         "is_equal",   "not_equal",   "is_gt",      "is_ge",      "is_lt",
     "is_le",   "bitwise_and", "bitwise_or", "bitwise_xor", "shift_left", "shift_right"};
 constexpr std::array<std::string_view, static_cast<std::size_t>(ActFunc::count_)> kActNames = {
     "identity", "exp",   "log",  "tanh",   "sigmoid",    "gelu",    "gelu_tanh", "silu",
-    "relu",     "rsqrt", "sqrt", "square", "reciprocal", "silu_dx", "gelu_dx",   "gelu_tanh_dx"};
+    "relu",     "rsqrt", "sqrt", "square", "reciprocal", "silu_dx", "gelu_dx",   "gelu_tanh_dx",
+    "gelu_sigmoid", "gelu_sigmoid_dx", "sin", "cos", "arctan", "erf", "erf_dx", "softplus", "mish",
+    "sign", "abs"};
 
 }  // namespace
 
@@ -275,6 +279,32 @@ float apply_act(ActFunc f, float x) {
       return 0.5f * (1.0f + t) +
              0.5f * x * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * 0.044715f * x * x);
     }
+    case ActFunc::gelu_sigmoid:  // x sigmoid(1.702 x) (NKI gelu_apprx_sigmoid)
+      return x / (1.0f + std::exp(-1.702f * x));
+    case ActFunc::gelu_sigmoid_dx: {  // s (1 + 1.702 x (1 - s)), s = sigmoid(1.702 x)
+      const float s = 1.0f / (1.0f + std::exp(-1.702f * x));
+      return s * (1.0f + 1.702f * x * (1.0f - s));
+    }
+    case ActFunc::sin:
+      return std::sin(x);
+    case ActFunc::cos:
+      return std::cos(x);
+    case ActFunc::arctan:
+      return std::atan(x);
+    case ActFunc::erf:
+      return std::erf(x);
+    case ActFunc::erf_dx:  // 2 / sqrt(pi) exp(-x^2)
+      return 1.1283791670955126f * std::exp(-x * x);
+    case ActFunc::softplus:  // log(1 + e^x), without overflow for large x
+      return x > 20.0f ? x : std::log1p(std::exp(x));
+    case ActFunc::mish: {  // x tanh(softplus(x))
+      const float sp = x > 20.0f ? x : std::log1p(std::exp(x));
+      return x * std::tanh(sp);
+    }
+    case ActFunc::sign:
+      return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : x);
+    case ActFunc::abs:
+      return std::fabs(x);
     case ActFunc::count_:
       break;
   }
@@ -314,6 +344,12 @@ std::string to_string(const Instruction& in) {
   if (in.col0) s += " col0=1";
   if (in.col1) s += " col1=1";
   if (in.oob_skip) s += " oob=skip";
+  if (in.reverse0) s += " rev0=1";
+  if (in.reverse1) s += " rev1=1";
+  if (!in.table.empty()) {
+    s += " table=";
+    for (std::size_t i = 0; i < in.table.size(); ++i) s += fmt::format("{}{}", i ? "," : "", in.table[i]);
+  }
   if (in.queue != def.queue) s += fmt::format(" queue={}", in.queue);
   if (in.priority != def.priority) s += fmt::format(" priority={}", in.priority);
   if (in.perf == isa::PerfMode::double_row) s += " perf=double_row";
@@ -389,6 +425,20 @@ Instruction parse_instruction(const std::string& line) {
       in.negate = integer() != 0;
     else if (key == "col0")
       in.col0 = integer() != 0;
+    else if (key == "rev0")
+      in.reverse0 = integer() != 0;
+    else if (key == "rev1")
+      in.reverse1 = integer() != 0;
+    else if (key == "table") {
+      std::stringstream ts(val);
+      for (std::string item; std::getline(ts, item, ',');) {
+        char* end = nullptr;
+        const long v = std::strtol(item.c_str(), &end, 10);
+        if (end == item.c_str() || *end)
+          throw Error(fmt::format("bad table entry '{}' in '{}'", item, line));
+        in.table.push_back(static_cast<std::int32_t>(v));
+      }
+    }
     else if (key == "col1")
       in.col1 = integer() != 0;
     else if (key == "oob") {

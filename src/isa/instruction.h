@@ -63,6 +63,26 @@ enum class Opcode : std::uint8_t {
   // slot within a partition (docs/sim.md).
   dma_gather,   // DMA: dst_sbuf[p, slot k] (+)= src_hbm[idx[p, k], :]
   dma_scatter,  // DMA: dst_hbm[idx[p, k], :] (+)= src_sbuf[p, slot k]
+  // Selection, search and scan instructions of nki.isa (row semantics in
+  // isa/select_ops.h). Per-partition rows are the flattened free dims.
+  max8,            // vector: dst [P, 8] = the 8 largest of src's row, descending
+  find_index8,     // vector: dst [P, 8] = first index of vals[p, j] in data's row (dst, data, vals)
+  match_replace8,  // vector: dst = data with the first match of each of vals[p, 0..8) set to imm0,
+                   // in order (dst, data, vals, [indices [P, 8] if acc])
+  tensor_scan,     // vector: r = op1(op0(data0[i], r), data1[i]) from r = initial (imm0, or a
+                   // [P, 1] column with col0); operands dst, data0, data1, [initial]
+  select_reduce,   // vector: dst = pred ? on_true : on_false (imm0, or column with col0), and
+                   // with acc the row maxima; operands dst, pred, on_true, [on_false], [max]
+  range_select,    // vector: dst[i] = op0(start + i, bound0) && op1(start + i, bound1) ? src :
+                   // imm1, start = imm0; operands dst, src, bound0, bound1, [row max if acc]
+  nonzero_count,   // gpsimd: per 16-partition group's first partition, the indices (+ imm0) of
+                   // src's non-zero elements, padded with imm1, then their count (dst, src)
+  n_gather,        // gpsimd: dst[p, j] = data[p, indices[p, j]] (dst, data, indices)
+  stream_shuffle,  // vector: dst[q*32 + i] = src[q*32 + table[i]] per 32-partition quadrant
+                   // (table[i] = 255 keeps dst partition i)
+  local_gather,    // gpsimd: per 16-partition group, imm0 elements at each index of the group's
+                   // index tile (partition-major, imm1 valid indices) from every partition
+                   // (dst, src, index)
   count_,
 };
 std::string_view opcode_name(Opcode op);
@@ -132,6 +152,19 @@ enum class ActFunc : std::uint8_t {
   silu_dx,
   gelu_dx,
   gelu_tanh_dx,
+  // NKI's gelu_apprx_sigmoid x * sigmoid(1.702 x) and its derivative, and
+  // the other functions of nki.language's activation table.
+  gelu_sigmoid,
+  gelu_sigmoid_dx,
+  sin,
+  cos,
+  arctan,
+  erf,
+  erf_dx,
+  softplus,
+  mish,
+  sign,
+  abs,
   count_,
 };
 std::string_view act_name(ActFunc f);
@@ -182,6 +215,10 @@ struct Instruction {
   // dma_gather / dma_scatter: an index outside the HBM view's rows skips
   // its row (NKI oob_mode.skip) instead of stopping the run (oob_mode.error).
   bool oob_skip = false;
+  // tensor_scalar / tensor_scan: the operand comes first (imm op data); for
+  // select_reduce reverse0 inverts the predicate.
+  bool reverse0 = false, reverse1 = false;
+  std::vector<std::int32_t> table;  // stream_shuffle: 32 source partitions (255: keep)
   int queue = 0;                   // dma_copy: DMA queue id
   int priority = 0;                // dma_copy: priority class (v4)
   PerfMode perf = PerfMode::none;  // load_stationary / multiply_moving

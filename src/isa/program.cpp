@@ -253,7 +253,8 @@ std::vector<std::uint8_t> to_binary(const Program& p) {
         w.u(static_cast<std::uint64_t>(in.func));
         w.f(in.scale);
         w.u((in.accumulate ? 1u : 0u) | (in.negate ? 2u : 0u) | (in.col0 ? 4u : 0u) |
-            (in.col1 ? 8u : 0u) | (in.oob_skip ? 16u : 0u));
+            (in.col1 ? 8u : 0u) | (in.oob_skip ? 16u : 0u) | (in.reverse0 ? 32u : 0u) |
+            (in.reverse1 ? 64u : 0u));
         w.i(in.queue);
         w.i(in.priority);
         w.u(static_cast<std::uint64_t>(in.perf));
@@ -270,6 +271,8 @@ std::vector<std::uint8_t> to_binary(const Program& p) {
         w.u(in.signals.size());
         for (int s : in.signals) w.i(s);
         w.s(in.loc);
+        w.u(in.table.size());
+        for (std::int32_t t : in.table) w.i(t);
       }
     }
   }
@@ -349,6 +352,8 @@ Program parse_program_binary(const std::vector<std::uint8_t>& bytes) {
         in.col0 = flags & 4u;
         in.col1 = flags & 8u;
         in.oob_skip = flags & 16u;
+        in.reverse0 = flags & 32u;
+        in.reverse1 = flags & 64u;
         in.queue = static_cast<int>(r.i());
         in.priority = static_cast<int>(r.i());
         in.perf = r.e<PerfMode>(2, "performance mode");
@@ -365,6 +370,8 @@ Program parse_program_binary(const std::vector<std::uint8_t>& bytes) {
         }
         for (std::uint64_t k = r.count(1); k--;) in.signals.push_back(static_cast<int>(r.i()));
         in.loc = r.s();
+        if (version >= 3)
+          for (std::uint64_t k = r.count(1); k--;) in.table.push_back(static_cast<std::int32_t>(r.i()));
         stream.push_back(std::move(in));
       }
     }

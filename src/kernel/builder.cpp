@@ -270,7 +270,8 @@ void Builder::emit(Instruction in, std::source_location loc) {
       read_dst = in.accumulate;
       break;
     case Opcode::copy_predicated:
-      read_dst = true;  // unselected elements keep their value
+    case Opcode::stream_shuffle:
+      read_dst = true;  // unselected elements / partitions keep their value
       break;
     case Opcode::quantize_mx:
       writes = 2;  // data and scales
@@ -280,8 +281,12 @@ void Builder::emit(Instruction in, std::source_location loc) {
   }
   const bool dma = isa::is_dma(in.op);
   const int producer = dma ? kQueueSem0 + in.queue : engine_sem(in.engine);
-  if ((in.op == Opcode::activation || in.op == Opcode::exponential) && in.accumulate) {
-    // The row sums (last operand) are written too: move them to the front.
+  const bool last_written = in.op == Opcode::activation || in.op == Opcode::exponential ||
+                           in.op == Opcode::select_reduce || in.op == Opcode::range_select ||
+                           in.op == Opcode::match_replace8;
+  if (last_written && in.accumulate) {
+    // The row sums / maxima / indices (last operand) are written too: move
+    // them to the front.
     std::rotate(in.operands.rbegin(), in.operands.rbegin() + 1, in.operands.rend());
     writes = 2;
     record(in, producer, writes, false);

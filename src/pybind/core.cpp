@@ -132,6 +132,14 @@ PYBIND11_MODULE(_core, m) {
           },
           py::arg("p0"), py::arg("np"), py::arg("offset_elems"), py::arg("dims"),
           py::arg("row_stride") = 0)
+      // The same memory seen as another dtype: the byte offset stays; element
+      // strides of later views count elements of the new type.
+      .def("retyped",
+           [](const Tensor& t, const std::string& dt) {
+             Tensor v = t;
+             v.ap.dtype = isa::parse_dtype(dt);
+             return v;
+           })
       .def("__repr__", [](const Tensor& t) { return isa::to_string(t.ap); });
 
   py::enum_<isa::Engine>(m, "Engine")
@@ -200,6 +208,12 @@ PYBIND11_MODULE(_core, m) {
                       const std::string& dt) { return b.psum(p, f, isa::parse_dtype(dt)); })
       .def("dma_copy", [](Builder& b, const Tensor& d, const Tensor& s, int queue, bool acc,
                           isa::Engine e) { b.dma_copy(d, s, queue, acc, e); })
+      .def("dma_gather",
+           [](Builder& b, const Tensor& d, const Tensor& table, const Tensor& idx, int queue,
+              bool oob_skip, isa::Engine e) { b.dma_gather(d, table, idx, queue, oob_skip, e); })
+      .def("dma_scatter",
+           [](Builder& b, const Tensor& table, const Tensor& s, const Tensor& idx, int queue,
+              bool acc, isa::Engine e) { b.dma_scatter(table, s, idx, queue, acc, e); })
       .def("dma_transpose",
            [](Builder& b, const Tensor& d, const Tensor& s) { b.dma_transpose(d, s); })
       .def("matmul",
@@ -255,6 +269,35 @@ PYBIND11_MODULE(_core, m) {
                  int cmp, float fill) { b.affine_select(d, s, off, pp, pe, alu(cmp), fill); })
       .def("partition_reduce", [alu](Builder& b, const Tensor& d, const Tensor& s,
                                      int op) { b.partition_reduce(d, s, alu(op)); })
+      // Any instruction by opcode name, its dependencies tracked like the
+      // named builders' (destination first; see isa::Opcode for operands).
+      .def(
+          "emit_op",
+          [](Builder& b, const std::string& op, isa::Engine e, const std::vector<Tensor>& operands,
+             int alu0, int alu1, float imm0, float imm1, float imm2, float imm3, bool acc,
+             bool col0, bool rev0, bool rev1, std::vector<std::int32_t> table) {
+            isa::Instruction in;
+            in.op = isa::parse_opcode(op);
+            in.engine = e;
+            for (const auto& t : operands) in.operands.push_back(t.ap);
+            in.alu0 = static_cast<isa::AluOp>(alu0);
+            in.alu1 = static_cast<isa::AluOp>(alu1);
+            in.imm0 = imm0;
+            in.imm1 = imm1;
+            in.imm2 = imm2;
+            in.imm3 = imm3;
+            in.accumulate = acc;
+            in.col0 = col0;
+            in.reverse0 = rev0;
+            in.reverse1 = rev1;
+            in.table = std::move(table);
+            b.emit(std::move(in));
+          },
+          py::arg("op"), py::arg("engine"), py::arg("operands"), py::arg("alu0") = 0,
+          py::arg("alu1") = 0, py::arg("imm0") = 0.0f, py::arg("imm1") = 0.0f,
+          py::arg("imm2") = 0.0f, py::arg("imm3") = 0.0f, py::arg("acc") = false,
+          py::arg("col0") = false, py::arg("rev0") = false, py::arg("rev1") = false,
+          py::arg("table") = std::vector<std::int32_t>{})
       .def("finish", &Builder::finish);
 
   m.def(

@@ -46,9 +46,19 @@ bool engine_allowed(Opcode op, Engine e) {
     case Opcode::select:
     case Opcode::copy_predicated:
     case Opcode::exponential:
+    case Opcode::max8:
+    case Opcode::find_index8:
+    case Opcode::match_replace8:
+    case Opcode::tensor_scan:
+    case Opcode::select_reduce:
+    case Opcode::range_select:
+    case Opcode::stream_shuffle:
       return e == Engine::vector;
     case Opcode::affine_select:
     case Opcode::partition_reduce:
+    case Opcode::nonzero_count:
+    case Opcode::n_gather:
+    case Opcode::local_gather:
       return e == Engine::gpsimd;
     case Opcode::activation:
       return e == Engine::scalar;
@@ -113,6 +123,21 @@ Arity arity(Opcode op) {
       return {3, 3};  // dst, src, index tile
     case Opcode::exponential:
       return {2, 4};  // dst, src, [sub [P,1]], [row sums [P,1] if acc]
+    case Opcode::max8:
+    case Opcode::nonzero_count:
+    case Opcode::stream_shuffle:
+      return {2, 2};
+    case Opcode::find_index8:
+    case Opcode::n_gather:
+    case Opcode::local_gather:
+      return {3, 3};
+    case Opcode::match_replace8:
+    case Opcode::tensor_scan:
+      return {3, 4};  // [indices] / [initial column]
+    case Opcode::select_reduce:
+      return {3, 5};  // dst, pred, on_true, [on_false column], [row max]
+    case Opcode::range_select:
+      return {4, 5};  // dst, src, bound0, bound1, [row max]
     case Opcode::count_:
       break;
   }
@@ -547,6 +572,7 @@ std::string check_instruction(const arch::ChipSpec& chip, const isa::Program& pr
       }
       break;
     default:
+      if (auto e = select_rules(chip, in); !e.empty()) return e;
       break;
   }
   for (const auto& w : in.waits) {

@@ -16,6 +16,9 @@ namespace tern::sim {
 std::string check_instruction(const arch::ChipSpec& chip, const isa::Program& program,
                               const isa::Instruction& in);
 
+// The rules of the selection, search and scan instructions (check_select.cpp).
+std::string select_rules(const arch::ChipSpec& chip, const isa::Instruction& in);
+
 // "core 0, vector instruction #3 (tensor_tensor) at kernel.cpp:12"
 std::string where(int core, const isa::Instruction& in, std::size_t index);
 

@@ -105,6 +105,33 @@ double CostModel::cycles(const isa::Instruction& in, bool dependent) const {
     case Opcode::iota:
       c = gpsimd + n;  // GpSimd ~150 + N (hardware.md section 3)
       break;
+    // Selection, search and scan (the NKI API reference's estimated costs;
+    // N = source elements per partition).
+    case Opcode::max8:
+    case Opcode::find_index8:
+      c = static_cast<double>(in.operands[1].free_size()) * penalty;
+      break;
+    case Opcode::match_replace8:
+    case Opcode::select_reduce:
+    case Opcode::range_select:
+    case Opcode::stream_shuffle:
+      c = std::max(min_ii, static_cast<double>(in.operands[1].free_size()) * penalty);
+      break;
+    case Opcode::tensor_scan:
+      c = std::max(min_ii, 2.0 * n * penalty);
+      break;
+    case Opcode::nonzero_count:
+    case Opcode::n_gather:
+      c = gpsimd + static_cast<double>(in.operands[1].free_size());
+      break;
+    case Opcode::local_gather: {
+      // 150 + indices x elements / C, C = ((28 + 4k) / 4k) / min(4 / dtype bytes, k)
+      const double k = in.imm0, t = 4.0;
+      const double per = std::min(4.0 / isa::size_bytes(d.dtype), k);
+      const double cc = ((28.0 + t * k) / (t * k)) / per;
+      c = gpsimd + in.imm1 * k / cc;
+      break;
+    }
     case Opcode::tensor_scalar:
     case Opcode::tensor_copy:
     default:

@@ -1,5 +1,7 @@
 #include "sim/simulator.h"
 
+#include "isa/select_ops.h"
+
 #include "num/mx.h"
 
 #include <algorithm>
@@ -695,6 +697,10 @@ struct Simulator::Impl {
         break;
       }
       case Opcode::tensor_scalar: {
+        if (in.reverse0 || in.reverse1) {
+          tensor_scalar_reversed(core, in);
+          break;
+        }
         if (all_int(in)) {
           auto a = read_int(core, ops[1], "the source");
           const bool sgn = signed_int(ops[1].dtype);
@@ -932,6 +938,18 @@ struct Simulator::Impl {
         });
         break;
       }
+      case Opcode::max8:
+      case Opcode::find_index8:
+      case Opcode::match_replace8:
+      case Opcode::tensor_scan:
+      case Opcode::select_reduce:
+      case Opcode::range_select:
+      case Opcode::nonzero_count:
+      case Opcode::n_gather:
+      case Opcode::stream_shuffle:
+      case Opcode::local_gather:
+        execute_select(core, in);
+        break;
       case Opcode::dma_gather:
       case Opcode::dma_scatter:
         indirect_dma(core, in);
@@ -942,6 +960,181 @@ struct Simulator::Impl {
       case Opcode::count_:
         break;
     }
+  }
+
+  // One partition of an SBUF/PSUM operand.
+  static AccessPattern partition_of(const AccessPattern& ap, int r) {
+    AccessPattern p = ap;
+    p.start_partition += r;
+    p.partitions = 1;
+    return p;
+  }
+
+  // The selection, search and scan instructions, row by row through the
+  // definitions in isa/select_ops.h.
+  void execute_select(int core, const Instruction& in) {
+    const auto& ops = in.operands;
+    const AccessPattern& d = ops[0];
+    const std::size_t rows = static_cast<std::size_t>(d.rows());
+    const std::size_t f = static_cast<std::size_t>(d.free_size());
+    switch (in.op) {
+      case Opcode::max8:
+      case Opcode::find_index8:
+      case Opcode::match_replace8: {
+        Floats x = read(core, ops[1], "the source");
+        const std::size_t n = static_cast<std::size_t>(ops[1].free_size());
+        Floats vals, out(rows * 8), idx(rows * 8);
+        if (in.op != Opcode::max8) vals = read(core, ops[2], "vals");
+        for (std::size_t r = 0; r < rows; ++r) {
+          float* row = x.data() + r * n;
+          if (in.op == Opcode::max8) isa::max8_row(row, n, out.data() + r * 8);
+          if (in.op == Opcode::find_index8)
+            isa::find_index8_row(row, n, vals.data() + r * 8, out.data() + r * 8);
+          if (in.op == Opcode::match_replace8)
+            isa::match_replace8_row(row, n, vals.data() + r * 8, in.imm0, idx.data() + r * 8);
+        }
+        if (in.op == Opcode::match_replace8) {
+          write(core, d, x);
+          if (ops.size() == 4) write(core, ops[3], idx);
+        } else {
+          write(core, d, out);
+        }
+        break;
+      }
+      case Opcode::tensor_scan: {
+        const Floats a = read(core, ops[1], "data0");
+        const Floats b = read(core, ops[2], "data1");
+        const Floats init = in.col0 ? read(core, ops[3], "the initial value") : Floats{};
+        Floats out(rows * f);
+        for (std::size_t r = 0; r < rows; ++r)
+          isa::scan_row(a.data() + r * f, b.data() + r * f, f, in.col0 ? init[r] : in.imm0, in.alu0,
+                        in.alu1, in.reverse0, in.reverse1, out.data() + r * f);
+        write(core, d, out);
+        break;
+      }
+      case Opcode::select_reduce:
+      case Opcode::range_select: {
+        const bool sel = in.op == Opcode::select_reduce;
+        const Floats p = sel ? read(core, ops[1], "the predicate") : Floats{};
+        Floats x = read(core, ops[sel ? 2 : 1], sel ? "on_true" : "on_true_tile");
+        const Floats fill = sel && in.col0 ? read(core, ops[3], "on_false") : Floats{};
+        const Floats b0 = sel ? Floats{} : read(core, ops[2], "bound0");
+        const Floats b1 = sel ? Floats{} : read(core, ops[3], "bound1");
+        Floats mx(rows, -std::numeric_limits<float>::infinity());
+        for (std::size_t r = 0; r < rows; ++r) {
+          for (std::size_t i = 0; i < f; ++i) {
+            float& v = x[r * f + i];
+            bool keep;
+            if (sel) {
+              keep = (p[r * f + i] != 0.0f) != in.reverse0;
+            } else {
+              const float at = in.imm0 + static_cast<float>(i);
+              keep = isa::apply_alu(in.alu0, at, b0[r]) != 0.0f &&
+                     isa::apply_alu(in.alu1, at, b1[r]) != 0.0f;
+            }
+            if (!keep) v = sel ? (in.col0 ? fill[r] : in.imm0) : in.imm1;
+            mx[r] = std::max(mx[r], v);
+          }
+        }
+        write(core, d, x);
+        if (in.accumulate) write(core, ops.back(), mx);
+        break;
+      }
+      case Opcode::nonzero_count: {
+        // Each GpSimd core works on the first partition of its 16.
+        const std::size_t n = static_cast<std::size_t>(ops[1].free_size());
+        for (int r = 0; r < d.rows(); ++r) {
+          if ((d.start_partition + r) % 16 != 0) continue;
+          const Floats x = read(core, partition_of(ops[1], r), "the source");
+          Floats out(n + 1);
+          isa::nonzero_row(x.data(), n, in.imm0, in.imm1, out.data());
+          write(core, partition_of(d, r), out);
+        }
+        break;
+      }
+      case Opcode::n_gather: {
+        const Floats x = read(core, ops[1], "the data");
+        const auto idx = read_int(core, ops[2], "the indices");
+        const std::size_t n = static_cast<std::size_t>(ops[1].free_size());
+        Floats out(rows * f);
+        for (std::size_t r = 0; r < rows; ++r)
+          for (std::size_t j = 0; j < f; ++j) {
+            const std::int64_t k = idx[r * f + j];
+            if (k < 0 || static_cast<std::size_t>(k) >= n)
+              throw Error(fmt::format("nc_n_gather index {} outside the {} data elements of partition {}",
+                                      k, n, r));
+            out[r * f + j] = x[r * n + static_cast<std::size_t>(k)];
+          }
+        write(core, d, out);
+        break;
+      }
+      case Opcode::stream_shuffle: {
+        // Every source partition is read before any destination is written
+        // (in-place shuffles see the old values).
+        std::vector<Floats> src(rows);
+        for (std::size_t r = 0; r < rows; ++r) {
+          const std::int32_t t = in.table[r % 32];
+          if (t == 255) continue;
+          const int from = static_cast<int>(r / 32 * 32) + t;
+          if (from >= ops[1].rows())
+            throw Error(fmt::format("nc_stream_shuffle reads source partition {} of {}", from,
+                                    ops[1].rows()));
+          src[r] = read(core, partition_of(ops[1], from), "the source");
+        }
+        for (std::size_t r = 0; r < rows; ++r)
+          if (in.table[r % 32] != 255) write(core, partition_of(d, static_cast<int>(r)), src[r]);
+        break;
+      }
+      case Opcode::local_gather: {
+        // 16-partition groups: the group's indices in partition-major order
+        // (index[p, j] for p then j... flattened column by column), each
+        // selecting imm0 consecutive elements of every partition of the group.
+        const auto k = static_cast<std::size_t>(in.imm0);
+        const auto valid = static_cast<std::size_t>(in.imm1);
+        const Floats x = read(core, ops[1], "the source");
+        const auto idx = read_int(core, ops[2], "the index");
+        const std::size_t n = static_cast<std::size_t>(ops[1].free_size());
+        const std::size_t ni = static_cast<std::size_t>(ops[2].free_size());
+        if (f < valid * k) throw Error("local_gather destination is too small for its indices");
+        Floats out(rows * f, 0.0f);
+        for (std::size_t g = 0; g < rows / 16; ++g) {
+          std::vector<std::int64_t> flat;
+          for (std::size_t j = 0; j < ni; ++j)
+            for (std::size_t p = 0; p < 16; ++p) flat.push_back(idx[(g * 16 + p) * ni + j]);
+          for (std::size_t p = 0; p < 16; ++p)
+            for (std::size_t v = 0; v < valid && v < flat.size(); ++v)
+              for (std::size_t e = 0; e < k; ++e) {
+                const std::size_t at = static_cast<std::size_t>(flat[v]) * k + e;
+                if (at >= n) throw Error(fmt::format("local_gather index {} is out of range", flat[v]));
+                out[(g * 16 + p) * f + v * k + e] = x[(g * 16 + p) * n + at];
+              }
+        }
+        write(core, d, out);
+        break;
+      }
+      default:
+        break;
+    }
+  }
+
+  // tensor_scalar with an operand first (imm op data), element by element.
+  void tensor_scalar_reversed(int core, const Instruction& in) {
+    const auto& ops = in.operands;
+    Floats a = read(core, ops[1], "the source");
+    std::size_t next = 2;
+    const Floats c0 = in.col0 ? read(core, ops[next++], "column 0") : Floats{};
+    const Floats c1 = in.col1 ? read(core, ops[next++], "column 1") : Floats{};
+    const std::size_t f = static_cast<std::size_t>(ops[0].free_size());
+    auto step = [](isa::AluOp op, float x, float v, bool rev) {
+      if (op == isa::AluOp::bypass) return x;
+      return rev ? isa::apply_alu(op, v, x) : isa::apply_alu(op, x, v);
+    };
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      const std::size_t r = i / f;
+      const float v0 = in.col0 ? c0[r] : in.imm0, v1 = in.col1 ? c1[r] : in.imm1;
+      a[i] = step(in.alu1, step(in.alu0, a[i], v0, in.reverse0), v1, in.reverse1);
+    }
+    write(core, ops[0], a);
   }
 
   // dma_gather / dma_scatter. The index tile is [P, K]; the SBUF operand's

@@ -158,6 +158,8 @@ class Kernel:
                 tr.builder.set_core(pid % tr.cores)
                 result = self.fn(*bound.args, **bound.kwargs)
             tr.finish()
+        for name, arr, dt in tr.constants:
+            inputs.append(Input(name, None, dt, None if self.mode == "timing" else _io.encode(arr, dt)))
         names = {i.name for i in inputs}
         for o in _flatten(result):
             if not isinstance(o, nl.NkiTensor) or o.buffer not in (nl.shared_hbm, nl.hbm, nl.private_hbm):
@@ -168,6 +170,8 @@ class Kernel:
         return tr, result, inputs
 
     def __call__(self, *args, **kwargs):
+        if _tracer._current is not None:  # a kernel called from a kernel: inlined
+            return self.fn(*args, **kwargs)
         chip = _core.load_chip(_tracer.target_name(self.platform_target))
         ranks = self.ranks or 1
         traced = [self._trace(chip, r, ranks, args, kwargs) for r in range(ranks)]
@@ -215,6 +219,8 @@ def results(sim, tr, result, inputs):
         print(prefix, sim.read(name).reshape(shape))
     as_torch = any(_io.is_torch(i.array) for i in inputs)
     for i in inputs:
+        if i.array is None:
+            continue
         after = sim.read_bytes(i.name)
         if not np.array_equal(after, i.raw):
             _io.write_back(i.array, after, i.dtype)

@@ -96,6 +96,7 @@ class Trace:
         self.matmul_targets = set()  # PSUM regions already written by a matmul
         self.open = True
         self.prints = []  # (prefix, hidden HBM output, shape) of nl.device_print
+        self.constants = []  # (hidden HBM input, array, dtype) of nl.shared_constant
 
     def __enter__(self):
         global _current

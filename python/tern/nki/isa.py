@@ -1,36 +1,68 @@
-"""nki.isa for tern: one simulated instruction per call, destination first,
-with the public NKI parameter names. Calls tern does not implement raise
+"""nki.isa for tern: one simulated instruction per call (a few calls are
+two or three; docs/nki.md says which), destination first, with the public
+NKI parameter names and enums. Calls tern does not implement raise
 NotImplementedError naming the call (see docs/nki.md)."""
+import enum
+import functools
+
 from tern import _core
+from tern.nki import _ops
+from tern.nki import _tensor as T
 from tern.nki import _tracer
 from tern.nki import language as nl
+from tern.nki.isa_enums import (dge_mode, engine, matmul_perf_mode, nc_version, oob_mode,  # noqa: F401
+                                reduce_cmd)
+from tern.nki import isa_enums as constants  # noqa: F401  (nki.isa.constants)
 
-# Engines (the `engine=` parameter).
-tensor_engine = _core.Engine.tensor
-vector_engine = _core.Engine.vector
-scalar_engine = _core.Engine.scalar
-gpsimd_engine = _core.Engine.gpsimd
-sync_engine = _core.Engine.sync
-unknown_engine = None
+tensor_engine, vector_engine, scalar_engine = engine.tensor, engine.vector, engine.scalar
+gpsimd_engine, sync_engine, dma_engine, unknown_engine = engine.gpsimd, engine.sync, engine.dma, engine.unknown
+
+_CORE_ENGINE = {engine.tensor: _core.Engine.tensor, engine.vector: _core.Engine.vector,
+                engine.scalar: _core.Engine.scalar, engine.gpsimd: _core.Engine.gpsimd,
+                engine.sync: _core.Engine.sync, engine.dma: _core.Engine.sync}
 
 
-class matmul_perf_mode:
-    none = None
-    double_row = "double_row"
+def get_nc_version():
+    """The NeuronCore generation of the current target (gen2 trn1, gen3
+    trn2, gen4 trn3)."""
+    tr = _tracer._current
+    chip = tr.chip if tr is not None else _core.load_chip(_tracer.target_name())
+    return nc_version(chip.core_version)
 
 
 def _t(x, what):
-    if not isinstance(x, nl.NkiTensor):
-        raise TypeError(f"{what} must be an nki tensor, got {type(x).__name__}")
+    if not isinstance(x, T.NkiTensor):
+        raise TypeError(f"{what} must be an nki tensor, got {type(x).__name__} ({_tracer.kernel_location()})")
     return x._tensor()
 
 
 def _alu(op, what="op"):
     if op is None:
         return _core.alu_op("bypass")
-    if not isinstance(op, nl._Op) or op.alu is None:
+    o = _ops.resolve(op)
+    if o.alu is None:
         raise ValueError(f"{what}={op!r} is not an ALU operator (nl.add, nl.multiply, ...)")
-    return _core.alu_op(op.alu)
+    return _core.alu_op(o.alu)
+
+
+def _engine(e, default):
+    """The simulator engine for `engine=` (None / unknown: the default)."""
+    if e is None or e == engine.unknown or e == 0:
+        return default
+    if isinstance(e, _core.Engine):
+        return e
+    return _CORE_ENGINE[engine(e)]
+
+
+def _noop_when_empty(fn):
+    """An operand with no elements (an empty slice): the call does nothing."""
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except T.Empty:
+            return None
+    return call
 
 
 def _auto_accumulate(dst, view, accumulate):
@@ -42,40 +74,67 @@ def _auto_accumulate(dst, view, accumulate):
     if accumulate is None:
         accumulate = key in written
     written.add(key)
-    return accumulate
+    return bool(accumulate)
 
 
-def _engine(engine, default):
-    return default if engine is None else engine
-
-
-def _broadcast_column(col, like):
-    """A [P, 1] tensor seen as [P, free...] through stride-0 free dims."""
-    if col.shape[0] != like.shape[0] or col.shape[1:] not in ((), (1,)):
-        raise ValueError(f"a tensor operand must be a [{like.shape[0]}, 1] column, got {col.shape}")
+def _column(col, like, what="a tensor operand"):
+    """A [P, 1] (or [P]) tensor seen as [P, free...] through stride-0 free dims."""
+    if col.shape[0] != like.shape[0] or col.size != col.shape[0]:
+        raise ValueError(f"{what} must be a [{like.shape[0]}, 1] column, got {col.shape} "
+                         f"({_tracer.kernel_location()})")
     free = [(0, c) for c in like.shape[1:]]
-    return nl.NkiTensor(col._base, col.buffer, col.dtype, col._p0, col._np, col._off, free, col.name,
-                        col._row_stride, col._alloc)
+    return col._like(col._p0, col._np, col._off, free)
+
+
+def _as_col(col):
+    """A [P] / [P, 1, ...] column as a [P, 1] view."""
+    return col._like(col._p0, col._np, col._off, [(1, 1)])
+
+
+def _scratch(shape, dtype="float32"):
+    return nl.ndarray(tuple(shape), dtype, buffer=nl.sbuf)
+
+
+def _emit(op, eng, operands, **kw):
+    _tracer.current().at().emit_op(op, eng, [o._tensor() for o in operands], **kw)
 
 
 # ------------------------------------------------------------ data movement
-def dma_copy(dst, src, dst_rmw_op=None, engine=None, name=None, **unsupported):
-    """dst <- src (cast through FP32); dst_rmw_op=nl.add accumulates into dst."""
-    _reject("dma_copy", unsupported)
-    if dst_rmw_op not in (None, nl.add):
-        raise NotImplementedError(f"not supported: dma_copy(dst_rmw_op={dst_rmw_op!r}): only nl.add")
+def _indirect(x):
+    return getattr(x, "_indirect", None)
+
+
+def dma_copy(dst, src, dst_rmw_op=None, oob_mode=oob_mode.error, dge_mode=dge_mode.unknown,
+             unique_indices=True, engine=None, name=None, mask=None):
+    """dst <- src (cast through FP32); dst_rmw_op=nl.add accumulates into dst.
+    A view with vector_offset / scalar_offset (.ap) gathers or scatters rows
+    by indices read from SBUF at run time."""
+    if dst_rmw_op is not None and _ops.resolve(dst_rmw_op) is not nl.add:
+        raise NotImplementedError(f"not supported: dma_copy(dst_rmw_op={dst_rmw_op!r}): only nl.add "
+                                  "(as the hardware)")
+    skip = oob_mode is not None and int(oob_mode) == int(globals()["oob_mode"].skip)
+    if _indirect(src) or _indirect(dst):
+        from tern.nki import _indirect as ind
+        ind.dma(dst, src, dst_rmw_op is not None, skip, _engine(engine, _core.Engine.sync))
+        return
     b = _tracer.current().at()
-    b.dma_copy(_t(dst, "dst"), _t(src, "src"), -1, dst_rmw_op is nl.add, _engine(engine, sync_engine))
+    b.dma_copy(_t(dst, "dst"), _t(_fit_dma(src, dst), "src"), -1, dst_rmw_op is not None,
+               _engine(engine, _core.Engine.sync))
 
 
-def dma_compute(dst, srcs, reduce_op, scales=None, name=None, **unsupported):
+def _fit_dma(src, dst):
+    """DMA sources and destinations may differ in shape when the element
+    counts match (unit dims: (n,) vs (n, 1), (N,) vs (1, N))."""
+    return src
+
+
+def dma_compute(dst, srcs, reduce_op, scales=None, name=None):
     """dst = srcs[0] + srcs[1] + ... in the DMA engines (FP32 inside); like
     the hardware, only reduce_op=nl.add and scales of 1.0."""
-    _reject("dma_compute", unsupported)
-    if reduce_op is not nl.add:
+    if _ops.resolve(reduce_op) is not nl.add:
         raise NotImplementedError(f"not supported: dma_compute(reduce_op={reduce_op!r}): only nl.add")
     if scales is not None and any(float(x) != 1.0 for x in scales):
-        raise NotImplementedError("not supported: dma_compute with scales other than 1.0")
+        raise NotImplementedError("not supported: dma_compute with scales other than 1.0 (as the hardware)")
     srcs = list(srcs)
     if not srcs:
         raise ValueError("dma_compute needs at least one source")
@@ -83,159 +142,271 @@ def dma_compute(dst, srcs, reduce_op, scales=None, name=None, **unsupported):
     d = _t(dst, "dst")
     rest = [x for x in srcs if x is not dst]
     if len(rest) == len(srcs):  # dst is not a source: start from the first
-        b.dma_copy(d, _t(rest.pop(0), "srcs[0]"), -1, False, sync_engine)
+        b.dma_copy(d, _t(rest.pop(0), "srcs[0]"), -1, False, _core.Engine.sync)
     for x in rest:
-        b.dma_copy(d, _t(x, "srcs"), -1, True, sync_engine)
+        b.dma_copy(d, _t(x, "srcs"), -1, True, _core.Engine.sync)
 
 
-def dma_transpose(dst, src, name=None):
-    _tracer.current().at().dma_transpose(_t(dst, "dst"), _t(src, "src"))
+def dma_transpose(dst, src, axes=None, dge_mode=dge_mode.unknown, oob_mode=oob_mode.error, name=None):
+    """dst = src transposed (2-byte types; axes (1, 0), or the 4-D (3, 1, 2, 0)
+    whose middle dims are 1)."""
+    if axes is not None and tuple(axes) not in ((1, 0), (2, 1, 0), (3, 1, 2, 0)):
+        raise NotImplementedError(f"not supported: dma_transpose(axes={tuple(axes)})")
+    s, d = src, dst
+    if s.ndim > 2:
+        s = s.reshape((s.shape[0], s.size // s.shape[0])) if s.shape[-1] == s.size // s.shape[0] else s
+    if d.ndim > 2:
+        d = d.reshape((d.shape[0], d.size // d.shape[0]))
+    _tracer.current().at().dma_transpose(_t(d, "dst"), _t(s, "src"))
 
 
 # ----------------------------------------------------------------- tensor
 def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_onezero=False, is_transpose=False,
-              accumulate=None, tile_position=(), tile_size=(), perf_mode=None, name=None):
+              accumulate=None, tile_position=(), tile_size=(), perf_mode=None, name=None, **hints):
     """dst[M, N] (+)= stationary[K, M].T @ moving[K, N] on the Tensor engine.
     accumulate=None accumulates when this PSUM region was written by an
-    earlier matmul of the kernel (the first one overwrites)."""
-    if is_transpose or tile_position or tile_size:
-        raise NotImplementedError("not supported: nc_matmul with is_transpose / tile_position / tile_size")
+    earlier matmul of the kernel (the first one overwrites). is_transpose:
+    the PE array's exact transpose of stationary (moving is the identity).
+    tile_position / tile_size place the matmul on a part of the PE array:
+    the values are the same (timing as a whole-array matmul)."""
     tr = _tracer.current()
-    d = _t(dst, "dst")
-    accumulate = _auto_accumulate(dst, d, accumulate)
-    tr.at().matmul(d, _t(stationary, "stationary"), _t(moving, "moving"), bool(accumulate),
-                   perf_mode == matmul_perf_mode.double_row)
+    st, mv = _flat2(stationary), _flat2(moving)
+    d = dst if dst.ndim == 2 else dst.reshape((dst.shape[0], dst.size // dst.shape[0]))
+    if is_transpose:
+        tr.at().transpose(_t(d, "dst"), _t(st, "stationary"), _core.Engine.tensor)
+        return
+    dv = _t(d, "dst")
+    acc = _auto_accumulate(d, dv, accumulate)
+    double = perf_mode is not None and str(getattr(perf_mode, "value", perf_mode)).startswith("double_row")
+    tr.at().matmul(dv, _t(st, "stationary"), _t(mv, "moving"), acc, double)
+
+
+def _flat2(x):
+    """A tile seen as [P, F] (its free dims flattened)."""
+    if x.ndim == 2:
+        return x
+    if x.ndim == 1:
+        return x._like(x._p0, x._np, x._off, [(1, 1)])
+    return x.reshape((x.shape[0], x.size // x.shape[0]))
 
 
 def nc_matmul_mx(dst, stationary, moving, stationary_scale, moving_scale, tile_position=None, tile_size=None,
                  accumulate=None, name=None):
     """MX matmul (trn3): x4-packed data with E8M0 scales [P/8, F]."""
-    if tile_position or tile_size:
-        raise NotImplementedError("not supported: nc_matmul_mx with tile_position / tile_size")
     tr = _tracer.current()
-    d = _t(dst, "dst")
-    accumulate = _auto_accumulate(dst, d, accumulate)
-    tr.at().matmul_mx(d, _t(stationary, "stationary"), _t(stationary_scale, "stationary_scale"),
-                      _t(moving, "moving"), _t(moving_scale, "moving_scale"), bool(accumulate))
+    d = dst if dst.ndim == 2 else dst.reshape((dst.shape[0], dst.size // dst.shape[0]))
+    dv = _t(d, "dst")
+    acc = _auto_accumulate(d, dv, accumulate)
+    tr.at().matmul_mx(dv, _t(stationary, "stationary"), _t(stationary_scale, "stationary_scale"),
+                      _t(moving, "moving"), _t(moving_scale, "moving_scale"), acc)
 
 
 def nc_transpose(dst, data, engine=None, name=None):
     """Tensor engine (<= 128 x 128, into PSUM) or Vector engine (<= 32 x 32)."""
-    default = tensor_engine if dst.buffer is nl.psum else vector_engine
-    _tracer.current().at().transpose(_t(dst, "dst"), _t(data, "data"), _engine(engine, default))
+    default = _core.Engine.tensor if dst.buffer is nl.psum else _core.Engine.vector
+    _tracer.current().at().transpose(_t(_flat2(dst), "dst"), _t(_flat2(data), "data"), _engine(engine, default))
 
 
 # ------------------------------------------------------- vector / scalar
-def tensor_tensor(dst, data1, data2, op, engine=None, name=None):
+def tensor_tensor(dst, data1, data2, op, engine=None, name=None, **hints):
+    """dst = data1 op data2 elementwise (Vector; GpSimd with engine=)."""
     _tracer.current().at().tensor_tensor(_t(dst, "dst"), _t(data1, "data1"), _t(data2, "data2"), _alu(op),
-                                         _engine(engine, vector_engine))
+                                         _engine(engine, _core.Engine.vector))
+
+
+def _is_tile(x):
+    return isinstance(x, T.NkiTensor)
 
 
 def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=None, reverse1=False,
-                  engine=None, name=None):
-    """(data op0 operand0) op1 operand1; operands are scalars or [P, 1] columns."""
-    if reverse0 or reverse1:
-        raise NotImplementedError("not supported: tensor_scalar with reverse0 / reverse1")
-    eng = _engine(engine, vector_engine)
+                  engine=None, name=None, **hints):
+    """(data op0 operand0) op1 operand1; operands are scalars or [P, 1]
+    columns; reverse0 / reverse1 put the operand first (operand op data)."""
+    eng = _engine(engine, _core.Engine.vector)
     b = _tracer.current().at()
-    tensors = isinstance(operand0, nl.NkiTensor) or isinstance(operand1, nl.NkiTensor)
-    if not tensors:
+    tensors = _is_tile(operand0) or _is_tile(operand1)
+    if not tensors and not (reverse0 or reverse1):
         b.tensor_scalar(_t(dst, "dst"), _t(data, "data"), _alu(op0, "op0"), float(operand0), _alu(op1, "op1"),
                         0.0 if operand1 is None else float(operand1), eng)
         return
-    # Column operands: one tensor_tensor per stage against the broadcast column.
-    if eng is scalar_engine:
-        eng = vector_engine
-    for i, (op, operand) in enumerate(((op0, operand0), (op1, operand1))):
+    if not tensors:
+        _emit("tensor_scalar", eng, [dst, data], alu0=_alu(op0, "op0"), alu1=_alu(op1, "op1"),
+              imm0=float(operand0), imm1=0.0 if operand1 is None else float(operand1), rev0=bool(reverse0),
+              rev1=bool(reverse1))
+        return
+    # Column operands: one instruction per stage against the column.
+    for i, (op, operand, rev) in enumerate(((op0, operand0, reverse0), (op1, operand1, reverse1))):
         if op is None:
             break
         src = data if i == 0 else dst
-        if isinstance(operand, nl.NkiTensor):
-            b.tensor_tensor(_t(dst, "dst"), _t(src, "data"), _broadcast_column(operand, dst)._tensor(),
-                            _alu(op), eng)
+        if _is_tile(operand):
+            if rev:
+                _emit("tensor_scalar", eng, [dst, src, _as_col(operand)], alu0=_alu(op), col0=True, rev0=True)
+            else:
+                b.tensor_tensor(_t(dst, "dst"), _t(src, "data"), _column(operand, dst)._tensor(), _alu(op),
+                                eng if eng != _core.Engine.scalar else _core.Engine.vector)
         else:
-            b.tensor_scalar(_t(dst, "dst"), _t(src, "data"), _alu(op), float(operand), _alu(None), 0.0, eng)
+            _emit("tensor_scalar", eng, [dst, src], alu0=_alu(op), imm0=float(operand), rev0=bool(rev))
 
 
-def tensor_copy(dst, src, engine=None, name=None):
-    _tracer.current().at().tensor_copy(_t(dst, "dst"), _t(src, "src"), _engine(engine, vector_engine))
+def tensor_copy(dst, src, engine=None, name=None, dtype=None, **hints):
+    """dst = src (bit-exact for equal dtypes, else through FP32)."""
+    _tracer.current().at().tensor_copy(_t(dst, "dst"), _t(src, "src"), _engine(engine, _core.Engine.vector))
 
 
-def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
-    """Reduces the free dims of data (tern reduces all free dims: axis must name them all)."""
+def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None, dtype=None):
+    """Reduces the innermost free dims of data (as many as `axis` names:
+    NKI's axes count from the most minor free dim) into dst."""
+    from tern.nki import _functions as F
     axes = (axis,) if isinstance(axis, int) else tuple(axis)
-    if sorted(a % data.ndim for a in axes) != list(range(1, data.ndim)):
-        raise NotImplementedError(f"not supported: tensor_reduce over axis={axis} of a {data.ndim}-d tile: tern reduces "
-                                  "all free dims")
-    _tracer.current().at().tensor_reduce(_t(dst, "dst"), _t(data, "data"), _alu(op), bool(negate))
+    k = len(axes)
+    if not 1 <= k < data.ndim + (1 if data.ndim == 1 else 0):
+        raise ValueError(f"tensor_reduce(axis={axis}) on a {data.ndim}-d tile ({_tracer.kernel_location()})")
+    if data.ndim == 1:
+        data = _as_col(data)
+    reduced = list(range(data.ndim - k, data.ndim))
+    if reduced == list(range(1, data.ndim)):
+        _tracer.current().at().tensor_reduce(_t(_as_col(dst), "dst"), _t(data, "data"), _alu(op), bool(negate))
+        return
+    kept = [data.shape[d] for d in range(1, data.ndim - k)]
+    flat = dst.reshape((dst.shape[0],) + tuple(kept)) if dst.size == dst.shape[0] * _prod(kept) else dst
+    F.reduce(op, data, reduced, keepdims=False, negate=negate, dst=flat)
 
 
-def memset(dst, value, engine=None, name=None):
-    _tracer.current().at().memset(_t(dst, "dst"), float(value), _engine(engine, vector_engine))
+def _prod(xs):
+    out = 1
+    for x in xs:
+        out *= x
+    return out
 
 
-def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=None, name=None):
-    """dst = op(data * scale + bias) on the Scalar engine; reduce_res gets the row sums."""
-    if not isinstance(op, nl._Op) or op.act is None:
+def memset(dst, value, engine=None, name=None, **hints):
+    _tracer.current().at().memset(_t(dst, "dst"), float(value), _engine(engine, _core.Engine.vector))
+
+
+class _ScalarAccumulator:
+    """The Scalar engine's per-partition reduce registers (reduce_cmd): an
+    FP32 [128, 1] SBUF tile of the trace standing for them."""
+
+    @staticmethod
+    def tile(rows):
+        tr = _tracer.current()
+        acc = getattr(tr, "_act_acc", None)
+        if acc is None:
+            acc = tr._act_acc = _scratch((tr.chip.sbuf_partitions, 1))
+            memset(dst=acc, value=0.0)
+        return acc[0:rows]
+
+
+def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=None,
+               reduce_cmd=reduce_cmd.idle, engine=None, name=None, dtype=None, **hints):
+    """dst = op(data * scale + bias) on the Scalar engine; reduce_res gets
+    the row sums. bias: a [P, 1] column or a scalar; scale: a scalar or a
+    [P, 1] column (a Vector multiply first, into FP32). reduce_cmd keeps
+    sums across instructions (the engine's reduce registers)."""
+    o = _ops.resolve(op)
+    if o is None or o.act is None:
         raise ValueError(f"op={op!r} is not an activation function (nl.exp, nl.gelu, ...)")
-    if isinstance(scale, nl.NkiTensor):
-        raise NotImplementedError("not supported: activation with a tensor scale")
-    if bias is not None and not isinstance(bias, nl.NkiTensor):
+    if reduce_op is not None and _ops.resolve(reduce_op).alu != "add":
+        raise NotImplementedError(f"not supported: activation(reduce_op={reduce_op!r}): only nl.add "
+                                  "(as the hardware)")
+    rows = data.shape[0]
+    src = data
+    if _is_tile(scale):  # per-partition scale: x * scale[p] in FP32 first (same bits)
+        src = _scratch(data.shape)
+        tensor_tensor(dst=src, data1=data, data2=_column(scale, data, "scale"), op=nl.multiply)
+        scale = 1.0
+    if bias is not None and not _is_tile(bias):
         value = float(bias)  # a scalar bias: a constant [P, 1] column
-        bias = nl.ndarray((data.shape[0], 1), dtype=nl.float32, buffer=nl.sbuf)
+        bias = _scratch((rows, 1))
         memset(dst=bias, value=value)
-    if reduce_res is not None and reduce_op not in (None, nl.add):
-        raise NotImplementedError(f"not supported: activation(reduce_op={reduce_op!r}): only nl.add")
-    _tracer.current().at().activation(_t(dst, "dst"), _core.act_func(op.act), _t(data, "data"),
-                                      None if bias is None else _t(bias, "bias"), float(scale),
-                                      None if reduce_res is None else _t(reduce_res, "reduce_res"))
+    cmd = reduce_cmd if isinstance(reduce_cmd, int) else int(reduce_cmd)
+    direct = reduce_res is not None and cmd in (int(globals()["reduce_cmd"].idle),
+                                                int(globals()["reduce_cmd"].reset_reduce))
+    sums = None
+    if reduce_res is not None and direct:
+        sums = reduce_res if reduce_res.ndim == 2 else _as_col(reduce_res)
+    elif cmd in (int(globals()["reduce_cmd"].reduce), int(globals()["reduce_cmd"].reset_reduce),
+                 int(globals()["reduce_cmd"].load_reduce)):
+        sums = _scratch((rows, 1))
+    d = _flat2(dst) if dst.ndim != 2 else dst
+    _tracer.current().at().activation(_t(d, "dst"), _core.act_func(o.act), _t(_flat2(src), "data"),
+                                      None if bias is None else _t(_as_col(bias), "bias"), float(scale),
+                                      None if sums is None else _t(sums, "reduce_res"))
+    if direct or (reduce_res is None and cmd == int(globals()["reduce_cmd"].idle)):
+        return
+    acc = _ScalarAccumulator.tile(rows)
+    if cmd == int(globals()["reduce_cmd"].reset):
+        memset(dst=acc, value=0.0)
+    elif cmd == int(globals()["reduce_cmd"].reset_reduce):
+        tensor_copy(dst=acc, src=sums)
+    elif sums is not None:
+        tensor_tensor(dst=acc, data1=acc, data2=sums, op=nl.add)
+    if reduce_res is not None:
+        tensor_copy(dst=_as_col(reduce_res), src=acc)
 
 
-def activation_reduce(dst, op, data, reduce_op, reduce_res, bias=None, scale=1.0, name=None):
+def activation_reduce(dst, op, data, reduce_op, reduce_res, bias=None, scale=1.0, name=None, **hints):
     """activation with its row reduction (reduce_op nl.add) in one Scalar instruction."""
-    activation(dst=dst, op=op, data=data, bias=bias, scale=scale, reduce_op=reduce_op, reduce_res=reduce_res)
+    activation(dst=dst, op=op, data=data, bias=bias, scale=scale, reduce_op=reduce_op, reduce_res=reduce_res,
+               reduce_cmd=reduce_cmd.reset_reduce)
 
 
 def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False, engine=None,
-                         name=None):
+                         name=None, **hints):
     """(data op0 operand0) op1 operand1 with a scalar/column operand0 and a
     tensor operand1; tern issues it as two Vector instructions (timing: two)."""
-    if reverse0 or reverse1:
-        raise NotImplementedError("not supported: scalar_tensor_tensor with reverse0 / reverse1")
-    tensor_scalar(dst=dst, data=data, op0=op0, operand0=operand0, engine=engine)
-    tensor_tensor(dst=dst, data1=dst, data2=operand1, op=op1, engine=engine)
+    tensor_scalar(dst=dst, data=data, op0=op0, operand0=operand0, reverse0=reverse0, engine=engine)
+    if reverse1:
+        tensor_tensor(dst=dst, data1=operand1, data2=dst, op=op1, engine=engine)
+    else:
+        tensor_tensor(dst=dst, data1=dst, data2=operand1, op=op1, engine=engine)
 
 
-def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res, reverse0=False, name=None, **unsupported):
+def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res, reverse0=False, name=None, **hints):
     """tensor_scalar with one operator, then a reduction of the result over the
     free dims into reduce_res; tern issues two Vector instructions."""
-    _reject("tensor_scalar_reduce", unsupported)
-    if reverse0:
-        raise NotImplementedError("not supported: tensor_scalar_reduce with reverse0")
-    tensor_scalar(dst=dst, data=data, op0=op0, operand0=operand0)
-    _tracer.current().at().tensor_reduce(_t(reduce_res, "reduce_res"), _t(dst, "dst"), _alu(reduce_op), False)
+    tensor_scalar(dst=dst, data=data, op0=op0, operand0=operand0, reverse0=reverse0)
+    _tracer.current().at().tensor_reduce(_t(_as_col(reduce_res), "reduce_res"), _t(_flat2(dst), "dst"),
+                                         _alu(reduce_op), False)
 
 
-def reciprocal(dst, data, name=None):
+def reciprocal(dst, data, name=None, **hints):
     _tracer.current().at().reciprocal(_t(dst, "dst"), _t(data, "data"))
 
 
-def exponential(dst, src, max_value=None, reduce_res=None, name=None):
+def exponential(dst, src, max_value=None, reduce_res=None, reduce_cmd=reduce_cmd.idle, reduce_init=0.0,
+                name=None):
     """dst = exp(src - max_value) (trn3 Vector engine), optional row sums."""
+    if max_value is not None and not _is_tile(max_value):
+        v = float(max_value)
+        max_value = None
+        if v != 0.0:
+            max_value = _scratch((src.shape[0], 1))
+            memset(dst=max_value, value=v)
     _tracer.current().at().exponential(_t(dst, "dst"), _t(src, "src"),
-                                       None if max_value is None else _t(max_value, "max_value"),
-                                       None if reduce_res is None else _t(reduce_res, "reduce_res"))
+                                       None if max_value is None else _t(_as_col(max_value), "max_value"),
+                                       None if reduce_res is None else _t(_as_col(reduce_res), "reduce_res"))
 
 
-def bn_stats(dst, data, name=None):
-    _tracer.current().at().bn_stats(_t(dst, "dst"), _t(data, "data"))
+def bn_stats(dst, data, name=None, **hints):
+    _tracer.current().at().bn_stats(_t(_flat2(dst), "dst"), _t(_flat2(data), "data"))
 
 
-def bn_aggr(dst, data, name=None):
-    _tracer.current().at().bn_aggr(_t(dst, "dst"), _t(data, "data"))
+def bn_aggr(dst, data, name=None, **hints):
+    _tracer.current().at().bn_aggr(_t(_flat2(dst), "dst"), _t(_flat2(data), "data"))
 
 
-def tensor_copy_predicated(dst, src, predicate, name=None):
+def tensor_copy_predicated(dst, src, predicate, reverse_pred=False, name=None, **hints):
+    """dst = src where predicate is non-zero (zero with reverse_pred)."""
+    if reverse_pred:
+        inv = _scratch(predicate.shape, predicate.dtype)
+        tensor_scalar(dst=inv, data=predicate, op0=nl.equal, operand0=0.0)
+        predicate = inv
+    if not _is_tile(src):
+        value = float(src)
+        src = _scratch(dst.shape, dst.dtype)
+        memset(dst=src, value=value)
     _tracer.current().at().copy_predicated(_t(dst, "dst"), _t(predicate, "predicate"), _t(src, "src"))
 
 
@@ -252,25 +423,23 @@ def _linear_step(pattern, dst, call):
     """The per-element step of an affine pattern [[step, num], ...] that is
     linear in the flat free index (each step = the inner step x inner count)."""
     dims = [(int(s), int(n)) for s, n in pattern]
-    total = 1
-    for _, n in dims:
-        total *= n
-    free = 1
-    for c in dst.shape[1:]:
-        free *= c
+    total = _prod(n for _, n in dims)
+    free = _prod(dst.shape[1:])
     if total != free:
         raise ValueError(f"{call}: the pattern covers {total} elements per partition, dst has {free}")
-    step = dims[-1][0] if dims else 1
-    for (s_out, _), (s_in, n_in) in zip(dims, dims[1:]):
+    live = [(s, n) for s, n in dims if n != 1]
+    step = live[-1][0] if live else 0
+    for (s_out, _), (s_in, n_in) in zip(live, live[1:]):
         if s_out != s_in * n_in:
-            raise NotImplementedError(f"not supported: {call} with a pattern that is not linear in the flat index: {pattern}")
+            raise NotImplementedError(f"not supported: {call} with a pattern that is not linear in the flat "
+                                      f"index: {pattern}")
     return step
 
 
-def iota(dst, pattern, offset, channel_multiplier=0, name=None):
+def iota(dst, pattern, offset=0, channel_multiplier=0, name=None, **hints):
     """dst[c, i...] = offset + c * channel_multiplier + sum(step_d * i_d) on GpSimd."""
     step = _linear_step(pattern, dst, "iota")
-    _tracer.current().at().iota(_t(dst, "dst"), float(offset), float(channel_multiplier), float(step))
+    _tracer.current().at().iota(_t(_flat2(dst), "dst"), float(offset), float(channel_multiplier), float(step))
 
 
 def affine_select(dst, pattern, offset, channel_multiplier, on_true_tile, on_false_value, cmp_op=nl.equal,
@@ -278,9 +447,96 @@ def affine_select(dst, pattern, offset, channel_multiplier, on_true_tile, on_fal
     """dst = on_true_tile where cmp_op(offset + c * channel_multiplier + sum(step_d * i_d), 0), else
     on_false_value (GpSimd; the causal mask of attention)."""
     step = _linear_step(pattern, dst, "affine_select")
-    _tracer.current().at().affine_select(_t(dst, "dst"), _t(on_true_tile, "on_true_tile"), float(offset),
-                                         float(channel_multiplier), float(step), _alu(cmp_op, "cmp_op"),
-                                         float(on_false_value))
+    _tracer.current().at().affine_select(_t(_flat2(dst), "dst"), _t(_flat2(on_true_tile), "on_true_tile"),
+                                         float(offset), float(channel_multiplier), float(step),
+                                         _alu(cmp_op, "cmp_op"), float(on_false_value))
+
+
+# ------------------------------------------------ selection, search, scan
+def max8(dst, src, name=None, **hints):
+    """dst [P, 8] = the 8 largest values of each partition of src, descending."""
+    _emit("max8", _core.Engine.vector, [_flat2(dst), _flat2(src)])
+
+
+def nc_find_index8(dst, data, vals, name=None, **hints):
+    """dst [P, 8] (uint16/uint32) = the index of each of vals' 8 values' first
+    occurrence in data's partition (all ones when absent)."""
+    _emit("find_index8", _core.Engine.vector, [_flat2(dst), _flat2(data), _flat2(vals)])
+
+
+def nc_match_replace8(dst, data, vals, imm, dst_idx=None, name=None, **hints):
+    """dst = data with the first occurrence of each of vals' 8 values (in
+    order) replaced by imm; dst_idx gets the indices."""
+    ops = [_flat2(dst), _flat2(data), _flat2(vals)] + ([_flat2(dst_idx)] if dst_idx is not None else [])
+    _emit("match_replace8", _core.Engine.vector, ops, imm0=float(imm), acc=dst_idx is not None)
+
+
+def tensor_tensor_scan(dst, data0, data1, initial, op0, op1, reverse0=False, reverse1=False, name=None, **hints):
+    """r[i] = op1(op0(data0[i], r[i - 1]), data1[i]) along each partition,
+    r[-1] = initial (a scalar or a [P, 1] column), in FP32."""
+    ops = [_flat2(dst), _flat2(data0), _flat2(data1)]
+    col = _is_tile(initial)
+    if col:
+        ops.append(_as_col(initial))
+    _emit("tensor_scan", _core.Engine.vector, ops, alu0=_alu(op0, "op0"), alu1=_alu(op1, "op1"),
+          imm0=0.0 if col else float(initial), col0=col, rev0=bool(reverse0), rev1=bool(reverse1))
+
+
+def select_reduce(dst, predicate, on_true, on_false, reduce_res=None, reduce_cmd=reduce_cmd.idle,
+                  reduce_op=None, reverse_pred=False, name=None, **hints):
+    """dst = on_true where predicate (not predicate with reverse_pred), else
+    on_false (a scalar or a [P, 1] column); reduce_res gets the row maxima."""
+    if reduce_op is not None and _ops.resolve(reduce_op).alu != "max":
+        raise NotImplementedError("not supported: select_reduce(reduce_op=...) other than nl.maximum")
+    ops = [_flat2(dst), _flat2(predicate), _flat2(on_true)]
+    col = _is_tile(on_false)
+    if col:
+        ops.append(_as_col(on_false))
+    if reduce_res is not None:
+        ops.append(_as_col(reduce_res))
+    _emit("select_reduce", _core.Engine.vector, ops, imm0=0.0 if col else float(on_false), col0=col,
+          acc=reduce_res is not None, rev0=bool(reverse_pred))
+
+
+def range_select(dst, on_true_tile, comp_op0, comp_op1, bound0, bound1, reduce_cmd=reduce_cmd.reset_reduce,
+                 reduce_res=None, reduce_op=None, range_start=0.0, on_false_value=nl.fp32.min, name=None):
+    """dst[p, i] = on_true_tile[p, i] where comp_op0(range_start + i, bound0[p])
+    and comp_op1(range_start + i, bound1[p]), else on_false_value; reduce_res
+    gets the row maxima (NeuronCore-v3+)."""
+    ops = [_flat2(dst), _flat2(on_true_tile), _as_col(bound0), _as_col(bound1)]
+    if reduce_res is not None:
+        ops.append(_as_col(reduce_res))
+    _emit("range_select", _core.Engine.vector, ops, alu0=_alu(comp_op0, "comp_op0"),
+          alu1=_alu(comp_op1, "comp_op1"), imm0=float(range_start), imm1=float(on_false_value),
+          acc=reduce_res is not None)
+
+
+def nonzero_with_count(dst, src, index_offset=0, padding_val=-1, name=None):
+    """For partitions 0, 16, ..., 112: the indices (+ index_offset) of src's
+    non-zero elements, then padding_val, then their count (GpSimd, v3+)."""
+    _emit("nonzero_count", _core.Engine.gpsimd, [_flat2(dst), _flat2(src)], imm0=float(index_offset),
+          imm1=float(padding_val))
+
+
+def nc_n_gather(dst, data, indices, name=None):
+    """dst[p, j] = data[p, indices[p, j]] over each partition's flattened free dims (GpSimd)."""
+    _emit("n_gather", _core.Engine.gpsimd, [_flat2(dst), _flat2(data), _flat2(indices)])
+
+
+def nc_stream_shuffle(dst=None, src=None, shuffle_mask=None, name=None, **hints):
+    """dst[q*32 + i] = src[q*32 + shuffle_mask[i]] in every 32-partition
+    quadrant (255 keeps dst partition i)."""
+    mask = [int(m) for m in shuffle_mask]
+    _emit("stream_shuffle", _core.Engine.vector, [_flat2(dst), _flat2(src)], table=mask)
+
+
+def local_gather(dst, src_buffer, index, num_elem_per_idx=1, num_valid_indices=None, name=None):
+    """Per 16-partition group: num_elem_per_idx elements at each of the
+    group's indices (flattened partition-major) from every partition."""
+    per_group = index.size // max(1, index.shape[0] // 16)
+    valid = per_group if num_valid_indices is None else int(num_valid_indices)
+    _emit("local_gather", _core.Engine.gpsimd, [_flat2(dst), _flat2(src_buffer), _flat2(index)],
+          imm0=float(num_elem_per_idx), imm1=float(valid))
 
 
 def _reject(call, unsupported):
@@ -288,7 +544,13 @@ def _reject(call, unsupported):
         raise NotImplementedError(f"not supported: nisa.{call}({', '.join(sorted(unsupported))}=...)")
 
 
-for _name in ("tensor_tensor_scan", "range_select", "select_reduce", "max8", "nc_find_index8",
-              "nc_stream_shuffle", "local_gather", "rng", "activate2", "sendrecv", "core_barrier",
-              "register_alloc", "register_load", "register_store", "register_move"):
+for _name in ("rng", "rand2", "rand_set_state", "rand_get_state", "set_rng_seed", "dropout", "activate2",
+              "sendrecv", "core_barrier", "register_alloc", "register_load", "register_store", "register_move",
+              "sequence_bounds", "tensor_scalar_cumulative", "scalar_load"):
     globals()[_name] = _tracer.not_yet(f"nisa.{_name}")
+
+for _name, _fn in list(globals().items()):
+    if callable(_fn) and not _name.startswith("_") and getattr(_fn, "__module__", None) == __name__ \
+            and not isinstance(_fn, type) and _name != "get_nc_version":
+        globals()[_name] = _noop_when_empty(_fn)
+del enum

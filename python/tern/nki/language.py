@@ -1,5 +1,6 @@
 """nki.language for tern: tensors, buffers, dtypes, tile sizes, ranges and
 convenience wrappers. Names follow the public NKI API (nki 0.3-0.6)."""
+import builtins
 import math
 
 from tern import _core
@@ -21,215 +22,117 @@ int8, uint8, int16, uint16, int32, uint32 = "int8", "uint8", "int16", "uint16", 
 bool_ = "uint8"
 
 
-# --------------------------------------------------------------- buffers
-class _Buffer:
-    def __init__(self, name):
-        self.name = name
+# ------------------------------------------ buffers, tensors, operators
+from tern.nki._tensor import (  # noqa: E402,F401
+    Buffer as _Buffer, NkiTensor, arange, ds, hbm, hbm_tensor, mgrid, par_dim, private_hbm, psum,
+    row_major as _row_major, sbuf, shared_hbm)
+from tern.nki import _functions  # noqa: E402
+from tern.nki import _ops  # noqa: E402
 
-    def __repr__(self):
-        return f"nl.{self.name}"
-
-
-sbuf = _Buffer("sbuf")
-psum = _Buffer("psum")
-hbm = _Buffer("hbm")
-shared_hbm = _Buffer("shared_hbm")
-private_hbm = _Buffer("private_hbm")
+_Op = _ops.Op
+globals().update({k: v for k, v in _ops.ALL.items()
+                  if k not in ("abs", "max", "min", "sum", "all", "any", "copy")})
+copy_fn = _ops.ALL["copy"]
 
 
-# ------------------------------------------------------- ops and functions
-class _Op:
-    """An ALU operator or activation function, passed to nki.isa calls."""
-
-    def __init__(self, name, alu=None, act=None):
-        self.name, self.alu, self.act = name, alu, act
-
-    def __call__(self, *args, **kwargs):
-        raise NotImplementedError(
-            f"not supported: nl.{self.name}(...) as a tile-level function (tern does not implement it "
-            "yet); use the nki.isa call (e.g. nisa.activation or nisa.tensor_tensor)")
-
-    def __repr__(self):
-        return f"nl.{self.name}"
+def _unique_hbm_name(tr, name):
+    taken = {d[0] for d in tr.hbm_decls}
+    if name not in taken:
+        return name
+    k = 1
+    while f"{name}_{k}" in taken:
+        k += 1
+    return f"{name}_{k}"
 
 
-add = _Op("add", alu="add")
-subtract = _Op("subtract", alu="subtract")
-multiply = _Op("multiply", alu="multiply")
-divide = _Op("divide", alu="divide")
-maximum = _Op("maximum", alu="max")
-minimum = _Op("minimum", alu="min")
-equal = _Op("equal", alu="is_equal")
-not_equal = _Op("not_equal", alu="not_equal")
-greater = _Op("greater", alu="is_gt")
-greater_equal = _Op("greater_equal", alu="is_ge")
-less = _Op("less", alu="is_lt")
-less_equal = _Op("less_equal", alu="is_le")
-power = _Op("power", alu="pow")
-bitwise_and = _Op("bitwise_and", alu="bitwise_and")
-bitwise_or = _Op("bitwise_or", alu="bitwise_or")
-bitwise_xor = _Op("bitwise_xor", alu="bitwise_xor")
-left_shift = _Op("left_shift", alu="shift_left")
-right_shift = _Op("right_shift", alu="shift_right")
-abs_max = _Op("abs_max", alu="abs_max")
+class BlockTile:
+    """A tile with block dims before its partition dim (legacy NKI shapes
+    like (n, nl.par_dim(128), 512)): n tiles of [128, 512] side by side in
+    the free dim; indexing the block dims gives the tile."""
 
-exp = _Op("exp", act="exp")
-log = _Op("log", act="log")
-tanh = _Op("tanh", act="tanh")
-sigmoid = _Op("sigmoid", act="sigmoid")
-gelu = _Op("gelu", act="gelu")
-gelu_apprx_tanh = _Op("gelu_apprx_tanh", act="gelu_tanh")
-silu = _Op("silu", act="silu")
-silu_dx = _Op("silu_dx", act="silu_dx")
-gelu_dx = _Op("gelu_dx", act="gelu_dx")
-relu = _Op("relu", act="relu")
-rsqrt = _Op("rsqrt", act="rsqrt")
-sqrt = _Op("sqrt", act="sqrt")
-square = _Op("square", act="square")
-reciprocal = _Op("reciprocal", act="reciprocal")
-copy_fn = _Op("copy", act="identity")
-identity = copy_fn
-
-
-# ----------------------------------------------------------------- tensors
-class ds:
-    """nl.ds(start, size): a dynamic-slice descriptor, the slice [start, start + size)."""
-
-    def __init__(self, start, size):
-        self.start, self.size = int(start), int(size)
-
-
-class NkiTensor:
-    """A tensor or a view of one: an allocation (C++ Tensor) plus the first
-    partition/row, the element offset and a (stride, count) per free dim."""
-
-    def __init__(self, base, buffer, dtype, p0, np_, off, free, name=None, row_stride=0, alloc=None):
-        self._base, self.buffer, self.dtype = base, buffer, dtype
-        self._alloc = alloc  # SBUF/PSUM: keeps the memory alive while any view exists
-        self._row_stride = row_stride  # HBM: elements between consecutive rows of dim 0
-        self._p0, self._np, self._off, self._free = p0, np_, off, list(free)
-        self.name = name
+    def __init__(self, blocks, inner, tile):
+        self._blocks, self._inner, self._tile = tuple(blocks), tuple(inner), tile
 
     @property
     def shape(self):
-        return (self._np,) + tuple(c for _, c in self._free)
+        return self._blocks + self._inner
 
-    @property
-    def ndim(self):
-        return 1 + len(self._free)
+    dtype = property(lambda self: self._tile.dtype)
+    buffer = property(lambda self: self._tile.buffer)
+    ndim = property(lambda self: len(self.shape))
 
-    def _tensor(self):
-        """The C++ view handed to the builder."""
-        if self._alloc is not None:
-            self._alloc.check_live()
-        elif self.name is not None and self.buffer in (hbm, shared_hbm, private_hbm):
-            _tracer.current().touched[-1].add(self.name)  # a collective's part waits for it
-        free = self._free if self._free else [(1, 1)]
-        return self._base.view(self._p0, self._np, self._off, free, self._row_stride)
+    def _block(self, idx):
+        flat = 0
+        for i, n in zip(idx, self._blocks):
+            i = int(i)
+            if not 0 <= i < n:
+                raise IndexError(f"block index {i} out of range for {n} blocks")
+            flat = flat * n + i
+        per = math.prod(self._inner[1:])
+        t = self._tile[:, flat * per:(flat + 1) * per]
+        return t.reshape(self._inner)
+
+    def _split(self, key):
+        key = key if isinstance(key, tuple) else (key,)
+        nb = len(self._blocks)
+        if len(key) < nb or builtins.any(isinstance(k, slice) or k is Ellipsis for k in key[:nb]):
+            raise NotImplementedError("not supported: slicing the block dims of a block tile; index each block")
+        return self._block(key[:nb]), key[nb:]
 
     def __getitem__(self, key):
-        if not isinstance(key, tuple):
-            key = (key,)
-        if len(key) > self.ndim:
-            raise IndexError(f"{len(key)} indices for a {self.ndim}-d tensor of shape {self.shape}")
-        key = key + (slice(None),) * (self.ndim - len(key))
-        p0, np_, off, free = self._p0, self._np, self._off, []
+        t, rest = self._split(key)
+        return t[rest] if rest else t
 
-        def bounds(k, n, what):
-            if isinstance(k, ds):
-                k = slice(k.start, k.start + k.size)
-            if isinstance(k, slice):
-                start, stop, step = k.indices(n)
-                if step <= 0 or stop <= start:
-                    raise IndexError(f"empty or reversed slice {k} of {what} size {n}")
-                return start, (stop - start + step - 1) // step, step, True
-            i = int(k)
-            if i < 0:
-                i += n
-            if not 0 <= i < n:
-                raise IndexError(f"index {k} out of range for {what} size {n}")
-            return i, 1, 1, False
-
-        start, count, step, _ = bounds(key[0], self._np, "the partition dim")
-        if step != 1:
-            raise NotImplementedError("not supported: a stepped slice of the partition dim (partitions are contiguous)")
-        p0, np_ = p0 + start, count
-        for k, (stride, n) in zip(key[1:], self._free):
-            start, count, step, keep = bounds(k, n, "a free dim")
-            off += start * stride
-            if keep:
-                free.append((stride * step, count))
-        return NkiTensor(self._base, self.buffer, self.dtype, p0, np_, off, free, self.name, self._row_stride, self._alloc)
-
-    def ap(self, pattern, offset=0):
-        """A raw access pattern: pattern [[stride, count], ...] in elements (the
-        first entry is the partition / row dim), offset in elements from this
-        view's start."""
-        if not pattern:
-            raise ValueError("ap(pattern=...) needs at least the partition entry")
-        pstride, parts = pattern[0]
-        free = [(int(s), int(c)) for s, c in pattern[1:]]
-        hbm_like = self.buffer in (hbm, shared_hbm, private_hbm)
-        # HBM rows may have any stride (0 repeats one row on every partition);
-        # SBUF/PSUM partitions are contiguous.
-        row_stride = int(pstride) if hbm_like else self._row_stride
-        return NkiTensor(self._base, self.buffer, self.dtype, self._p0, int(parts), self._off + int(offset),
-                         free, self.name, row_stride, self._alloc)
-
-    def reshape(self, shape):
-        shape = tuple(int(s) for s in shape)
-        if shape[0] != self._np or math.prod(shape[1:]) != math.prod(c for _, c in self._free):
-            raise ValueError(f"cannot reshape {self.shape} into {shape} (the partition dim stays)")
-        if any(True for i in range(len(self._free) - 1) if self._free[i][0] != self._free[i + 1][0] * self._free[i + 1][1]):
-            raise NotImplementedError("not supported: reshape of a non-contiguous view")
-        strides, acc = [], 1
-        for c in reversed(shape[1:]):
-            strides.append(acc)
-            acc *= c
-        return NkiTensor(self._base, self.buffer, self.dtype, self._p0, self._np, self._off,
-                         list(zip(reversed(strides), shape[1:])), self.name, self._row_stride, self._alloc)
-
-    def __repr__(self):
-        return f"NkiTensor({self.buffer.name}, shape={self.shape}, dtype={self.dtype})"
+    def __setitem__(self, key, value):
+        t, rest = self._split(key)
+        t[rest if rest else ...] = value
 
 
-def _row_major(shape):
-    strides, acc = [], 1
-    for c in reversed(shape[1:]):
-        strides.append(acc)
-        acc *= c
-    return list(zip(reversed(strides), shape[1:]))
-
-
-def hbm_tensor(base, buffer, dtype, shape, name):
-    """The NkiTensor of a whole row-major HBM allocation."""
-    return NkiTensor(base, buffer, dtype, 0, shape[0], 0, _row_major(shape), name, math.prod(shape[1:]))
-
-
-def ndarray(shape, dtype, buffer=sbuf, name=None):
+def ndarray(shape, dtype=None, buffer=None, name=None, address=None, **hints):
     """New, uninitialized memory. HBM buffers become the kernel's HBM tensors
     (shared_hbm ones are outputs when returned); SBUF/PSUM tiles keep the
-    partition dim first."""
+    partition dim first, or nl.par_dim marks it after block dims. `address`
+    (partition, byte offset) is accepted; tern places the tile itself."""
     tr = _tracer.current()
+    dtype = _dtype_name(dtype if dtype is not None else float32)
+    buffer = buffer if buffer is not None else sbuf
+    shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
+    lead = next((i for i, s in enumerate(shape) if isinstance(s, par_dim)), 0)
     shape = tuple(int(s) for s in shape)
-    if not shape or any(s < 1 for s in shape):
-        raise ValueError(f"nl.ndarray shape {shape}: every dim must be >= 1")
+    if not shape or builtins.any(s < 1 for s in shape):
+        raise ValueError(f"nl.ndarray shape {shape}: every dim must be >= 1 ({_tracer.kernel_location()})")
     if buffer in (hbm, shared_hbm, private_hbm):
         order = tr.hbm_counter
         tr.hbm_counter += 1
         if order in tr.hbm_by_order:  # the same tensor for every program of a launch grid
             return tr.hbm_by_order[order]
-        name = name or f"hbm{order}"
+        name = _unique_hbm_name(tr, name or f"hbm{order}")
         base = tr.declare_hbm(name, shape, dtype, buffer is shared_hbm)
         t = hbm_tensor(base, buffer, dtype, shape, name)
         tr.hbm_by_order[order] = t
         return t
+    if lead and buffer in (sbuf, psum):
+        blocks, inner = shape[:lead], shape[lead:]
+        whole = ndarray((inner[0], math.prod(blocks) * math.prod(inner[1:])), dtype, buffer, name)
+        return BlockTile(blocks, inner, whole)
     if buffer not in (sbuf, psum):
-        raise ValueError(f"unknown buffer {buffer!r}")
+        raise ValueError(f"unknown buffer {buffer!r} ({_tracer.kernel_location()})")
     free = math.prod(shape[1:])
     b = tr.at()
     base = b.sbuf(shape[0], free, dtype) if buffer is sbuf else b.psum(shape[0], free, dtype)
     return NkiTensor(base, buffer, dtype, 0, shape[0], 0, _row_major(shape), name, 0, _tracer.Allocation(tr, base))
+
+
+def _dtype_name(dtype):
+    """NKI dtypes are strings; numpy dtypes and types map to their names."""
+    if isinstance(dtype, str):
+        return dtype
+    import numpy as np
+    try:
+        name = np.dtype(dtype).name
+    except TypeError:
+        name = str(dtype)
+    return {"bool": "uint8", "float64": "float32"}.get(name, name)
 
 
 # ----------------------------------------------------------- tile sizes
@@ -261,6 +164,11 @@ class _TileSize:
         return self._chip().bn_stats_fmax
 
     @property
+    def total_available_sbuf_size(self):
+        """SBUF bytes per partition a kernel may allocate."""
+        return self._chip().sbuf_partition_bytes
+
+    @property
     def psum_num_banks(self):
         return self._chip().psum_banks
 
@@ -272,84 +180,323 @@ tile_size = _TileSize()
 
 
 # ---------------------------------------------------------------- ranges
-def affine_range(*args):
-    """Compile-time loop (unrolled while tracing)."""
-    return range(*args)
+def affine_range(*args, **hints):
+    """Compile-time loop (unrolled while tracing); hints such as
+    directives= or precise_schedule= are the compiler's."""
+    return builtins.range(*args)
 
 
 sequential_range = affine_range
 static_range = affine_range
 
 
+def dynamic_range(*args, **hints):
+    """A loop the hardware runs with a register counter; tern traces its
+    body once per iteration (results identical; docs/nki.md)."""
+    return builtins.range(*args)
+
+
+def range_(*args):
+    return builtins.range(*args)
+
+
 fori_loop = _tracer.not_yet("nl.fori_loop")
 while_loop = _tracer.not_yet("nl.while_loop")
-no_reorder = _tracer.not_yet("nl.no_reorder")
 
 
 def program_id(axis=0):
-    if axis != 0:
-        raise NotImplementedError("not supported: launch grids with more than one axis")
-    return _tracer.current().program_id
+    """This program's index along launch-grid axis `axis` (0 without a grid)."""
+    return _tracer.current().program_index(int(axis))
 
 
-def num_programs(axis=0):
-    if axis != 0:
-        raise NotImplementedError("not supported: launch grids with more than one axis")
-    return _tracer.current().programs
+def num_programs(axes=None):
+    """Programs along grid axis `axes` (an int or a tuple of axes, their
+    product); None: every program of the launch grid (1 without one)."""
+    tr = _tracer.current()
+    grid = tr.grid or (1,)
+    if axes is None:
+        return math.prod(grid)
+    axes = (axes,) if isinstance(axes, int) else tuple(axes)
+    for a in axes:
+        if not 0 <= a < len(grid):
+            raise ValueError(f"num_programs(axes={a}): the launch grid {list(grid)} has {len(grid)} axes")
+    return math.prod(grid[a] for a in axes)
+
+
+def program_ndim():
+    """How many axes the launch grid has (0 without one)."""
+    return len(_tracer.current().grid)
+
+
+class NKIObject:
+    """Base of the plain Python classes kernels pass around while tracing
+    (configuration objects). Without @dataclass it still builds like one:
+    keyword arguments become attributes, annotated fields left out take
+    their class default (or None), and __post_init__ runs."""
+
+    def __init__(self, *args, **kwargs):
+        fields = [n for c in reversed(type(self).__mro__) for n in getattr(c, "__annotations__", {})]
+        fields = list(dict.fromkeys(fields))
+        for name, value in zip(fields, args):
+            kwargs.setdefault(name, value)
+        for name in fields:
+            if name not in kwargs:
+                setattr(self, name, getattr(type(self), name, None))
+        for name, value in kwargs.items():
+            setattr(self, name, value)
+        post = getattr(self, "__post_init__", None)
+        if post is not None:
+            post()
+
+
+class _NoReorder:
+    """nl.no_reorder(): a block whose instructions keep program order. tern's
+    engines run each instruction stream in program order already."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def __iter__(self):
+        return iter(())
+
+
+def no_reorder():
+    return _NoReorder()
 
 
 # -------------------------------------------------------- convenience
-def load(src, dtype=None):
-    """A new SBUF tile holding src (DMA)."""
+def _isa():
     from tern.nki import isa
+    return isa
+
+
+def load(src, dtype=None, mask=None, mode=None, **hints):
+    """A new SBUF tile holding src (DMA); masked-off elements are not read."""
     t = ndarray(src.shape, dtype or src.dtype, buffer=sbuf)
-    isa.dma_copy(dst=t, src=src)
+    try:
+        ranges = _functions.mask_ranges(mask)
+        _isa().dma_copy(dst=_functions.restrict(t, ranges), src=_functions.restrict(src, ranges),
+                        oob_mode=mode)
+    except _tensor_empty():
+        pass
+    if src.is_hbm and not ranges_masked(mask):
+        t._origin = src
     return t
 
 
-def store(dst, value):
-    """dst <- value (DMA)."""
-    from tern.nki import isa
-    isa.dma_copy(dst=dst, src=value)
+def _tensor_empty():
+    from tern.nki import _tensor
+    return _tensor.Empty
 
 
-def copy(src, dtype=None):
-    """A new SBUF tile with src's values (tensor_copy)."""
-    from tern.nki import isa
-    t = ndarray(src.shape, dtype or src.dtype, buffer=sbuf)
-    isa.tensor_copy(dst=t, src=src)
-    return t
+def ranges_masked(mask):
+    return mask is not None and mask is not True
 
 
-def zeros(shape, dtype, buffer=sbuf, name=None):
+def store(dst, value, mask=None, **hints):
+    """dst <- value (DMA); masked-off elements are not written."""
+    try:
+        ranges = _functions.mask_ranges(mask)
+        if isinstance(value, (int, float)):
+            value = full(dst.shape, value, dst.dtype)
+        if value.shape != dst.shape:
+            value = _functions.fit(value, dst.shape) if value.size != dst.size else value
+        _isa().dma_copy(dst=_functions.restrict(dst, ranges), src=_functions.restrict(value, ranges))
+    except _tensor_empty():
+        pass
+
+
+def load_transpose2d(src, dtype=None, mask=None):
+    """src [F, P] from HBM into an SBUF tile [P, F] (DMA transpose for 2-byte
+    types, else a load and a Tensor-engine transpose)."""
+    from tern import _core
+    if _core.dtype_size(src.dtype) == 2 and dtype in (None, src.dtype):
+        t = ndarray((src.shape[1], src.shape[0]), src.dtype, buffer=sbuf)
+        _isa().dma_transpose(dst=t, src=src)
+        return t
+    x = load(src, mask=mask)
+    return copy(_functions.transpose(x), dtype=dtype or src.dtype)
+
+
+class _Copy(_ops.Op):
+    """nl.copy: a tile copy (tensor_copy, exact for equal dtypes) and, as an
+    op value, the identity activation."""
+
+    def __call__(self, src, dtype=None, mask=None, **hints):
+        t = ndarray(src.shape, dtype or src.dtype, buffer=sbuf)
+        try:
+            ranges = _functions.mask_ranges(mask)
+            _isa().tensor_copy(dst=_functions.restrict(t, ranges), src=_functions.restrict(src, ranges))
+        except _tensor_empty():
+            pass
+        return t
+
+
+copy = _Copy("copy", act="identity", kind="unary")
+
+
+def zeros(shape, dtype=None, buffer=None, name=None, **hints):
     return full(shape, 0.0, dtype, buffer=buffer, name=name)
 
 
-def full(shape, fill_value, dtype, buffer=sbuf, name=None):
-    from tern.nki import isa
+def ones(shape, dtype=None, buffer=None, name=None, **hints):
+    return full(shape, 1.0, dtype, buffer=buffer, name=name)
+
+
+def full(shape, fill_value, dtype=None, buffer=None, name=None, **hints):
     t = ndarray(shape, dtype, buffer=buffer, name=name)
-    isa.memset(dst=t, value=fill_value)
+    if isinstance(t, BlockTile):
+        _isa().memset(dst=t._tile, value=fill_value)
+    elif t.is_hbm:
+        _isa().dma_copy(dst=t, src=full(t.shape, fill_value, t.dtype))
+    else:
+        _isa().memset(dst=t, value=fill_value)
     return t
 
 
-def matmul(x, y, transpose_x=False):
-    """x @ y into a new PSUM tile: x.T @ y with transpose_x=True (x is [K, M])."""
-    from tern.nki import isa
-    if not transpose_x:
-        raise NotImplementedError("not supported: nl.matmul(transpose_x=False): pass x already transposed ([K, M])")
-    out = ndarray((x.shape[1], y.shape[1]), float32, buffer=psum)
-    isa.nc_matmul(dst=out, stationary=x, moving=y)
+def empty_like(x, dtype=None, buffer=None, name=None):
+    return ndarray(x.shape, dtype or x.dtype, buffer=buffer or x.buffer, name=name)
+
+
+def zeros_like(x, dtype=None, buffer=None, name=None):
+    return zeros(x.shape, dtype or x.dtype, buffer=buffer or sbuf, name=name)
+
+
+def ones_like(x, dtype=None, buffer=None, name=None):
+    return ones(x.shape, dtype or x.dtype, buffer=buffer or sbuf, name=name)
+
+
+def full_like(x, fill_value, dtype=None, buffer=None, name=None):
+    return full(x.shape, fill_value, dtype or x.dtype, buffer=buffer or sbuf, name=name)
+
+
+def matmul(x, y, transpose_x=False, mask=None, **hints):
+    """x @ y into PSUM (FP32): x is [K, M] with transpose_x=True, else [M, K]."""
+    return _functions.matmul(x, y, transpose_x=transpose_x, mask=mask)
+
+
+def transpose(x, dtype=None, mask=None, **hints):
+    """x [P, F] -> [F, P] (PSUM, Tensor engine)."""
+    return _functions.transpose(x, dtype=dtype, mask=mask)
+
+
+def mean(x, axis, dtype=None, keepdims=False, mask=None):
+    """The mean over free axes: the sum times 1 / count (Vector engine)."""
+    s = _functions.reduce(_ops.ALL["sum"], x, axis, dtype=float32, keepdims=keepdims, mask=mask)
+    n = math.prod(x.shape[a] for a in _functions._axes(axis, x.ndim))
+    return _functions.binary(_ops.ALL["multiply"], s, 1.0 / n, dtype=dtype or x.dtype)
+
+
+def where(condition, x, y, dtype=None, mask=None):
+    """x where condition is non-zero, else y (y a tile or a scalar)."""
+    shape = condition.shape
+    out = ndarray(shape, dtype or (x.dtype if isinstance(x, NkiTensor) else float32), buffer=sbuf)
+    if isinstance(y, NkiTensor):
+        _functions.assign(out, y)
+    else:
+        _isa().memset(dst=out, value=float(y))
+    src = x if isinstance(x, NkiTensor) else full(shape, float(x), out.dtype)
+    _isa().tensor_copy_predicated(dst=out, src=_functions.fit(src, shape), predicate=condition)
     return out
+
+
+def loop_reduce(x, op, loop_indices=None, dtype=None, mask=None, name=None):
+    """The accumulation across the given loops' iterations: the value x this
+    iteration contributes; kernels assign it to `dst` op= x (tern traces
+    each iteration, so the compiler hint is x itself)."""
+    return x if dtype in (None, x.dtype) else copy(x, dtype=dtype)
+
+
+def shared_constant(constant, dtype=None, **hints):
+    """An HBM tensor initialized with a host array's values (rounded to dtype)."""
+    import numpy as np
+    arr = np.asarray(constant)
+    tr = _tracer.current()
+    dt = _dtype_name(dtype) if dtype is not None else _dtype_name(arr.dtype)
+    name = _unique_hbm_name(tr, f"__constant{len(tr.constants)}")
+    shape = arr.shape or (1,)
+    base = tr.declare_hbm(name, shape, dt, False)
+    tr.constants.append((name, arr.reshape(shape), dt))
+    return hbm_tensor(base, hbm, dt, tuple(shape), name)
+
+
+def shared_identity_matrix(n, dtype=None, **hints):
+    """The n x n identity in HBM (a matmul operand for transposes)."""
+    import numpy as np
+    return shared_constant(np.eye(int(n), dtype=np.float32), dtype or float32)
+
+
+class _FP32:
+    min = -3.4028234663852886e38
+    max = 3.4028234663852886e38
+
+
+fp32 = _FP32()
+
+
+class finfo:
+    """nl.finfo(dtype): min / max / tiny / eps of a float dtype."""
+
+    _INFO = {"float32": (3.4028234663852886e38, 1.1920928955078125e-07, 1.1754943508222875e-38),
+             "bfloat16": (3.3895313892515355e38, 0.0078125, 1.1754943508222875e-38),
+             "float16": (65504.0, 0.0009765625, 6.103515625e-05),
+             "float8_e4m3": (240.0, 0.125, 0.015625), "float8_e4m3fn": (448.0, 0.125, 0.015625),
+             "float8_e5m2": (57344.0, 0.25, 6.103515625e-05)}
+
+    def __init__(self, dtype):
+        mx, self.eps, self.tiny = self._INFO[_dtype_name(dtype)]
+        self.max, self.min, self.dtype = mx, -mx, dtype
+
+
+def static_cast(array, dtype):
+    """A host array converted to `dtype` (numpy)."""
+    import numpy as np
+    return np.asarray(array).astype(_dtype_name(dtype))
+
+
+class _Spmd:
+    """A launch-grid extent: nl.nc(2) (cores of a logical core) or
+    nl.spmd_dim(...) (a product of extents)."""
+
+    def __init__(self, extents):
+        self.extents = tuple(extents)
+
+
+def nc(n):
+    return _Spmd((int(n),))
+
+
+def spmd_dim(*dims):
+    out = []
+    for d in dims:
+        out += list(d.extents) if isinstance(d, _Spmd) else [int(d)]
+    return _Spmd((math.prod(out),))
 
 
 def device_print(prefix, x):
     """Prints `prefix` and x's values after the kernel runs (functional runs):
     the tile is copied to a hidden HBM output when this line executes."""
-    from tern.nki import isa
     tr = _tracer.current()
     name = f"__print{len(tr.prints)}_p{tr.program_id}"
     if x.buffer is psum:  # DMA cannot read PSUM: stage through SBUF
         x = copy(x, dtype=float32)
     base = tr.declare_hbm(name, x.shape, x.dtype, True)
-    isa.dma_copy(dst=hbm_tensor(base, shared_hbm, x.dtype, x.shape, name), src=x)
+    _isa().dma_copy(dst=hbm_tensor(base, shared_hbm, x.dtype, x.shape, name), src=x)
     tr.prints.append((prefix, name, x.shape))
+
+
+for _name in ("dropout", "rand", "random_seed", "all_reduce", "softmax", "gather_flattened"):
+    globals()[_name] = _tracer.not_yet(f"nl.{_name}")
+
+# Names that shadow Python builtins inside this module are bound last.
+globals()["range"] = range_
+globals()["bool"] = bool_
+globals()["abs"] = _ops.ALL["abs"]
+globals()["max"] = _ops.ALL["max"]
+globals()["min"] = _ops.ALL["min"]
+globals()["sum"] = _ops.ALL["sum"]
+globals()["all"] = _ops.ALL["all"]
+globals()["any"] = _ops.ALL["any"]

@@ -1,0 +1,473 @@
+"""NKI tensors and views (nl.ndarray, slicing, .ap, .reshape) and the
+affine index expressions of nl.arange / nl.mgrid with the masks built from
+them. A view is an allocation (C++ Tensor) plus the first partition / row,
+an element offset and a (stride, count) per free dim; nothing here emits an
+instruction."""
+import math
+
+from tern.nki import _tracer
+
+
+class Buffer:
+    def __init__(self, name):
+        self.name = name
+
+    def __repr__(self):
+        return f"nl.{self.name}"
+
+
+sbuf = Buffer("sbuf")
+psum = Buffer("psum")
+hbm = Buffer("hbm")
+shared_hbm = Buffer("shared_hbm")
+private_hbm = Buffer("private_hbm")
+HBM_BUFFERS = (hbm, shared_hbm, private_hbm)
+
+
+class ds:
+    """nl.ds(start, size): the slice [start, start + size) (size 0: empty)."""
+
+    def __init__(self, start, size):
+        self.start, self.size = int(start), int(size)
+
+    def __repr__(self):
+        return f"nl.ds({self.start}, {self.size})"
+
+
+class par_dim(int):
+    """nl.par_dim(n) in a shape: marks the partition dim (legacy NKI)."""
+
+
+class Empty(Exception):
+    """An operand with no elements: the instruction using it does nothing."""
+
+
+# ------------------------------------------------------- index expressions
+class IndexVar:
+    """One axis of an index grid: extent, and where it sits in the grid
+    (axis of ndim), which orders the dims of an indexed view."""
+
+    def __init__(self, extent, axis=0, ndim=1, uid=None):
+        self.extent, self.axis, self.ndim = int(extent), axis, ndim
+        self.uid = uid if uid is not None else object()
+
+    def placed(self, axis, ndim):
+        return IndexVar(self.extent, axis, ndim, self.uid)
+
+
+class IndexExpr:
+    """offset + sum(coeff * var): an affine index of nl.arange / nl.mgrid."""
+
+    def __init__(self, terms, offset=0):
+        self.terms, self.offset = dict(terms), int(offset)  # uid -> (var, coeff)
+
+    @staticmethod
+    def of(x):
+        if isinstance(x, IndexExpr):
+            return x
+        if isinstance(x, (int, par_dim)) or (hasattr(x, "__index__") and not isinstance(x, float)):
+            return IndexExpr({}, int(x))
+        return None
+
+    def _combine(self, other, sign):
+        o = IndexExpr.of(other)
+        if o is None:
+            return NotImplemented
+        terms = dict(self.terms)
+        for uid, (v, c) in o.terms.items():
+            prev = terms.get(uid, (v, 0))[1]
+            terms[uid] = (v, prev + sign * c)
+        return IndexExpr({u: t for u, t in terms.items() if t[1] != 0}, self.offset + sign * o.offset)
+
+    def __add__(self, other):
+        return self._combine(other, 1)
+
+    __radd__ = __add__
+
+    def __sub__(self, other):
+        return self._combine(other, -1)
+
+    def __rsub__(self, other):
+        return (-self)._combine(other, 1)
+
+    def __neg__(self):
+        return IndexExpr({u: (v, -c) for u, (v, c) in self.terms.items()}, -self.offset)
+
+    def __mul__(self, k):
+        if isinstance(k, IndexExpr):
+            if k.terms and self.terms:
+                raise NotImplementedError("not supported: a product of two index expressions")
+            k, e = (k.offset, self) if not k.terms else (self.offset, k)
+            return e * k
+        k = int(k)
+        return IndexExpr({u: (v, c * k) for u, (v, c) in self.terms.items()}, self.offset * k)
+
+    __rmul__ = __mul__
+
+    def __getitem__(self, key):
+        """arange(n)[:, None] / [None, :]: places a 1-D index on an axis."""
+        if len(self.terms) != 1:
+            raise NotImplementedError("not supported: reshaping an index expression of several indices")
+        key = key if isinstance(key, tuple) else (key,)
+        axes = [i for i, k in enumerate(key) if k is not None]
+        if len(axes) != 1:
+            raise IndexError(f"index expression [{key}]: expected one ':' and None elsewhere")
+        (uid, (v, c)), = self.terms.items()
+        return IndexExpr({uid: (v.placed(axes[0], len(key)), c)}, self.offset)
+
+    @property
+    def shape(self):
+        dims = {v.axis: v.extent for v, _ in self.terms.values()}
+        nd = max((v.ndim for v, _ in self.terms.values()), default=1)
+        return tuple(dims.get(a, 1) for a in range(nd))
+
+    def _pred(self, op, bound):
+        return Predicate([(self - bound, op)])
+
+    def __lt__(self, b):
+        return self._pred("lt", b)
+
+    def __le__(self, b):
+        return self._pred("le", b)
+
+    def __gt__(self, b):
+        return self._pred("gt", b)
+
+    def __ge__(self, b):
+        return self._pred("ge", b)
+
+    def __repr__(self):
+        parts = [f"{c}*i{v.axis}[{v.extent}]" for v, c in self.terms.values()]
+        return "IndexExpr(" + " + ".join(parts + [str(self.offset)]) + ")"
+
+
+def arange(*args):
+    """nl.arange(n) / nl.arange(start, stop): a 1-D index (start + i)."""
+    r = range(*args)
+    if r.step != 1:
+        raise NotImplementedError("not supported: nl.arange with a step (scale the index instead)")
+    v = IndexVar(len(r))
+    return IndexExpr({v.uid: (v, 1)}, r.start)
+
+
+class _MGrid:
+    """nl.mgrid[0:128, 0:512]: one index per axis of a dense grid."""
+
+    def __getitem__(self, key):
+        key = key if isinstance(key, tuple) else (key,)
+        out = []
+        for axis, k in enumerate(key):
+            start, stop = (k.start or 0), k.stop
+            if k.step not in (None, 1):
+                raise NotImplementedError("not supported: nl.mgrid with a step")
+            v = IndexVar(stop - start, axis, len(key))
+            out.append(IndexExpr({v.uid: (v, 1)}, start))
+        return tuple(out) if len(out) > 1 else out[0]
+
+
+mgrid = _MGrid()
+
+
+class Predicate:
+    """A conjunction of affine conditions `expr op 0` (mask=...)."""
+
+    def __init__(self, conds):
+        self.conds = list(conds)
+
+    def __and__(self, other):
+        return Predicate(self.conds + other.conds)
+
+    def __or__(self, other):
+        raise NotImplementedError("not supported: a mask joined with '|' (tern takes conjunctions of "
+                                  "bounds); split the operation or use nisa.affine_select")
+
+    def ranges(self):
+        """uid -> (var, lo, hi): the bounds each single-index condition gives."""
+        out = {}
+        for e, op in self.conds:
+            if len(e.terms) != 1:
+                raise NotImplementedError("not supported: a mask relating two indices (e.g. i_p >= i_f); "
+                                          "use nisa.affine_select")
+            (uid, (v, c)), = e.terms.items()
+            lo, hi = out.get(uid, (v, 0, v.extent))[1:]
+            # c*i + o  op  0  with integer i in [0, extent)
+            o = e.offset
+            if op in ("lt", "le"):
+                lim = -o - (1 if op == "lt" else 0)  # c*i <= lim
+                if c > 0:
+                    hi = min(hi, lim // c + 1)
+                else:
+                    lo = max(lo, -(lim // -c) if lim % -c else lim // c)
+            else:
+                lim = -o + (1 if op == "gt" else 0)  # c*i >= lim
+                if c > 0:
+                    lo = max(lo, -(-lim // c))
+                else:
+                    hi = min(hi, (-lim) // (-c) + 1)
+            out[uid] = (v, lo, hi)
+        return out
+
+
+# ----------------------------------------------------------------- tensors
+class NkiTensor:
+    """A tensor or a view of one (see the module docstring). `_vars` names,
+    per dim, the index variable an expression-indexed view came from (for
+    masks), or None."""
+
+    def __init__(self, base, buffer, dtype, p0, np_, off, free, name=None, row_stride=0, alloc=None,
+                 vars_=None):
+        self._base, self.buffer, self.dtype = base, buffer, dtype
+        self._alloc = alloc  # SBUF/PSUM: keeps the memory alive while any view exists
+        self._row_stride = row_stride  # HBM: elements between consecutive rows of dim 0
+        self._p0, self._np, self._off, self._free = p0, np_, off, list(free)
+        self.name = name
+        self._vars = vars_
+        self._origin = None  # an SBUF tile loaded whole from HBM: that view (partition broadcasts)
+
+    def _like(self, p0, np_, off, free, row_stride=None, vars_=None):
+        return NkiTensor(self._base, self.buffer, self.dtype, p0, np_, off, free, self.name,
+                         self._row_stride if row_stride is None else row_stride, self._alloc, vars_)
+
+    @property
+    def shape(self):
+        return (self._np,) + tuple(c for _, c in self._free)
+
+    @property
+    def ndim(self):
+        return 1 + len(self._free)
+
+    @property
+    def size(self):
+        return math.prod(self.shape)
+
+    @property
+    def is_hbm(self):
+        return self.buffer in HBM_BUFFERS
+
+    def _tensor(self):
+        """The C++ view handed to the builder (Empty when it has no elements)."""
+        if self._alloc is not None:
+            self._alloc.check_live()
+        elif self.name is not None and self.is_hbm:
+            _tracer.current().touched[-1].add(self.name)  # a collective's part waits for it
+        if self._np == 0 or any(c == 0 for _, c in self._free):
+            raise Empty()
+        free = self._free if self._free else [(1, 1)]
+        return self._base.view(self._p0, self._np, self._off, free, self._row_stride)
+
+    # ---------------------------------------------------------- indexing
+    def _expand(self, key):
+        key = key if isinstance(key, tuple) else (key,)
+        if any(k is Ellipsis for k in key):
+            i = next(i for i, k in enumerate(key) if k is Ellipsis)
+            fill = self.ndim - (len(key) - 1)
+            key = key[:i] + (slice(None),) * fill + key[i + 1:]
+        if len(key) > self.ndim:
+            raise IndexError(f"{len(key)} indices for a {self.ndim}-d tensor of shape {self.shape}")
+        return key + (slice(None),) * (self.ndim - len(key))
+
+    def __getitem__(self, key):
+        key = self._expand(key)
+        if any(isinstance(k, IndexExpr) and k.terms for k in key):
+            return self._index_exprs(key)
+        p0, off, free = self._p0, self._off, []
+        start, count, step, _ = _bounds(key[0], self._np, "the partition dim")
+        if step != 1 and count > 1:
+            if not self.is_hbm:
+                raise NotImplementedError("not supported: a stepped slice of the partition dim (partitions "
+                                          "are contiguous)")
+        row_stride = self._row_stride * step if self.is_hbm else self._row_stride
+        for k, (stride, n) in zip(key[1:], self._free):
+            s, c, st, keep = _bounds(k, n, "a free dim")
+            off += s * stride
+            if keep:
+                free.append((stride * st, c))
+        return self._like(p0 + start, count, off, free, row_stride)
+
+    def _index_exprs(self, key):
+        """t[i_p, i_f] with nl.arange / nl.mgrid indices: one dim per index
+        variable, ordered by its grid axis (slices keep their place)."""
+        strides = [self._row_stride if self.is_hbm else None] + [s for s, _ in self._free]
+        extents = self.shape
+        off = self._off
+        p0 = self._p0
+        dims = []  # [uid, var, stride] in order
+        for d, k in enumerate(key):
+            e = IndexExpr.of(k) if not isinstance(k, (slice, ds)) else None
+            if e is None:
+                s, c, st, _ = _bounds(k, extents[d], "a dim")
+                if d == 0:
+                    raise NotImplementedError("not supported: a slice of the partition dim mixed with index "
+                                              "expressions; index it with nl.arange too")
+                off += s * strides[d]
+                dims.append([object(), None, strides[d] * st, c])
+                continue
+            lo, hi = e.offset + sum(min(0, c * (v.extent - 1)) for v, c in e.terms.values()), \
+                e.offset + sum(max(0, c * (v.extent - 1)) for v, c in e.terms.values())
+            if lo < 0 or hi >= extents[d]:
+                raise IndexError(f"index expression {e} reaches [{lo}, {hi}] outside dim {d} of size {extents[d]}")
+            if d == 0:
+                p0 += e.offset
+            else:
+                off += e.offset * strides[d]
+            for uid, (v, c) in sorted(e.terms.items(), key=lambda t: t[1][0].axis):
+                hit = next((x for x in dims if x[0] is uid), None)
+                step = c * (1 if d == 0 and not self.is_hbm else strides[d])
+                if hit is not None:
+                    hit[2] += step
+                else:
+                    dims.append([uid, v, step, v.extent, d])
+        part = [x for x in dims if len(x) > 4 and x[4] == 0]
+        if len(part) > 1:
+            raise NotImplementedError("not supported: the partition dim indexed by two variables")
+        if not part:
+            raise NotImplementedError("not supported: an index expression leaving no partition dim")
+        pd = part[0]
+        rest = [x for x in dims if x is not pd and not (x[1] is not None and x[3] == 1)]
+        rest.sort(key=lambda x: (x[1].axis if x[1] is not None else -1))
+        if not self.is_hbm and pd[2] != 1:
+            raise NotImplementedError("not supported: a partition index with a coefficient (partitions are "
+                                      "contiguous)")
+        free = [(x[2], x[3]) for x in rest]
+        vars_ = [pd[1]] + [x[1] for x in rest]
+        return self._like(p0, pd[3], off, free, pd[2] if self.is_hbm else None, vars_)
+
+    def __setitem__(self, key, value):
+        from tern.nki import _functions
+        _functions.assign(self[key], value)
+
+    # ------------------------------------------------------- reshaping
+    def ap(self, pattern, offset=0, dtype=None, scalar_offset=None, vector_offset=None, indirect_dim=0):
+        """A raw access pattern: pattern [[stride, count], ...] in elements (the
+        first entry is the partition / row dim), offset in elements from this
+        view's start; dtype= reinterprets the bytes (strides then count
+        elements of that type); scalar_offset / vector_offset (with
+        indirect_dim) move the access by a value read from memory at run
+        time (docs/nki.md)."""
+        if not pattern:
+            raise ValueError("ap(pattern=...) needs at least the partition entry")
+        pstride, parts = pattern[0]
+        free = [(int(s), int(c)) for s, c in pattern[1:]]
+        # HBM rows may have any stride (0 repeats one row on every partition);
+        # SBUF/PSUM partitions are contiguous.
+        row_stride = int(pstride) if self.is_hbm else self._row_stride
+        t = self._like(self._p0, int(parts), self._off + int(offset), free, row_stride)
+        if dtype is not None and dtype != self.dtype:
+            t = t._bitcast(dtype)
+        if scalar_offset is not None or vector_offset is not None:
+            t._indirect = (scalar_offset, vector_offset, int(indirect_dim))
+        return t
+
+    def _bitcast(self, dtype):
+        """The same bytes seen as `dtype` (offsets scale by the size ratio)."""
+        from tern import _core
+        old, new = _core.dtype_size(self.dtype), _core.dtype_size(dtype)
+        if (self._off * old) % new:
+            raise ValueError(f"ap(dtype={dtype}): the view's byte offset is not a multiple of {new}")
+        base = self._base.retyped(dtype)
+        t = NkiTensor(base, self.buffer, dtype, self._p0, self._np, self._off * old // new, self._free,
+                      self.name, self._row_stride * old // new if self.is_hbm else self._row_stride,
+                      self._alloc)
+        return t
+
+    def view(self, dtype):
+        """The same memory as another dtype of the same size."""
+        return self._bitcast(dtype)
+
+    def bitcast(self, dtype):
+        return self._bitcast(dtype)
+
+    def _contiguous(self):
+        if self._np == 0:
+            return True
+        dims = ([(self._row_stride, self._np)] if self.is_hbm else []) + list(self._free)
+        acc = 1
+        for s, c in reversed(dims):
+            if c != 1 and s != acc:
+                return False
+            acc *= c
+        return True
+
+    def reshape(self, shape):
+        shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
+        if math.prod(shape) != self.size:
+            raise ValueError(f"cannot reshape {self.shape} into {shape}: {self.size} elements vs "
+                             f"{math.prod(shape)}")
+        if self.is_hbm:  # HBM has no partition dim: any row-major reshape of contiguous memory
+            if not self._contiguous():
+                raise NotImplementedError(f"not supported: reshape of a non-contiguous HBM view {self.shape}")
+            off = self._off + self._p0 * self._row_stride
+            return NkiTensor(self._base, self.buffer, self.dtype, 0, shape[0], off, row_major(shape),
+                             self.name, math.prod(shape[1:]), None)
+        if shape[0] != self._np:
+            raise ValueError(f"cannot reshape SBUF/PSUM tile {self.shape} into {shape}: the partition dim "
+                             "stays")
+        if not _free_contiguous(self._free):
+            raise NotImplementedError("not supported: reshape of a non-contiguous view")
+        inner = self._free[-1][0] if self._free else 1
+        free = [(s * inner, c) for s, c in row_major(shape)]
+        return self._like(self._p0, self._np, self._off, free)
+
+    def broadcast_to(self, shape):
+        from tern.nki import _functions
+        return _functions.broadcast_to(self, tuple(int(s) for s in shape))
+
+    def expand_dims(self, axis):
+        axis = axis % (self.ndim + 1)
+        if axis == 0:
+            raise NotImplementedError("not supported: a new leading dim (the partition dim stays)")
+        free = list(self._free)
+        free.insert(axis - 1, (0, 1))
+        return self._like(self._p0, self._np, self._off, free)
+
+    @property
+    def T(self):
+        from tern.nki import _functions
+        return _functions.transpose(self)
+
+    def __repr__(self):
+        return f"NkiTensor({self.buffer.name}, shape={self.shape}, dtype={self.dtype})"
+
+    def __len__(self):
+        return self._np
+
+    __hash__ = object.__hash__
+
+
+def _free_contiguous(free):
+    return all(free[i][0] == free[i + 1][0] * free[i + 1][1] for i in range(len(free) - 1))
+
+
+def _bounds(k, n, what):
+    """(start, count, step, keeps a dim) of index k into a dim of size n."""
+    if isinstance(k, ds):
+        if k.size < 0 or k.start < 0 or k.start + k.size > n:
+            raise IndexError(f"{k} is outside {what} of size {n}")
+        return k.start, k.size, 1, True
+    if isinstance(k, slice):
+        start, stop, step = k.indices(n)
+        if step <= 0:
+            raise NotImplementedError(f"not supported: a reversed slice {k} of {what}")
+        return start, max(0, (stop - start + step - 1) // step), step, True
+    if isinstance(k, IndexExpr):
+        k = k.offset
+    i = int(k)
+    if i < 0:
+        i += n
+    if not 0 <= i < n:
+        raise IndexError(f"index {k} out of range for {what} size {n}")
+    return i, 1, 1, False
+
+
+def row_major(shape):
+    """(stride, count) of the dims after the first of a row-major shape."""
+    strides, acc = [], 1
+    for c in reversed(shape[1:]):
+        strides.append(acc)
+        acc *= c
+    return list(zip(reversed(strides), shape[1:]))
+
+
+def hbm_tensor(base, buffer, dtype, shape, name):
+    """The NkiTensor of a whole row-major HBM allocation."""
+    return NkiTensor(base, buffer, dtype, 0, shape[0], 0, row_major(shape), name, math.prod(shape[1:]))
