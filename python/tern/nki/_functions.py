@@ -121,7 +121,11 @@ def restrict(view, ranges):
             s, c = free[d - 1]
             off += lo * s
             free[d - 1] = (s, min(c, hi) - lo)
-    return view._like(p0, np_, off, free, vars_=view._vars)
+    out = view._like(p0, np_, off, free, vars_=view._vars)
+    out._limits = {u: lim for u, lim in view._limits.items()
+                   if not (u in ranges and ranges[u][1] >= lim[0] and ranges[u][2] <= lim[1])}
+    out._origin = getattr(view, "_origin", None)
+    return out
 
 
 # ------------------------------------------------------------ broadcasting

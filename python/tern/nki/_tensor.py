@@ -222,6 +222,7 @@ class NkiTensor:
         self._p0, self._np, self._off, self._free = p0, np_, off, list(free)
         self.name = name
         self._vars = vars_
+        self._limits = {}  # index variables whose full range leaves the tensor (a mask must bound them)
         self._origin = None  # an SBUF tile loaded whole from HBM: that view (partition broadcasts)
 
     def _like(self, p0, np_, off, free, row_stride=None, vars_=None):
@@ -252,6 +253,8 @@ class NkiTensor:
             _tracer.current().touched[-1].add(self.name)  # a collective's part waits for it
         if self._np == 0 or any(c == 0 for _, c in self._free):
             raise Empty()
+        if self._limits:
+            raise IndexError(next(iter(self._limits.values()))[2])
         free = self._free if self._free else [(1, 1)]
         return self._base.view(self._p0, self._np, self._off, free, self._row_stride)
 
@@ -267,6 +270,9 @@ class NkiTensor:
         return key + (slice(None),) * (self.ndim - len(key))
 
     def __getitem__(self, key):
+        if isinstance(key, Predicate):  # t[mask]: the part the mask keeps
+            from tern.nki import _functions as F
+            return F.restrict(self, key.ranges())
         key = self._expand(key)
         if any(isinstance(k, IndexExpr) and k.terms for k in key):
             return self._index_exprs(key)
@@ -290,8 +296,12 @@ class NkiTensor:
         strides = [self._row_stride if self.is_hbm else None] + [s for s, _ in self._free]
         extents = self.shape
         off = self._off
-        p0 = self._p0
-        dims = []  # [uid, var, stride] in order
+        hbm_view = self.is_hbm
+        p0 = 0 if hbm_view else self._p0
+        if hbm_view:  # HBM rows fold into the offset: the row dim may get a new stride
+            off += self._p0 * self._row_stride
+        dims = []  # [uid, var, stride, count, tensor dim]
+        limits = {}  # uid -> (lo, hi, message): the index values inside the tensor
         for d, k in enumerate(key):
             e = IndexExpr.of(k) if not isinstance(k, (slice, ds)) else None
             if e is None:
@@ -300,24 +310,35 @@ class NkiTensor:
                     raise NotImplementedError("not supported: a slice of the partition dim mixed with index "
                                               "expressions; index it with nl.arange too")
                 off += s * strides[d]
-                dims.append([object(), None, strides[d] * st, c])
+                dims.append([object(), None, strides[d] * st, c, d])
                 continue
-            lo, hi = e.offset + sum(min(0, c * (v.extent - 1)) for v, c in e.terms.values()), \
-                e.offset + sum(max(0, c * (v.extent - 1)) for v, c in e.terms.values())
+            lo = e.offset + sum(min(0, c * (v.extent - 1)) for v, c in e.terms.values())
+            hi = e.offset + sum(max(0, c * (v.extent - 1)) for v, c in e.terms.values())
             if lo < 0 or hi >= extents[d]:
-                raise IndexError(f"index expression {e} reaches [{lo}, {hi}] outside dim {d} of size {extents[d]}")
-            if d == 0:
+                msg = (f"index expression {e} reaches [{lo}, {hi}] outside dim {d} of size {extents[d]} "
+                       f"({_tracer.kernel_location()}); a mask= must keep it inside")
+                if len(e.terms) != 1:
+                    raise IndexError(msg)
+                (uid, (v, c)), = e.terms.items()
+                # c * i + offset in [0, extent)  <=>  i in [vlo, vhi)
+                o, ext = e.offset, extents[d]
+                if c > 0:
+                    vlo, vhi = max(0, -(o // c)), (ext - 1 - o) // c + 1
+                else:
+                    vlo, vhi = max(0, -((ext - 1 - o) // -c)), o // -c + 1
+                limits[uid] = (vlo, vhi, msg)
+            if d == 0 and not hbm_view:
                 p0 += e.offset
             else:
                 off += e.offset * strides[d]
             for uid, (v, c) in sorted(e.terms.items(), key=lambda t: t[1][0].axis):
                 hit = next((x for x in dims if x[0] is uid), None)
-                step = c * (1 if d == 0 and not self.is_hbm else strides[d])
+                step = c * (1 if d == 0 and not hbm_view else strides[d])
                 if hit is not None:
                     hit[2] += step
                 else:
                     dims.append([uid, v, step, v.extent, d])
-        part = [x for x in dims if len(x) > 4 and x[4] == 0]
+        part = [x for x in dims if x[4] == 0 and x[1] is not None]
         if len(part) > 1:
             raise NotImplementedError("not supported: the partition dim indexed by two variables")
         if not part:
@@ -325,12 +346,14 @@ class NkiTensor:
         pd = part[0]
         rest = [x for x in dims if x is not pd and not (x[1] is not None and x[3] == 1)]
         rest.sort(key=lambda x: (x[1].axis if x[1] is not None else -1))
-        if not self.is_hbm and pd[2] != 1:
+        if not hbm_view and pd[2] != 1:
             raise NotImplementedError("not supported: a partition index with a coefficient (partitions are "
                                       "contiguous)")
         free = [(x[2], x[3]) for x in rest]
         vars_ = [pd[1]] + [x[1] for x in rest]
-        return self._like(p0, pd[3], off, free, pd[2] if self.is_hbm else None, vars_)
+        t = self._like(p0, pd[3], off, free, pd[2] if hbm_view else None, vars_)
+        t._limits = limits
+        return t
 
     def __setitem__(self, key, value):
         from tern.nki import _functions
@@ -424,6 +447,140 @@ class NkiTensor:
     def T(self):
         from tern.nki import _functions
         return _functions.transpose(self)
+
+    # ------------------------------------------------ tile arithmetic
+    def _binop(name, reverse=False):
+        def op(self, other):
+            from tern.nki import _functions as F
+            from tern.nki import _ops
+            a, b = (other, self) if reverse else (self, other)
+            return F.binary(_ops.ALL[name], a, b)
+        return op
+
+    def _inplace(name):
+        def op(self, other):
+            from tern.nki import _functions as F
+            from tern.nki import _ops
+            return F.inplace(_ops.ALL[name], self, other)
+        return op
+
+    __add__, __radd__, __iadd__ = _binop("add"), _binop("add", True), _inplace("add")
+    __sub__, __rsub__, __isub__ = _binop("subtract"), _binop("subtract", True), _inplace("subtract")
+    __mul__, __rmul__, __imul__ = _binop("multiply"), _binop("multiply", True), _inplace("multiply")
+    __truediv__, __rtruediv__, __itruediv__ = _binop("divide"), _binop("divide", True), _inplace("divide")
+    __pow__, __rpow__ = _binop("power"), _binop("power", True)
+    __and__, __rand__, __iand__ = _binop("bitwise_and"), _binop("bitwise_and", True), _inplace("bitwise_and")
+    __or__, __ror__, __ior__ = _binop("bitwise_or"), _binop("bitwise_or", True), _inplace("bitwise_or")
+    __xor__, __rxor__ = _binop("bitwise_xor"), _binop("bitwise_xor", True)
+    __lshift__, __rshift__ = _binop("left_shift"), _binop("right_shift")
+    __lt__, __le__ = _binop("less"), _binop("less_equal")
+    __gt__, __ge__ = _binop("greater"), _binop("greater_equal")
+    __imax__ = _inplace("maximum")
+
+    def __neg__(self):
+        from tern.nki import _functions as F
+        from tern.nki import _ops
+        return F.unary(_ops.ALL["negative"], self)
+
+    def __abs__(self):
+        from tern.nki import _functions as F
+        from tern.nki import _ops
+        return F.unary(_ops.ALL["abs"], self)
+
+    # ------------------------------------------------ view methods (nki 0.3+)
+    def as_tile(self):
+        return self
+
+    def get_pattern(self):
+        """[[stride, count], ...] in elements, the partition / row dim first."""
+        first = self._row_stride if self.is_hbm else self._partition_stride()
+        return [[first, self._np]] + [[s, c] for s, c in self._free]
+
+    def _partition_stride(self):
+        return int(getattr(self._alloc, "free", 0) or 0)
+
+    def _dims(self):
+        """[(stride, count)] of every dim (dim 0: row stride for HBM, 0 on chip)."""
+        return [(self._row_stride if self.is_hbm else 0, self._np)] + list(self._free)
+
+    def _with_dims(self, dims):
+        if self.is_hbm:  # rows fold into the offset: any dim may become the row dim
+            return self._like(0, dims[0][1], self._off + self._p0 * self._row_stride, dims[1:], dims[0][0])
+        if dims[0][1] != self._np:
+            raise NotImplementedError("not supported: changing the partition dim of an SBUF/PSUM view")
+        return self._like(self._p0, self._np, self._off, dims[1:])
+
+    def slice(self, dim, start=0, end=None, step=1):
+        key = [slice(None)] * self.ndim
+        key[dim] = slice(start, end, step)
+        return self[tuple(key)]
+
+    def select(self, dim, index):
+        key = [slice(None)] * self.ndim
+        key[dim] = index
+        return self[tuple(key)]
+
+    def permute(self, dims):
+        dims = [int(d) for d in dims]
+        cur = self._dims()
+        if not self.is_hbm and dims[0] != 0:
+            raise NotImplementedError("not supported: permuting the partition dim of an SBUF/PSUM view")
+        return self._with_dims([cur[d] for d in dims])
+
+    def broadcast(self, dim, size):
+        cur = self._dims()
+        if cur[dim][1] != 1:
+            raise ValueError(f"broadcast(dim={dim}): the dim has size {cur[dim][1]}, not 1")
+        if dim == 0 and not self.is_hbm:
+            from tern.nki import _functions as F
+            return F.broadcast_partitions(self, int(size))
+        cur[dim] = (0, int(size))
+        return self._with_dims(cur)
+
+    def expand_dim(self, dim):
+        cur = self._dims()
+        if dim == 0:
+            if not self.is_hbm:
+                raise NotImplementedError("not supported: a new leading dim on an SBUF/PSUM view")
+            return self._like(0, 1, self._off + self._p0 * self._row_stride, cur, 0)
+        cur.insert(dim, (0, 1))
+        return self._with_dims(cur)
+
+    def squeeze_dim(self, dim):
+        cur = self._dims()
+        if cur[dim][1] != 1 or dim == 0:
+            raise ValueError(f"squeeze_dim({dim}): only a free dim of size 1 can go")
+        del cur[dim]
+        return self._with_dims(cur)
+
+    def reshape_dim(self, dim, shape):
+        cur = self._dims()
+        s, c = cur[dim]
+        shape = list(shape)
+        if -1 in shape:
+            known = math.prod(x for x in shape if x != -1)
+            shape[shape.index(-1)] = c // known
+        if math.prod(shape) != c:
+            raise ValueError(f"reshape_dim({dim}, {shape}): the dim has {c} elements")
+        if dim == 0 and not self.is_hbm and len(shape) > 1:
+            raise NotImplementedError("not supported: splitting the partition dim of an SBUF/PSUM view")
+        new, acc = [], s
+        for n in reversed(shape):
+            new.insert(0, (acc, n))
+            acc *= n
+        return self._with_dims(cur[:dim] + new + cur[dim + 1:])
+
+    def flatten_dims(self, start_dim=0, end_dim=-1):
+        cur = self._dims()
+        end = end_dim % len(cur)
+        part = cur[start_dim:end + 1]
+        for (s0, c0), (s1, c1) in zip(part, part[1:]):
+            if c1 != 1 and c0 != 1 and s0 != s1 * c1:
+                raise NotImplementedError("not supported: flattening dims that are not contiguous")
+        merged = (part[-1][0], math.prod(c for _, c in part))
+        if start_dim == 0 and not self.is_hbm and len(part) > 1:
+            raise NotImplementedError("not supported: merging the partition dim of an SBUF/PSUM view")
+        return self._with_dims(cur[:start_dim] + [merged] + cur[end + 1:])
 
     def __repr__(self):
         return f"NkiTensor({self.buffer.name}, shape={self.shape}, dtype={self.dtype})"

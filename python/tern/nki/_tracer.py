@@ -51,8 +51,8 @@ class Allocation:
     scope), the memory returns to the builder, which orders its next users
     after every use of this one."""
 
-    def __init__(self, trace, base):
-        self.trace, self.base = trace, base
+    def __init__(self, trace, base, free=0):
+        self.trace, self.base, self.free = trace, base, free  # free: elements per partition
         self.builder = trace.builder  # a collective starts a new one (Trace.cut)
         self.matmul_written = set()  # views of this PSUM tile a matmul already wrote
 

@@ -96,6 +96,7 @@ def ndarray(shape, dtype=None, buffer=None, name=None, address=None, **hints):
     tr = _tracer.current()
     dtype = _dtype_name(dtype if dtype is not None else float32)
     buffer = buffer if buffer is not None else sbuf
+    buffer = getattr(buffer, "_tern_buffer", buffer)  # nki.compiler allocators
     shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
     lead = next((i for i, s in enumerate(shape) if isinstance(s, par_dim)), 0)
     shape = tuple(int(s) for s in shape)
@@ -120,7 +121,8 @@ def ndarray(shape, dtype=None, buffer=None, name=None, address=None, **hints):
     free = math.prod(shape[1:])
     b = tr.at()
     base = b.sbuf(shape[0], free, dtype) if buffer is sbuf else b.psum(shape[0], free, dtype)
-    return NkiTensor(base, buffer, dtype, 0, shape[0], 0, _row_major(shape), name, 0, _tracer.Allocation(tr, base))
+    return NkiTensor(base, buffer, dtype, 0, shape[0], 0, _row_major(shape), name, 0,
+                     _tracer.Allocation(tr, base, free))
 
 
 def _dtype_name(dtype):
@@ -415,7 +417,7 @@ def shared_constant(constant, dtype=None, **hints):
     import numpy as np
     arr = np.asarray(constant)
     tr = _tracer.current()
-    dt = _dtype_name(dtype) if dtype is not None else _dtype_name(arr.dtype)
+    dt = _dtype_name(dtype or getattr(constant, "nki_dtype", None) or arr.dtype)
     name = _unique_hbm_name(tr, f"__constant{len(tr.constants)}")
     shape = arr.shape or (1,)
     base = tr.declare_hbm(name, shape, dt, False)
