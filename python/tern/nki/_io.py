@@ -42,9 +42,11 @@ _TORCH = _torch_dtypes()
 
 
 class Bits(np.ndarray):
-    """An output of a type numpy lacks (bfloat16, the FP8 types, the x4
+    """An array of a type numpy lacks (bfloat16, the FP8 types, the x4
     packed types): the raw codes as unsigned integers, with `nki_dtype`
-    naming the type. `tern.nki.to_float32(bits)` decodes the values."""
+    naming the type. Outputs of those types come back as Bits (from numpy
+    inputs); `nki.Bits(codes, nl.float8_e5m2)` passes codes in exactly;
+    `tern.nki.to_float32(bits)` decodes the values."""
 
     def __new__(cls, codes, dtype):
         obj = np.asarray(codes).view(cls)
@@ -97,6 +99,8 @@ def _raw_numpy(a):
         return t.numpy(), False
     if a.dtype.name in _ML_DTYPES:
         return np.ascontiguousarray(a).view(_BITS[_ML_DTYPES[a.dtype.name]]), True
+    if isinstance(a, Bits):  # raw codes of a type numpy lacks, passed back in
+        return np.asarray(a), True
     return np.asarray(a), False
 
 
