@@ -20,7 +20,16 @@ def not_yet(qualified):
     def call(*args, **kwargs):
         raise NotImplementedError(f"not supported: {qualified} (tern does not implement it yet; see docs/nki.md)")
     call.__name__ = qualified.rsplit(".", 1)[-1]
+    call.__nki_status__ = "not yet"
     return call
+
+
+def status(text):
+    """Declares a call's support in the API table (docs/nki.md): "partial: ..."."""
+    def mark(fn):
+        fn.__nki_status__ = text
+        return fn
+    return mark
 
 
 def target_name(explicit=None):

@@ -104,6 +104,7 @@ def _indirect(x):
     return getattr(x, "_indirect", None)
 
 
+@_tracer.status("supported (dge_mode accepted: every DMA is timed by tern's one DMA model)")
 def dma_copy(dst, src, dst_rmw_op=None, oob_mode=oob_mode.error, dge_mode=dge_mode.unknown,
              unique_indices=True, engine=None, name=None, mask=None):
     """dst <- src (cast through FP32); dst_rmw_op=nl.add accumulates into dst.
@@ -147,6 +148,7 @@ def dma_compute(dst, srcs, reduce_op, scales=None, name=None):
         b.dma_copy(d, _t(x, "srcs"), -1, True, _core.Engine.sync)
 
 
+@_tracer.status("partial: axes (1, 0), (2, 1, 0) and (3, 1, 2, 0) with unit middle dims")
 def dma_transpose(dst, src, axes=None, dge_mode=dge_mode.unknown, oob_mode=oob_mode.error, name=None):
     """dst = src transposed (2-byte types; axes (1, 0), or the 4-D (3, 1, 2, 0)
     whose middle dims are 1)."""
@@ -161,6 +163,7 @@ def dma_transpose(dst, src, axes=None, dge_mode=dge_mode.unknown, oob_mode=oob_m
 
 
 # ----------------------------------------------------------------- tensor
+@_tracer.status("partial: tile_position / tile_size give the same values, timed as a whole-array matmul")
 def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_onezero=False, is_transpose=False,
               accumulate=None, tile_position=(), tile_size=(), perf_mode=None, name=None, **hints):
     """dst[M, N] (+)= stationary[K, M].T @ moving[K, N] on the Tensor engine.
@@ -298,6 +301,7 @@ class _ScalarAccumulator:
         return acc[0:rows]
 
 
+@_tracer.status("partial: a [P, 1] scale is a Vector multiply first; reduce_cmd reduce / reset / load_reduce keep the sums in an SBUF tile (extra instructions)")
 def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=None,
                reduce_cmd=reduce_cmd.idle, engine=None, name=None, dtype=None, **hints):
     """dst = op(data * scale + bias) on the Scalar engine; reduce_res gets
@@ -352,6 +356,7 @@ def activation_reduce(dst, op, data, reduce_op, reduce_res, bias=None, scale=1.0
                reduce_cmd=reduce_cmd.reset_reduce)
 
 
+@_tracer.status("partial: issued as two Vector instructions (same values, the time of two)")
 def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False, engine=None,
                          name=None, **hints):
     """(data op0 operand0) op1 operand1 with a scalar/column operand0 and a
@@ -363,6 +368,7 @@ def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False
         tensor_tensor(dst=dst, data1=dst, data2=operand1, op=op1, engine=engine)
 
 
+@_tracer.status("partial: issued as two Vector instructions (same values, the time of two)")
 def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res, reverse0=False, name=None, **hints):
     """tensor_scalar with one operator, then a reduction of the result over the
     free dims into reduce_res; tern issues two Vector instructions."""
@@ -375,9 +381,14 @@ def reciprocal(dst, data, name=None, **hints):
     _tracer.current().at().reciprocal(_t(dst, "dst"), _t(data, "data"))
 
 
+@_tracer.status("partial: reduce_cmd / reduce_init other than the defaults not yet")
 def exponential(dst, src, max_value=None, reduce_res=None, reduce_cmd=reduce_cmd.idle, reduce_init=0.0,
                 name=None):
     """dst = exp(src - max_value) (trn3 Vector engine), optional row sums."""
+    if int(reduce_cmd) not in (int(globals()["reduce_cmd"].idle), int(globals()["reduce_cmd"].reset_reduce)) \
+            or float(reduce_init) != 0.0:
+        raise NotImplementedError("not supported: nisa.exponential with reduce_cmd reduce / load_reduce or "
+                                  "reduce_init")
     if max_value is not None and not _is_tile(max_value):
         v = float(max_value)
         max_value = None
@@ -397,6 +408,7 @@ def bn_aggr(dst, data, name=None, **hints):
     _tracer.current().at().bn_aggr(_t(_flat2(dst), "dst"), _t(_flat2(data), "data"))
 
 
+@_tracer.status("supported (reverse_pred is one extra Vector instruction)")
 def tensor_copy_predicated(dst, src, predicate, reverse_pred=False, name=None, **hints):
     """dst = src where predicate is non-zero (zero with reverse_pred)."""
     if reverse_pred:
@@ -436,12 +448,14 @@ def _linear_step(pattern, dst, call):
     return step
 
 
+@_tracer.status("partial: patterns linear in the flat free index")
 def iota(dst, pattern, offset=0, channel_multiplier=0, name=None, **hints):
     """dst[c, i...] = offset + c * channel_multiplier + sum(step_d * i_d) on GpSimd."""
     step = _linear_step(pattern, dst, "iota")
     _tracer.current().at().iota(_t(_flat2(dst), "dst"), float(offset), float(channel_multiplier), float(step))
 
 
+@_tracer.status("partial: patterns linear in the flat free index")
 def affine_select(dst, pattern, offset, channel_multiplier, on_true_tile, on_false_value, cmp_op=nl.equal,
                   name=None):
     """dst = on_true_tile where cmp_op(offset + c * channel_multiplier + sum(step_d * i_d), 0), else
@@ -482,6 +496,7 @@ def tensor_tensor_scan(dst, data0, data1, initial, op0, op1, reverse0=False, rev
           imm0=0.0 if col else float(initial), col0=col, rev0=bool(reverse0), rev1=bool(reverse1))
 
 
+@_tracer.status("partial: reduce_res gets this instruction's row maxima (the accumulator is not kept across instructions)")
 def select_reduce(dst, predicate, on_true, on_false, reduce_res=None, reduce_cmd=reduce_cmd.idle,
                   reduce_op=None, reverse_pred=False, name=None, **hints):
     """dst = on_true where predicate (not predicate with reverse_pred), else
@@ -498,6 +513,7 @@ def select_reduce(dst, predicate, on_true, on_false, reduce_res=None, reduce_cmd
           acc=reduce_res is not None, rev0=bool(reverse_pred))
 
 
+@_tracer.status("partial: reduce_res gets this instruction's row maxima (the accumulator is not kept across instructions)")
 def range_select(dst, on_true_tile, comp_op0, comp_op1, bound0, bound1, reduce_cmd=reduce_cmd.reset_reduce,
                  reduce_res=None, reduce_op=None, range_start=0.0, on_false_value=nl.fp32.min, name=None):
     """dst[p, i] = on_true_tile[p, i] where comp_op0(range_start + i, bound0[p])

@@ -88,6 +88,7 @@ class BlockTile:
         t[rest if rest else ...] = value
 
 
+@_tracer.status("partial: address= is accepted; tern places SBUF / PSUM tiles itself (the same values unless a kernel relies on two tiles sharing memory)")
 def ndarray(shape, dtype=None, buffer=None, name=None, address=None, **hints):
     """New, uninitialized memory. HBM buffers become the kernel's HBM tensors
     (shared_hbm ones are outputs when returned); SBUF/PSUM tiles keep the
@@ -192,6 +193,7 @@ sequential_range = affine_range
 static_range = affine_range
 
 
+@_tracer.status("partial: unrolled while tracing; a trip count held in a register is not supported")
 def dynamic_range(*args, **hints):
     """A loop the hardware runs with a register counter; tern traces its
     body once per iteration (results identical; docs/nki.md)."""
