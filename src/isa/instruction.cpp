@@ -34,7 +34,7 @@ constexpr std::array<std::string_view, static_cast<std::size_t>(Opcode::count_)>
     "dma_transpose", "reg_set",         "reg_alu",         "branch",        "dma_gather",
     "dma_scatter",   "max8",            "find_index8",     "match_replace8", "tensor_scan",
     "select_reduce", "range_select",    "nonzero_count",   "n_gather",      "stream_shuffle",
-    "local_gather"};
+    "local_gather",  "core_sync"};
 constexpr std::array<std::string_view, static_cast<std::size_t>(AluOp::count_)> kAluNames = {
     "bypass",  "add",         "subtract",   "multiply",    "divide",     "max",        "min",
     "abs_max", "pow",         "is_equal",   "not_equal",   "is_gt",      "is_ge",      "is_lt",
@@ -345,6 +345,7 @@ std::string to_string(const Instruction& in) {
   if (in.col1) s += " col1=1";
   if (in.oob_skip) s += " oob=skip";
   if (in.reverse0) s += " rev0=1";
+  if (in.peer_core >= 0) s += fmt::format(" peer={}", in.peer_core);
   if (in.reverse1) s += " rev1=1";
   if (!in.table.empty()) {
     s += " table=";
@@ -360,6 +361,7 @@ std::string to_string(const Instruction& in) {
   for (const auto& w : in.waits) {
     s += fmt::format(" wait={}>={}", w.sem, w.value);
     if (w.reg >= 0) s += fmt::format("+r{}", w.reg);
+    if (w.core >= 0) s += fmt::format("^c{}", w.core);
   }
   for (int sig : in.signals) s += fmt::format(" signal={}", sig);
   if (!in.loc.empty()) s += " @" + in.loc;
@@ -425,6 +427,8 @@ Instruction parse_instruction(const std::string& line) {
       in.negate = integer() != 0;
     else if (key == "col0")
       in.col0 = integer() != 0;
+    else if (key == "peer")
+      in.peer_core = integer();
     else if (key == "rev0")
       in.reverse0 = integer() != 0;
     else if (key == "rev1")
@@ -470,6 +474,8 @@ Instruction parse_instruction(const std::string& line) {
       SemWait w{std::atoi(val.substr(0, ge).c_str()), std::atoll(val.substr(ge + 2).c_str()), -1};
       if (const auto plus = val.find("+r", ge); plus != std::string::npos)
         w.reg = std::atoi(val.c_str() + plus + 2);
+      if (const auto hat = val.find("^c", ge); hat != std::string::npos)
+        w.core = std::atoi(val.c_str() + hat + 2);
       in.waits.push_back(w);
     } else {
       throw Error(fmt::format("unknown instruction field '{}' in '{}'", key, line));

@@ -83,6 +83,10 @@ enum class Opcode : std::uint8_t {
   local_gather,    // gpsimd: per 16-partition group, imm0 elements at each index of the group's
                    // index tile (partition-major, imm1 valid indices) from every partition
                    // (dst, src, index)
+  // Any engine: no data moves; its waits (which may name another core's
+  // semaphores) and signal order cores (nki.isa core_barrier, sendrecv).
+  // Operands only order it against this core's accesses of them.
+  core_sync,
   count_,
 };
 std::string_view opcode_name(Opcode op);
@@ -196,6 +200,7 @@ struct SemWait {
   int sem = 0;
   std::int64_t value = 0;  // start only once semaphore `sem` >= value (+ r[reg])
   int reg = -1;            // register of the waiting engine added to value (loops), or -1
+  int core = -1;           // the core whose semaphore it is (-1: this core's)
   bool operator==(const SemWait&) const = default;
 };
 
@@ -219,6 +224,7 @@ struct Instruction {
   // select_reduce reverse0 inverts the predicate.
   bool reverse0 = false, reverse1 = false;
   std::vector<std::int32_t> table;  // stream_shuffle: 32 source partitions (255: keep)
+  int peer_core = -1;  // dma_copy: the destination is this core's SBUF (-1: the issuing core's)
   int queue = 0;                   // dma_copy: DMA queue id
   int priority = 0;                // dma_copy: priority class (v4)
   PerfMode perf = PerfMode::none;  // load_stationary / multiply_moving

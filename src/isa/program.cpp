@@ -273,6 +273,8 @@ std::vector<std::uint8_t> to_binary(const Program& p) {
         w.s(in.loc);
         w.u(in.table.size());
         for (std::int32_t t : in.table) w.i(t);
+        w.i(in.peer_core);
+        for (const auto& wt : in.waits) w.i(wt.core);
       }
     }
   }
@@ -370,8 +372,11 @@ Program parse_program_binary(const std::vector<std::uint8_t>& bytes) {
         }
         for (std::uint64_t k = r.count(1); k--;) in.signals.push_back(static_cast<int>(r.i()));
         in.loc = r.s();
-        if (version >= 3)
+        if (version >= 3) {
           for (std::uint64_t k = r.count(1); k--;) in.table.push_back(static_cast<std::int32_t>(r.i()));
+          in.peer_core = static_cast<int>(r.i());
+          for (auto& wt : in.waits) wt.core = static_cast<int>(r.i());
+        }
         stream.push_back(std::move(in));
       }
     }

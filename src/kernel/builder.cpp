@@ -248,6 +248,8 @@ void Builder::record(Instruction& in, int producer, std::size_t first_read, bool
   }
   in.signals.push_back(producer);
   signals_[core_][producer] = seq;
+  if (last_signal_.size() < prog_.cores.size()) last_signal_.resize(prog_.cores.size(), {-1, 0});
+  last_signal_[core_] = {producer, seq};
 }
 
 void Builder::emit(Instruction in, std::source_location loc) {
@@ -587,6 +589,29 @@ std::string Builder::location(const std::source_location& loc) const {
 }
 
 isa::Program Builder::finish() {
+  for (const SyncWait& w : sync_waits_) {
+    Instruction& in = prog_.cores[w.core].streams[w.engine][w.index];
+    for (int peer : w.peers) {
+      const auto it = sync_points_.find({peer, w.key});
+      if (it == sync_points_.end())
+        throw Error(fmt::format("{}: core {} waits for core {} at '{}', which core {} never reaches",
+                                in.loc, w.core, peer, w.key, peer));
+      in.waits.push_back({it->second.first, it->second.second, -1, peer});
+    }
+  }
+  sync_waits_.clear();
+  for (const SyncWait& d : sync_dmas_) {
+    Instruction& in = prog_.cores[d.core].streams[d.engine][d.index];
+    const auto it = sync_operands_.find({d.peers[0], d.key});
+    if (it == sync_operands_.end())
+      throw Error(fmt::format("{}: core {} sends to core {}'s '{}', which core {} never receives",
+                              in.loc, d.core, d.peers[0], d.key, d.peers[0]));
+    if (it->second.elements() != in.operands[1].elements())
+      throw Error(fmt::format("{}: core {} sends {} elements, core {} receives {}", in.loc, d.core,
+                              in.operands[1].elements(), d.peers[0], it->second.elements()));
+    in.operands[0] = it->second;
+  }
+  sync_dmas_.clear();
   return prog_;
 }
 

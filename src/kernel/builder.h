@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <source_location>
 #include <string>
 #include <vector>
@@ -150,6 +151,28 @@ class Builder {
   void vector_transpose(const Tensor& dst, const Tensor& src,
                         std::source_location loc = std::source_location::current());
 
+  // Cross-core synchronization of a launch grid's programs (nki.isa
+  // core_barrier and sendrecv; builder_sync.cpp). core_sync emits a
+  // no-data instruction on `engine` ordered after this core's earlier
+  // accesses of `reads` and before its later accesses of `writes`.
+  // sync_point names this core's latest instruction `key`. sync_wait emits
+  // a core_sync that also waits for each peer core's instruction named
+  // `key`; the waits resolve in finish(), so a peer traced later counts.
+  // sync_operand names a view of this core `key`; dma_to_core copies this
+  // core's SBUF `src` into the view core `peer` names `dst_key` (resolved in
+  // finish(), like the waits).
+  void core_sync(isa::Engine engine, const std::vector<Tensor>& writes,
+                 const std::vector<Tensor>& reads,
+                 std::source_location loc = std::source_location::current());
+  void sync_point(const std::string& key);
+  void sync_wait(isa::Engine engine, const std::string& key, const std::vector<int>& peers,
+                 const std::vector<Tensor>& writes,
+                 std::source_location loc = std::source_location::current());
+  void sync_operand(const std::string& key, const Tensor& view);
+  void dma_to_core(const std::string& dst_key, const Tensor& src, int peer,
+                   isa::Engine engine = isa::Engine::sync,
+                   std::source_location loc = std::source_location::current());
+
   // Emits a raw instruction (operands, parameters); waits and signals are
   // added by the builder.
   void emit(isa::Instruction in, std::source_location loc = std::source_location::current());
@@ -195,6 +218,17 @@ class Builder {
   std::vector<std::vector<std::int64_t>> signals_;             // [core][sem] count
   std::vector<std::vector<std::vector<std::int64_t>>> known_;  // [core][engine][sem] waited
   int next_queue_ = 0;
+  struct SyncWait {
+    int core, engine;
+    std::size_t index;
+    std::string key;
+    std::vector<int> peers;
+  };
+  std::vector<std::pair<int, std::int64_t>> last_signal_;  // per core: (semaphore, count)
+  std::map<std::pair<int, std::string>, std::pair<int, std::int64_t>> sync_points_;
+  std::vector<SyncWait> sync_waits_;
+  std::map<std::pair<int, std::string>, isa::AccessPattern> sync_operands_;
+  std::vector<SyncWait> sync_dmas_;  // DMAs whose destination is a peer's named view
   std::string location_override_;
   std::string location(const std::source_location& loc) const;
 };

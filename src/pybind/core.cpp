@@ -298,6 +298,16 @@ PYBIND11_MODULE(_core, m) {
           py::arg("imm2") = 0.0f, py::arg("imm3") = 0.0f, py::arg("acc") = false,
           py::arg("col0") = false, py::arg("rev0") = false, py::arg("rev1") = false,
           py::arg("table") = std::vector<std::int32_t>{})
+      .def("core_sync",
+           [](Builder& b, isa::Engine e, const std::vector<Tensor>& writes,
+              const std::vector<Tensor>& reads) { b.core_sync(e, writes, reads); })
+      .def("sync_point", &Builder::sync_point)
+      .def("sync_wait",
+           [](Builder& b, isa::Engine e, const std::string& key, const std::vector<int>& peers,
+              const std::vector<Tensor>& writes) { b.sync_wait(e, key, peers, writes); })
+      .def("sync_operand", &Builder::sync_operand)
+      .def("dma_to_core", [](Builder& b, const std::string& key, const Tensor& s, int peer,
+                             isa::Engine e) { b.dma_to_core(key, s, peer, e); })
       .def("finish", &Builder::finish);
 
   m.def(

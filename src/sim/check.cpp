@@ -67,6 +67,7 @@ bool engine_allowed(Opcode op, Engine e) {
     case Opcode::reg_set:
     case Opcode::reg_alu:
     case Opcode::branch:
+    case Opcode::core_sync:
       return true;  // every engine has a sequencer
     case Opcode::count_:
       break;
@@ -105,6 +106,8 @@ Arity arity(Opcode op) {
     case Opcode::reg_alu:
     case Opcode::branch:
       return {0, 0};
+    case Opcode::core_sync:
+      return {0, 4};  // views it is ordered against (never accessed)
     case Opcode::quantize_mx:
       return {3, 3};  // dst x4, dst_scale, src
     case Opcode::reciprocal:
@@ -267,6 +270,19 @@ std::string check_instruction(const arch::ChipSpec& chip, const isa::Program& pr
                        a.min == a.max ? std::to_string(a.min) : fmt::format("{}-{}", a.min, a.max),
                        nops);
   }
+  for (const auto& w : in.waits)
+    if (w.core >= static_cast<int>(prog.cores.size()))
+      return fmt::format("waits on core {}'s semaphore but the program has {} cores", w.core,
+                         prog.cores.size());
+  if (in.peer_core >= 0) {
+    if (in.op != Opcode::dma_copy) return "only dma_copy writes another core's SBUF (peer=)";
+    if (in.peer_core >= static_cast<int>(prog.cores.size()))
+      return fmt::format("writes core {}'s SBUF but the program has {} cores", in.peer_core,
+                         prog.cores.size());
+    if (nops > 0 && in.operands[0].mem != Mem::sbuf)
+      return "a DMA to another core writes its SBUF";
+  }
+  if (in.op == Opcode::core_sync) return {};  // its operands only order it
   for (int i = 0; i < nops; ++i) {
     const auto& ap = in.operands[i];
     if (std::string e = operand_rules(chip, prog, ap, i); !e.empty()) return e;

@@ -23,7 +23,8 @@ bool strided(const isa::AccessPattern& ap, std::int64_t penalty_bytes) {
 }  // namespace
 
 double CostModel::cycles(const isa::Instruction& in, bool dependent) const {
-  if (in.op == Opcode::reg_set || in.op == Opcode::reg_alu || in.op == Opcode::branch) {
+  if (in.op == Opcode::reg_set || in.op == Opcode::reg_alu || in.op == Opcode::branch ||
+      in.op == Opcode::core_sync) {
     return static_cast<double>(chip_.sequencer.op_cycles.value());  // the engine's sequencer
   }
   const double min_ii = static_cast<double>(chip_.costs.min_ii.value());

@@ -462,7 +462,7 @@ struct Simulator::Impl {
   }
 
   // Same-type DMA: element bytes move unchanged (NaN payloads, x4 packing).
-  void copy_bytes(int core, const AccessPattern& dst, const AccessPattern& src) {
+  void copy_bytes(int core, const AccessPattern& dst, const AccessPattern& src, int dst_core = -1) {
     const Walk& sw_ = walk(src);
     const Walk& dw_ = walk(dst);
     const bool runs = sw_.run && dw_.run;
@@ -470,7 +470,7 @@ struct Simulator::Impl {
     for (int r = 0; r < src.rows(); ++r) {
       auto [sb, sw] = row(core, src, r);
       check_written(sw, src, r, sw_, "the DMA source");
-      auto [db, dw] = row(core, dst, r);
+      auto [db, dw] = row(dst_core >= 0 ? dst_core : core, dst, r);
       if (runs) {  // one block per row
         if (len) std::memcpy(db + dw_.lo, sb + sw_.lo, len);
       } else {
@@ -597,6 +597,13 @@ struct Simulator::Impl {
     const AccessPattern& d = ops[0];
     switch (in.op) {
       case Opcode::dma_copy: {
+        if (in.peer_core >= 0) {  // into another core's SBUF (sendrecv)
+          if (d.dtype == ops[1].dtype && !in.accumulate)
+            copy_bytes(core, d, ops[1], in.peer_core);
+          else
+            write(in.peer_core, d, read(core, ops[1], "the DMA source"));
+          break;
+        }
         if (!in.accumulate && d.dtype == ops[1].dtype) {
           copy_bytes(core, d, ops[1]);  // same type: the bytes move unchanged
           break;
@@ -957,6 +964,7 @@ struct Simulator::Impl {
       case Opcode::reg_set:
       case Opcode::reg_alu:
       case Opcode::branch:
+      case Opcode::core_sync:
       case Opcode::count_:
         break;
     }
@@ -1520,7 +1528,7 @@ RunStats Simulator::run(const Options& opt) {
   auto wait_ready = [&](int c, int e, const Instruction& in, double& t) {
     for (const auto& w : in.waits) {
       const std::int64_t v = target_of(c, e, w);
-      const auto& times = sem[c][w.sem];
+      const auto& times = sem[w.core >= 0 ? w.core : c][w.sem];
       if (v <= 0) continue;
       if (static_cast<std::int64_t>(times.size()) < v) return false;
       t = std::max(t, times[static_cast<std::size_t>(v - 1)]);
@@ -1567,10 +1575,11 @@ RunStats Simulator::run(const Options& opt) {
           const Instruction& in = stream[eng[c][e].pc];
           for (const auto& w : in.waits) {
             const std::int64_t v = target_of(c, e, w);
-            if (static_cast<std::int64_t>(sem[c][w.sem].size()) < v) {
-              blocked += fmt::format("{}{} waits for semaphore {} >= {} (it only reaches {})",
-                                     blocked.empty() ? "" : "; ", where(c, in, eng[c][e].pc), w.sem,
-                                     v, sem[c][w.sem].size());
+            const int wc = w.core >= 0 ? w.core : c;
+            if (static_cast<std::int64_t>(sem[wc][w.sem].size()) < v) {
+              blocked += fmt::format("{}{} waits for core {}'s semaphore {} >= {} (it only reaches {})",
+                                     blocked.empty() ? "" : "; ", where(c, in, eng[c][e].pc), wc,
+                                     w.sem, v, sem[wc][w.sem].size());
               break;
             }
           }
@@ -1609,7 +1618,8 @@ RunStats Simulator::run(const Options& opt) {
     const double start = bt;
     double end;
     std::string track(isa::engine_name(in.engine));
-    if (in.op == Opcode::reg_set || in.op == Opcode::reg_alu || in.op == Opcode::branch) {
+    if (in.op == Opcode::reg_set || in.op == Opcode::reg_alu || in.op == Opcode::branch ||
+        in.op == Opcode::core_sync) {
       end = start + cost.duration_ns(in, false);
       try {
         if (sequencer(es.regs, in)) next_pc = static_cast<std::size_t>(in.target);
@@ -1740,6 +1750,13 @@ RunStats Simulator::run(const Options& opt) {
       touched[c] = merged(std::move(all));
     }
     rec->cores_independent = true;
+    for (const auto& core : p.cores)  // cores that wait for or write each other replay in order
+      for (const auto& stream : core.streams)
+        for (const auto& ins : stream) {
+          if (ins.peer_core >= 0) rec->cores_independent = false;
+          for (const auto& w : ins.waits)
+            if (w.core >= 0) rec->cores_independent = false;
+        }
     for (std::size_t a = 0; a < writes.size(); ++a)
       for (std::size_t b = 0; b < writes.size(); ++b)
         if (a != b && intersect(writes[a], touched[b])) rec->cores_independent = false;

@@ -560,8 +560,66 @@ def _reject(call, unsupported):
         raise NotImplementedError(f"not supported: nisa.{call}({', '.join(sorted(unsupported))}=...)")
 
 
+# ------------------------------------------------------------ multi-core
+def _core_of(rank):
+    """The core of program `rank` of the launch grid (LNC: the physical cores
+    of a logical core are programs 0 and 1)."""
+    tr = _tracer.current()
+    rank = int(rank)
+    if not 0 <= rank < max(tr.programs, 1):
+        raise ValueError(f"rank {rank} is not a program of the launch grid {list(tr.grid) or [1]} "
+                         f"({_tracer.kernel_location()})")
+    return rank % tr.cores
+
+
+def _next_sync(kind):
+    tr = _tracer.current()
+    counts = tr.__dict__.setdefault("_sync_counts", {})
+    k = (tr.program_id, kind)
+    counts[k] = counts.get(k, 0) + 1
+    return f"{kind}#{counts[k]}"
+
+
+def core_barrier(data, cores=(0, 1), engine=None, name=None):
+    """Every program in `cores` reaches this point before any goes on: this
+    core's writes of `data` before the barrier are seen by the others' reads
+    after it (the engine's sequencer waits on the other cores' semaphores)."""
+    tr = _tracer.current()
+    cores = [cores] if isinstance(cores, int) else list(cores)
+    me = tr.program_id
+    key = _next_sync("barrier")
+    eng = _engine(engine, _core.Engine.gpsimd)
+    b = tr.at()
+    b.core_sync(eng, [], [data._tensor()])
+    b.sync_point(key)
+    peers = [_core_of(c) for c in cores if int(c) != me]
+    if peers:
+        b.sync_wait(eng, key, peers, [data._tensor()])
+
+
+def sendrecv(src, dst, send_to_rank, recv_from_rank, pipe_id=0, use_gpsimd_dma=False, name=None):
+    """Sends this program's SBUF `src` to program send_to_rank's `dst` and
+    receives program recv_from_rank's `src` into this `dst` (a DMA between
+    the cores' SBUFs); calls with the same pipe_id pair up in order."""
+    tr = _tracer.current()
+    if src.shape != dst.shape or src.dtype != dst.dtype:
+        raise ValueError(f"sendrecv: src {src.shape} {src.dtype} and dst {dst.shape} {dst.dtype} differ "
+                         f"({_tracer.kernel_location()})")
+    n = _next_sync(f"sendrecv{int(pipe_id)}")
+    to, frm = _core_of(send_to_rank), _core_of(recv_from_rank)
+    b = tr.at()
+    eng = _core.Engine.gpsimd
+    b.core_sync(eng, [], [src._tensor(), dst._tensor()])  # src written, dst free
+    b.sync_point(n + ":ready")
+    b.sync_operand(n + ":dst", dst._tensor())
+    b.sync_wait(eng, n + ":ready", [to], [])
+    b.dma_to_core(n + ":dst", src._tensor(), to, _core.Engine.gpsimd if use_gpsimd_dma else _core.Engine.sync)
+    b.sync_point(n + ":sent")
+    b.sync_wait(eng, n + ":sent", [frm], [dst._tensor()])
+
+
 for _name in ("rng", "rand2", "rand_set_state", "rand_get_state", "set_rng_seed", "dropout", "activate2",
-              "sendrecv", "core_barrier", "register_alloc", "register_load", "register_store", "register_move",
+              "register_alloc", "register_load", "register_store", "register_move",
               "sequence_bounds", "tensor_scalar_cumulative", "scalar_load"):
     globals()[_name] = _tracer.not_yet(f"nisa.{_name}")
 
