@@ -38,7 +38,7 @@ constexpr std::array<std::string_view, static_cast<std::size_t>(Opcode::count_)>
 constexpr std::array<std::string_view, static_cast<std::size_t>(AluOp::count_)> kAluNames = {
     "bypass",  "add",         "subtract",   "multiply",    "divide",     "max",        "min",
     "abs_max", "pow",         "is_equal",   "not_equal",   "is_gt",      "is_ge",      "is_lt",
-    "is_le",   "bitwise_and", "bitwise_or", "bitwise_xor", "shift_left", "shift_right"};
+    "is_le",   "bitwise_and", "bitwise_or", "bitwise_xor", "shift_left", "shift_right", "rsqrt"};
 constexpr std::array<std::string_view, static_cast<std::size_t>(ActFunc::count_)> kActNames = {
     "identity", "exp",   "log",  "tanh",   "sigmoid",    "gelu",    "gelu_tanh", "silu",
     "relu",     "rsqrt", "sqrt", "square", "reciprocal", "silu_dx", "gelu_dx",   "gelu_tanh_dx",
@@ -86,6 +86,7 @@ inline float alu(float a, float b) {
   if constexpr (Op == AluOp::min) return std::fmin(a, b);
   if constexpr (Op == AluOp::abs_max) return std::fmax(std::fabs(a), std::fabs(b));
   if constexpr (Op == AluOp::pow) return std::pow(a, b);
+  if constexpr (Op == AluOp::rsqrt) return 1.0f / std::sqrt(a);
   if constexpr (Op == AluOp::is_equal) return a == b ? 1.0f : 0.0f;
   if constexpr (Op == AluOp::not_equal) return a != b ? 1.0f : 0.0f;
   if constexpr (Op == AluOp::is_gt) return a > b ? 1.0f : 0.0f;
@@ -116,6 +117,7 @@ decltype(auto) with_alu(AluOp op, F&& f) {
     TERN_ALU(min)
     TERN_ALU(abs_max)
     TERN_ALU(pow)
+    TERN_ALU(rsqrt)
     TERN_ALU(is_equal)
     TERN_ALU(not_equal)
     TERN_ALU(is_gt)
@@ -157,17 +159,24 @@ bool is_bitwise(AluOp op) {
 }
 
 std::int64_t apply_alu_int(AluOp op, std::int64_t a, std::int64_t b, bool is_signed) {
+  // The engines' integer ALU is 32 bits wide: shifts and wrap-around
+  // arithmetic act on the 32-bit value (right_shift is logical, as NKI's).
+  const auto u32 = static_cast<std::uint32_t>(a);
+  const int sh = static_cast<int>(b & 31);
+  auto wrap = [is_signed](std::uint32_t v) {
+    return is_signed ? static_cast<std::int64_t>(static_cast<std::int32_t>(v))
+                     : static_cast<std::int64_t>(v);
+  };
   const auto ua = static_cast<std::uint64_t>(a);
-  const int sh = static_cast<int>(b & 63);
   switch (op) {
     case AluOp::bypass:
       return a;
     case AluOp::add:
-      return static_cast<std::int64_t>(ua + static_cast<std::uint64_t>(b));
+      return wrap(static_cast<std::uint32_t>(ua + static_cast<std::uint64_t>(b)));
     case AluOp::subtract:
-      return static_cast<std::int64_t>(ua - static_cast<std::uint64_t>(b));
+      return wrap(static_cast<std::uint32_t>(ua - static_cast<std::uint64_t>(b)));
     case AluOp::multiply:
-      return static_cast<std::int64_t>(ua * static_cast<std::uint64_t>(b));
+      return wrap(static_cast<std::uint32_t>(ua * static_cast<std::uint64_t>(b)));
     case AluOp::divide:
       return b == 0 ? 0 : a / b;
     case AluOp::max:
@@ -189,15 +198,16 @@ std::int64_t apply_alu_int(AluOp op, std::int64_t a, std::int64_t b, bool is_sig
     case AluOp::is_le:
       return a <= b;
     case AluOp::bitwise_and:
-      return a & b;
+      return wrap(u32 & static_cast<std::uint32_t>(b));
     case AluOp::bitwise_or:
-      return a | b;
+      return wrap(u32 | static_cast<std::uint32_t>(b));
     case AluOp::bitwise_xor:
-      return a ^ b;
+      return wrap(u32 ^ static_cast<std::uint32_t>(b));
     case AluOp::shift_left:
-      return static_cast<std::int64_t>(ua << sh);
+      return wrap(u32 << sh);
     case AluOp::shift_right:
-      return is_signed ? (a >> sh) : static_cast<std::int64_t>(ua >> sh);
+      return wrap(u32 >> sh);
+    case AluOp::rsqrt:
     case AluOp::pow:
     case AluOp::count_:
       break;

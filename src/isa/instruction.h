@@ -121,7 +121,9 @@ enum class AluOp : std::uint8_t {
   bitwise_or,
   bitwise_xor,
   shift_left,
-  shift_right,  // logical for unsigned types, arithmetic for signed
+  shift_right,  // logical (NKI right_shift), on the 32-bit value
+  // a op b = 1 / sqrt(a), b unused (NKI nl.rsqrt as a tensor_scalar operator).
+  rsqrt,
   count_,
 };
 std::string_view alu_name(AluOp op);

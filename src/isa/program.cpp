@@ -32,6 +32,17 @@ const HbmTensor& Program::tensor(const std::string& name) const {
 }
 
 namespace {
+// Version-3 fields (the stream-shuffle table, cross-core DMA and waits):
+// written only for instructions that use them.
+bool has_v3_fields(const Instruction& in) {
+  if (!in.table.empty() || in.peer_core >= 0) return true;
+  for (const auto& w : in.waits)
+    if (w.core >= 0) return true;
+  return false;
+}
+}  // namespace
+
+namespace {
 constexpr const char* kKindNames[] = {"input", "output", "scratch"};
 constexpr char kMagic[8] = {'T', 'E', 'R', 'N', 'P', 'R', 'O', 'G'};
 }  // namespace
@@ -254,7 +265,7 @@ std::vector<std::uint8_t> to_binary(const Program& p) {
         w.f(in.scale);
         w.u((in.accumulate ? 1u : 0u) | (in.negate ? 2u : 0u) | (in.col0 ? 4u : 0u) |
             (in.col1 ? 8u : 0u) | (in.oob_skip ? 16u : 0u) | (in.reverse0 ? 32u : 0u) |
-            (in.reverse1 ? 64u : 0u));
+            (in.reverse1 ? 64u : 0u) | (has_v3_fields(in) ? 128u : 0u));
         w.i(in.queue);
         w.i(in.priority);
         w.u(static_cast<std::uint64_t>(in.perf));
@@ -271,10 +282,12 @@ std::vector<std::uint8_t> to_binary(const Program& p) {
         w.u(in.signals.size());
         for (int s : in.signals) w.i(s);
         w.s(in.loc);
-        w.u(in.table.size());
-        for (std::int32_t t : in.table) w.i(t);
-        w.i(in.peer_core);
-        for (const auto& wt : in.waits) w.i(wt.core);
+        if (has_v3_fields(in)) {  // flag 128: absent, the payload reads as versions 1 and 2
+          w.u(in.table.size());
+          for (std::int32_t t : in.table) w.i(t);
+          w.i(in.peer_core);
+          for (const auto& wt : in.waits) w.i(wt.core);
+        }
       }
     }
   }
@@ -372,7 +385,7 @@ Program parse_program_binary(const std::vector<std::uint8_t>& bytes) {
         }
         for (std::uint64_t k = r.count(1); k--;) in.signals.push_back(static_cast<int>(r.i()));
         in.loc = r.s();
-        if (version >= 3) {
+        if (flags & 128u) {
           for (std::uint64_t k = r.count(1); k--;) in.table.push_back(static_cast<std::int32_t>(r.i()));
           in.peer_core = static_cast<int>(r.i());
           for (auto& wt : in.waits) wt.core = static_cast<int>(r.i());

@@ -148,7 +148,7 @@ Arity arity(Opcode op) {
 }
 
 std::string operand_rules(const arch::ChipSpec& chip, const isa::Program& prog,
-                          const AccessPattern& ap, int idx) {
+                          const AccessPattern& ap, int idx, bool dma) {
   const std::string name = idx == 0 ? "destination" : fmt::format("operand {}", idx);
   if (ap.dims.empty()) return fmt::format("{} has no access pattern dims", name);
   if (ap.offset_reg >= chip.sequencer.registers)
@@ -188,9 +188,10 @@ std::string operand_rules(const arch::ChipSpec& chip, const isa::Program& prog,
     return fmt::format("{} uses {} partitions [{}, {}) but {} has {}", name, mem,
                        ap.start_partition, ap.start_partition + ap.partitions, mem, parts);
   }
-  // Start-partition rule (hardware.md section 1).
+  // Start-partition rule of the compute engines (hardware.md section 1); a
+  // DMA descriptor addresses any partition.
   const int n = ap.partitions, s = ap.start_partition;
-  const bool ok = n > 64 ? s == 0 : n > 32 ? (s == 0 || s == 64) : (s % 32 == 0);
+  const bool ok = dma || (n > 64 ? s == 0 : n > 32 ? (s == 0 || s == 64) : (s % 32 == 0));
   if (!ok) {
     return fmt::format(
         "{} starts at partition {} with {} partitions: an access of {} partitions "
@@ -285,7 +286,7 @@ std::string check_instruction(const arch::ChipSpec& chip, const isa::Program& pr
   if (in.op == Opcode::core_sync) return {};  // its operands only order it
   for (int i = 0; i < nops; ++i) {
     const auto& ap = in.operands[i];
-    if (std::string e = operand_rules(chip, prog, ap, i); !e.empty()) return e;
+    if (std::string e = operand_rules(chip, prog, ap, i, isa::is_dma(in.op)); !e.empty()) return e;
     if (!supports_type(chip, ap.dtype)) {
       return fmt::format("{} is not a {} ({}) data type", isa::name(ap.dtype), chip.name,
                          chip.core_generation);
@@ -376,6 +377,10 @@ std::string check_instruction(const arch::ChipSpec& chip, const isa::Program& pr
       if (auto e = queue_rules(); !e.empty()) return e;
       if (d.elements() != in.operands[1].elements())
         return fmt::format("copies {} elements into {}", in.operands[1].elements(), d.elements());
+      if (d.rows() != in.operands[1].rows())
+        return fmt::format("copies {} rows of {} elements into {} rows of {} (match the shapes)",
+                           in.operands[1].rows(), in.operands[1].free_size(), d.rows(),
+                           d.free_size());
       if ((isa::is_x4(d.dtype) || isa::is_x4(in.operands[1].dtype)) &&
           d.dtype != in.operands[1].dtype)
         return "an x4-packed type is copied only into the same type (no cast)";

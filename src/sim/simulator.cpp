@@ -11,6 +11,7 @@
 #include <deque>
 #include <exception>
 #include <limits>
+#include <map>
 #include <thread>
 
 #include <fmt/format.h>
@@ -179,6 +180,8 @@ struct Simulator::Impl {
     bool loaded = false;
   };
   std::vector<Stationary> stationary;
+  // Per core: the Scalar engine's reduce registers (activation reduce_cmd).
+  std::map<int, std::vector<float>> act_regs;
 
   int threads = 1;  // host threads for rows of large instructions and the matmul
   // A replay neither checks nor sets SBUF/PSUM written flags: a program
@@ -750,6 +753,22 @@ struct Simulator::Impl {
         write(core, d, read(core, ops[1], "the source"));
         break;
       case Opcode::tensor_reduce: {
+        if (all_int(in) && isa::is_bitwise(in.alu0)) {
+          // Bitwise reductions act on the integers (arithmetic ones go
+          // through FP32, as the engines).
+          const auto a = read_int(core, ops[1], "the source");
+          const bool sgn = signed_int(ops[1].dtype);
+          const std::size_t f = static_cast<std::size_t>(ops[1].free_size());
+          std::vector<std::int64_t> out(static_cast<std::size_t>(d.rows()));
+          for (std::size_t r = 0; r < out.size(); ++r) {
+            std::int64_t acc = a[r * f];
+            for (std::size_t i = 1; i < f; ++i)
+              acc = isa::apply_alu_int(in.alu0, acc, a[r * f + i], sgn);
+            out[r] = acc;
+          }
+          write_int(core, d, out);
+          break;
+        }
         const Floats a = read(core, ops[1], "the source");
         const std::size_t f = static_cast<std::size_t>(ops[1].free_size());
         Floats out(static_cast<std::size_t>(d.rows()));
@@ -792,6 +811,18 @@ struct Simulator::Impl {
           sums[ru] = isa::apply_act(in.func, x, f, in.scale, has_bias ? bias[ru] : 0.0f);
         });
         write(core, d, a);
+        // The Scalar engine's per-partition reduce registers (NKI
+        // reduce_cmd, imm2): 0 load this instruction's sums, 1 reset to 0,
+        // 2 add the sums, 3 keep. With acc the last operand receives them.
+        auto& regs = act_regs[static_cast<std::size_t>(core)];
+        if (regs.size() < static_cast<std::size_t>(d.start_partition + d.rows()))
+          regs.resize(static_cast<std::size_t>(d.start_partition + d.rows()), 0.0f);
+        const int cmd = static_cast<int>(in.imm2);
+        for (std::size_t r = 0; r < sums.size(); ++r) {
+          float& g = regs[static_cast<std::size_t>(d.start_partition) + r];
+          g = cmd == 0 ? sums[r] : cmd == 1 ? 0.0f : cmd == 2 ? g + sums[r] : g;
+          sums[r] = g;
+        }
         if (in.accumulate) write(core, ops.back(), sums);
         break;
       }
@@ -886,6 +917,17 @@ struct Simulator::Impl {
         break;
       }
       case Opcode::partition_reduce: {
+        if (all_int(in) && isa::is_bitwise(in.alu0)) {
+          const auto a = read_int(core, ops[1], "the source");
+          const bool sgn = signed_int(ops[1].dtype);
+          const std::size_t f = static_cast<std::size_t>(d.free_size());
+          std::vector<std::int64_t> out(a.begin(), a.begin() + static_cast<std::ptrdiff_t>(f));
+          for (std::size_t r = 1; r < static_cast<std::size_t>(ops[1].rows()); ++r)
+            for (std::size_t i = 0; i < f; ++i)
+              out[i] = isa::apply_alu_int(in.alu0, out[i], a[r * f + i], sgn);
+          write_int(core, d, out);
+          break;
+        }
         const Floats a = read(core, ops[1], "the source");
         const std::size_t f = static_cast<std::size_t>(d.free_size());
         Floats out(a.begin(), a.begin() + static_cast<std::ptrdiff_t>(f));
@@ -1577,8 +1619,9 @@ RunStats Simulator::run(const Options& opt) {
             const std::int64_t v = target_of(c, e, w);
             const int wc = w.core >= 0 ? w.core : c;
             if (static_cast<std::int64_t>(sem[wc][w.sem].size()) < v) {
-              blocked += fmt::format("{}{} waits for core {}'s semaphore {} >= {} (it only reaches {})",
-                                     blocked.empty() ? "" : "; ", where(c, in, eng[c][e].pc), wc,
+              const std::string whose = wc == c ? "" : fmt::format("core {}'s ", wc);
+              blocked += fmt::format("{}{} waits for {}semaphore {} >= {} (it only reaches {})",
+                                     blocked.empty() ? "" : "; ", where(c, in, eng[c][e].pc), whose,
                                      w.sem, v, sem[wc][w.sem].size());
               break;
             }

@@ -268,10 +268,33 @@ def unary(op, x, dtype=None, mask=None, dst=None, **kw):
     return dst
 
 
+class Skipped:
+    """The result of an instruction a mask=False skipped: assigning or
+    adding it changes nothing."""
+
+
+SKIPPED = Skipped()
+
+
+class LoopReduce:
+    """nl.loop_reduce(x, op): assigned to a destination, dst = op(dst, x)."""
+
+    def __init__(self, x, op, dtype=None):
+        self.x, self.op, self.dtype = x, op, dtype
+
+
 def assign(dst, value):
     """dst[...] = value: a copy (cast to dst's dtype), a fill, or a matmul
     written straight into a PSUM view."""
     isa = _isa()
+    if value is SKIPPED:
+        return
+    if isinstance(value, LoopReduce):
+        if _pending(value.x) and dst.buffer is T.psum and value.op.alu == "add":
+            value.x.emit_into(dst, accumulate=True)
+        else:
+            binary(value.op, dst, value.x, dtype=dst.dtype, dst=dst)
+        return
     if isinstance(value, (int, float)):
         isa.memset(dst=dst, value=value)
         return
@@ -303,6 +326,8 @@ def _same_view(a, b):
 def inplace(op, dst, value):
     """dst op= value (dst += x accumulates a matmul into PSUM)."""
     nl = _nl()
+    if value is SKIPPED:
+        return dst
     if _as_op(op) is nl.add and _pending(value) and dst.buffer is T.psum:
         value.emit_into(dst, accumulate=True)
         return dst
@@ -344,6 +369,9 @@ def reduce(op, x, axis, dtype=None, keepdims=False, mask=None, negate=False, dst
     dst = dst if dst is not None else new_tile(shape, dtype or x.dtype)
     if src is None:
         return dst
+    if ranges:
+        dst = restrict(dst, ranges)
+        kept_shape = [src.shape[d] for d in keep]
     # One instruction per combination of the kept dims (tern's tensor_reduce
     # reduces every free dim of its source).
     for idx in _product(kept_shape):

@@ -53,7 +53,7 @@ ACTIVATIONS = {n: _act(n, a) for n, a in (
     ("exp", "exp"), ("log", "log"), ("tanh", "tanh"), ("sigmoid", "sigmoid"), ("gelu", "gelu"),
     ("gelu_apprx_tanh", "gelu_tanh"), ("gelu_apprx_sigmoid", "gelu_sigmoid"), ("gelu_dx", "gelu_dx"),
     ("gelu_apprx_tanh_dx", "gelu_tanh_dx"), ("gelu_apprx_sigmoid_dx", "gelu_sigmoid_dx"),
-    ("silu", "silu"), ("silu_dx", "silu_dx"), ("relu", "relu"), ("rsqrt", "rsqrt"), ("sqrt", "sqrt"),
+    ("silu", "silu"), ("silu_dx", "silu_dx"), ("relu", "relu"), ("sqrt", "sqrt"),
     ("square", "square"), ("reciprocal", "reciprocal"), ("copy", "identity"), ("identity", "identity"),
     ("sin", "sin"), ("cos", "cos"), ("arctan", "arctan"), ("erf", "erf"), ("erf_dx", "erf_dx"),
     ("softplus", "softplus"), ("mish", "mish"), ("sign", "sign"))}
@@ -61,6 +61,8 @@ ACTIVATIONS = {n: _act(n, a) for n, a in (
 # ALU-only unaries (Vector engine): abs = abs_max(x, 0); negative = x * -1;
 # invert = x xor all-ones. abs also has an activation-table entry.
 UNARY = {"abs": Op("abs", alu="abs_max", act="abs", kind="unary"),
+         # rsqrt: an activation function and an ALU operator (1 / sqrt(a); b unused).
+         "rsqrt": Op("rsqrt", alu="rsqrt", act="rsqrt", kind="unary"),
          "negative": Op("negative", kind="unary"),
          "invert": Op("invert", kind="unary"),
          "bitwise_not": Op("invert", kind="unary"),

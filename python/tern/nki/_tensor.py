@@ -150,6 +150,14 @@ def arange(*args):
     return IndexExpr({v.uid: (v, 1)}, r.start)
 
 
+class Grid(tuple):
+    """nl.mgrid's indices: a tuple, also named by axis (.p, .x, .y, .z)."""
+    p = property(lambda self: self[0])
+    x = property(lambda self: self[1])
+    y = property(lambda self: self[2])
+    z = property(lambda self: self[3])
+
+
 class _MGrid:
     """nl.mgrid[0:128, 0:512]: one index per axis of a dense grid."""
 
@@ -162,7 +170,7 @@ class _MGrid:
                 raise NotImplementedError("not supported: nl.mgrid with a step")
             v = IndexVar(stop - start, axis, len(key))
             out.append(IndexExpr({v.uid: (v, 1)}, start))
-        return tuple(out) if len(out) > 1 else out[0]
+        return Grid(out) if len(out) > 1 else out[0]
 
 
 mgrid = _MGrid()
@@ -277,7 +285,7 @@ class NkiTensor:
         if any(isinstance(k, IndexExpr) and k.terms for k in key):
             return self._index_exprs(key)
         p0, off, free = self._p0, self._off, []
-        start, count, step, _ = _bounds(key[0], self._np, "the partition dim")
+        start, count, step, keep0 = _bounds(key[0], self._np, "the partition dim")
         if step != 1 and count > 1:
             if not self.is_hbm:
                 raise NotImplementedError("not supported: a stepped slice of the partition dim (partitions "
@@ -288,6 +296,12 @@ class NkiTensor:
             off += s * stride
             if keep:
                 free.append((stride * st, c))
+        if self.is_hbm and not keep0 and free:
+            # An integer index drops an HBM dim (numpy's rule): the next dim
+            # becomes the rows.
+            off += (p0 + start) * self._row_stride
+            (rs, rn), free = free[0], free[1:]
+            return self._like(0, rn, off, free, rs)
         return self._like(p0 + start, count, off, free, row_stride)
 
     def _index_exprs(self, key):
@@ -304,9 +318,16 @@ class NkiTensor:
         limits = {}  # uid -> (lo, hi, message): the index values inside the tensor
         for d, k in enumerate(key):
             e = IndexExpr.of(k) if not isinstance(k, (slice, ds)) else None
+            if e is not None and not e.terms:  # an integer
+                s, _, _, _ = _bounds(e.offset, extents[d], "a dim")
+                if d == 0 and not hbm_view:
+                    p0 += s
+                else:
+                    off += s * strides[d]
+                continue
             if e is None:
                 s, c, st, _ = _bounds(k, extents[d], "a dim")
-                if d == 0:
+                if d == 0 and not hbm_view:
                     raise NotImplementedError("not supported: a slice of the partition dim mixed with index "
                                               "expressions; index it with nl.arange too")
                 off += s * strides[d]
@@ -338,12 +359,20 @@ class NkiTensor:
                     hit[2] += step
                 else:
                     dims.append([uid, v, step, v.extent, d])
-        part = [x for x in dims if x[4] == 0 and x[1] is not None]
+        # The view's partition / row dim is the index grid's first axis: the
+        # index varying along it (for HBM wherever it is used: a transposed
+        # access), or a dim of 1 when no index does (nl.mgrid[0:1, 0:n]).
+        first = [x for x in dims if x[1] is not None and x[1].axis == 0]
+        if hbm_view:
+            part = first
+        else:
+            part = [x for x in dims if x[4] == 0 and x[1] is not None]
+            if part and part[0][1].axis != 0 and first:
+                raise NotImplementedError("not supported: an SBUF/PSUM partition index that is not the index "
+                                          "grid's first axis (a transposed on-chip access)")
         if len(part) > 1:
             raise NotImplementedError("not supported: the partition dim indexed by two variables")
-        if not part:
-            raise NotImplementedError("not supported: an index expression leaving no partition dim")
-        pd = part[0]
+        pd = part[0] if part else [object(), None, 0 if hbm_view else 1, 1, 0]
         rest = [x for x in dims if x is not pd and not (x[1] is not None and x[3] == 1)]
         rest.sort(key=lambda x: (x[1].axis if x[1] is not None else -1))
         if not hbm_view and pd[2] != 1:
@@ -427,7 +456,8 @@ class NkiTensor:
                              "stays")
         if not _free_contiguous(self._free):
             raise NotImplementedError("not supported: reshape of a non-contiguous view")
-        inner = self._free[-1][0] if self._free else 1
+        live = [(s, c) for s, c in self._free if c != 1]
+        inner = live[-1][0] if live else 1
         free = [(s * inner, c) for s, c in row_major(shape)]
         return self._like(self._p0, self._np, self._off, free)
 
@@ -548,8 +578,9 @@ class NkiTensor:
 
     def squeeze_dim(self, dim):
         cur = self._dims()
-        if cur[dim][1] != 1 or dim == 0:
-            raise ValueError(f"squeeze_dim({dim}): only a free dim of size 1 can go")
+        if cur[dim][1] != 1 or (dim == 0 and not (self.is_hbm and len(cur) > 1)):
+            raise ValueError(f"squeeze_dim({dim}): only a dim of size 1 can go (an SBUF/PSUM view keeps "
+                             "its partition dim)")
         del cur[dim]
         return self._with_dims(cur)
 
@@ -592,7 +623,8 @@ class NkiTensor:
 
 
 def _free_contiguous(free):
-    return all(free[i][0] == free[i + 1][0] * free[i + 1][1] for i in range(len(free) - 1))
+    live = [(s, c) for s, c in free if c != 1]
+    return all(live[i][0] == live[i + 1][0] * live[i + 1][1] for i in range(len(live) - 1))
 
 
 def _bounds(k, n, what):

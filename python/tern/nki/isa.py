@@ -118,15 +118,23 @@ def dma_copy(dst, src, dst_rmw_op=None, oob_mode=oob_mode.error, dge_mode=dge_mo
         from tern.nki import _indirect as ind
         ind.dma(dst, src, dst_rmw_op is not None, skip, _engine(engine, _core.Engine.sync))
         return
+    src, dst = _fit_dma(src, dst)
     b = _tracer.current().at()
-    b.dma_copy(_t(dst, "dst"), _t(_fit_dma(src, dst), "src"), -1, dst_rmw_op is not None,
-               _engine(engine, _core.Engine.sync))
+    b.dma_copy(_t(dst, "dst"), _t(src, "src"), -1, dst_rmw_op is not None, _engine(engine, _core.Engine.sync))
 
 
 def _fit_dma(src, dst):
     """DMA sources and destinations may differ in shape when the element
-    counts match (unit dims: (n,) vs (n, 1), (N,) vs (1, N))."""
-    return src
+    counts match ((N,) vs (1, N), (n, 1) vs (n,)): the HBM side is seen in
+    the other side's shape."""
+    if src.shape == dst.shape or src.size != dst.size or src.shape[0] == dst.shape[0]:
+        return src, dst
+    if src.is_hbm and src._contiguous():
+        return src.reshape(dst.shape), dst
+    if dst.is_hbm and dst._contiguous():
+        return src, dst.reshape(src.shape)
+    raise ValueError(f"dma_copy from {src.shape} into {dst.shape}: the shapes differ in a way tern cannot "
+                     f"match row for row ({_tracer.kernel_location()})")
 
 
 def dma_compute(dst, srcs, reduce_op, scales=None, name=None):
@@ -227,6 +235,10 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
     columns; reverse0 / reverse1 put the operand first (operand op data)."""
     eng = _engine(engine, _core.Engine.vector)
     b = _tracer.current().at()
+    for v in (operand0, operand1):
+        if isinstance(v, int) and not isinstance(v, bool) and float(_f32(v)) != v:
+            raise NotImplementedError(f"not supported: an integer operand {v:#x} beyond float32's exact range "
+                                      f"(tern's immediates are float32) ({_tracer.kernel_location()})")
     tensors = _is_tile(operand0) or _is_tile(operand1)
     if not tensors and not (reverse0 or reverse1):
         b.tensor_scalar(_t(dst, "dst"), _t(data, "data"), _alu(op0, "op0"), float(operand0), _alu(op1, "op1"),
@@ -250,6 +262,11 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
                                 eng if eng != _core.Engine.scalar else _core.Engine.vector)
         else:
             _emit("tensor_scalar", eng, [dst, src], alu0=_alu(op), imm0=float(operand), rev0=bool(rev))
+
+
+def _f32(v):
+    import numpy as np
+    return np.float32(v)
 
 
 def tensor_copy(dst, src, engine=None, name=None, dtype=None, **hints):
@@ -287,21 +304,7 @@ def memset(dst, value, engine=None, name=None, **hints):
     _tracer.current().at().memset(_t(dst, "dst"), float(value), _engine(engine, _core.Engine.vector))
 
 
-class _ScalarAccumulator:
-    """The Scalar engine's per-partition reduce registers (reduce_cmd): an
-    FP32 [128, 1] SBUF tile of the trace standing for them."""
-
-    @staticmethod
-    def tile(rows):
-        tr = _tracer.current()
-        acc = getattr(tr, "_act_acc", None)
-        if acc is None:
-            acc = tr._act_acc = _scratch((tr.chip.sbuf_partitions, 1))
-            memset(dst=acc, value=0.0)
-        return acc[0:rows]
-
-
-@_tracer.status("partial: a [P, 1] scale is a Vector multiply first; reduce_cmd reduce / reset / load_reduce keep the sums in an SBUF tile (extra instructions)")
+@_tracer.status("partial: a [P, 1] scale is a Vector multiply first; reduce_cmd load_reduce not yet")
 def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=None,
                reduce_cmd=reduce_cmd.idle, engine=None, name=None, dtype=None, **hints):
     """dst = op(data * scale + bias) on the Scalar engine; reduce_res gets
@@ -324,30 +327,21 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
         value = float(bias)  # a scalar bias: a constant [P, 1] column
         bias = _scratch((rows, 1))
         memset(dst=bias, value=value)
-    cmd = reduce_cmd if isinstance(reduce_cmd, int) else int(reduce_cmd)
-    direct = reduce_res is not None and cmd in (int(globals()["reduce_cmd"].idle),
-                                                int(globals()["reduce_cmd"].reset_reduce))
-    sums = None
-    if reduce_res is not None and direct:
-        sums = reduce_res if reduce_res.ndim == 2 else _as_col(reduce_res)
-    elif cmd in (int(globals()["reduce_cmd"].reduce), int(globals()["reduce_cmd"].reset_reduce),
-                 int(globals()["reduce_cmd"].load_reduce)):
-        sums = _scratch((rows, 1))
-    d = _flat2(dst) if dst.ndim != 2 else dst
-    _tracer.current().at().activation(_t(d, "dst"), _core.act_func(o.act), _t(_flat2(src), "data"),
-                                      None if bias is None else _t(_as_col(bias), "bias"), float(scale),
-                                      None if sums is None else _t(sums, "reduce_res"))
-    if direct or (reduce_res is None and cmd == int(globals()["reduce_cmd"].idle)):
-        return
-    acc = _ScalarAccumulator.tile(rows)
-    if cmd == int(globals()["reduce_cmd"].reset):
-        memset(dst=acc, value=0.0)
-    elif cmd == int(globals()["reduce_cmd"].reset_reduce):
-        tensor_copy(dst=acc, src=sums)
-    elif sums is not None:
-        tensor_tensor(dst=acc, data1=acc, data2=sums, op=nl.add)
+    rc = globals()["reduce_cmd"]
+    cmd = int(reduce_cmd)
+    if cmd == int(rc.load_reduce):
+        raise NotImplementedError("not supported: nisa.activation(reduce_cmd=load_reduce)")
+    # The Scalar engine's reduce registers (the simulator's imm2 code): 0 load
+    # this instruction's sums, 1 reset, 2 add, 3 keep. reduce_res with the
+    # default idle command gets this instruction's sums.
+    code = {int(rc.reset_reduce): 0, int(rc.reset): 1, int(rc.reduce): 2, int(rc.idle): 3}[cmd]
+    if code == 3 and reduce_res is not None:
+        code = 0
+    ops = [_flat2(dst), _flat2(src)] + ([_as_col(bias)] if bias is not None else [])
     if reduce_res is not None:
-        tensor_copy(dst=_as_col(reduce_res), src=acc)
+        ops.append(_as_col(reduce_res))
+    _emit("activation", _core.Engine.scalar, ops, func=_core.act_func(o.act), scale=float(scale),
+          imm2=float(code), acc=reduce_res is not None)
 
 
 def activation_reduce(dst, op, data, reduce_op, reduce_res, bias=None, scale=1.0, name=None, **hints):

@@ -408,10 +408,11 @@ def where(condition, x, y, dtype=None, mask=None):
 
 
 def loop_reduce(x, op, loop_indices=None, dtype=None, mask=None, name=None):
-    """The accumulation across the given loops' iterations: the value x this
-    iteration contributes; kernels assign it to `dst` op= x (tern traces
-    each iteration, so the compiler hint is x itself)."""
-    return x if dtype in (None, x.dtype) else copy(x, dtype=dtype)
+    """Accumulation across the given loops' iterations: assigned to a
+    destination (`dst[...] = nl.loop_reduce(x, np.add, [k])`), it makes
+    dst = op(dst, x) (the destination is the op's other input, so it holds
+    the initial value)."""
+    return _functions.LoopReduce(x, _ops.resolve(op), dtype)
 
 
 def shared_constant(constant, dtype=None, **hints):

@@ -5,7 +5,7 @@ entry points are tern.nki's."""
 import types
 
 from tern import nki as _nki
-from tern.nki import compiler, isa_enums, language, legacy_isa, typing
+from tern.nki import compiler, isa_enums, language, language_constants, legacy_isa, typing
 
 isa = legacy_isa
 jit, baremetal, benchmark, profile = _nki.jit, _nki.baremetal, _nki.benchmark, _nki.profile
@@ -22,4 +22,5 @@ def modules():
     pkg.nki = me
     return {"neuronxcc": pkg, "neuronxcc.nki": me, "neuronxcc.nki.language": language,
             "neuronxcc.nki.isa": legacy_isa, "neuronxcc.nki.isa.constants": isa_enums,
-            "neuronxcc.nki.typing": typing, "neuronxcc.nki.compiler": compiler}
+            "neuronxcc.nki.typing": typing, "neuronxcc.nki.compiler": compiler,
+            "neuronxcc.nki.language.constants": language_constants}

@@ -129,7 +129,13 @@ def memset(shape, value, dtype=None, mask=None, engine=None, **hints):
 
 def bn_stats(data, mask=None, dtype=None, **hints):
     dst = _new((data.shape[0], 6), dtype or nl.float32)
-    return _run(lambda d, x: cur.bn_stats(dst=d, data=x), dst, None, (data,))
+    try:
+        ranges = F.mask_ranges(mask)
+        cur.bn_stats(dst=F.restrict(dst, {u: r for u, r in (ranges or {}).items() if r[0].axis == 0}),
+                     data=F.restrict(data, ranges))
+    except T.Empty:
+        pass
+    return dst
 
 
 def bn_aggr(data, mask=None, dtype=None, **hints):
@@ -142,8 +148,11 @@ def nc_matmul(stationary, moving, is_stationary_onezero=False, is_moving_onezero
               tile_position=(), tile_size=(), mask=None, perf_mode=None, **hints):
     """PSUM [M, N] = stationary[K, M].T @ moving[K, N] (FP32); added into a
     PSUM tile with +=, it accumulates there."""
-    if F.mask_ranges(mask):
-        raise NotImplementedError("not supported: nisa.nc_matmul with a mask predicate; slice the operands")
+    try:
+        if F.mask_ranges(mask):
+            raise NotImplementedError("not supported: nisa.nc_matmul with a mask predicate; slice the operands")
+    except T.Empty:
+        return F.SKIPPED
     if is_transpose:
         return F.transpose(stationary)
     return F.LazyMatmul(cur._flat2(stationary), cur._flat2(moving))
@@ -206,6 +215,8 @@ def affine_select(pred, on_true_tile, on_false_value, mask=None, dtype=None, **h
     offset, chan, _, pattern = _affine(e, "affine_select")
     cmp = {"lt": nl.less, "le": nl.less_equal, "gt": nl.greater, "ge": nl.greater_equal}[op]
     dst = _new(on_true_tile.shape, dtype or on_true_tile.dtype)
+    if on_true_tile.buffer is nl.psum:  # GpSimd reads SBUF: the compiler stages PSUM there
+        on_true_tile = tensor_copy(on_true_tile)
     cur.affine_select(dst=dst, pattern=pattern, offset=offset, channel_multiplier=chan,
                       on_true_tile=on_true_tile, on_false_value=on_false_value, cmp_op=cmp)
     return dst
