@@ -116,8 +116,18 @@ Tensor Builder::alloc(Mem mem, int partitions, std::int64_t free, DType dtype,
                             isa::mem_name(mem), partitions, chip_.name, maxp));
   }
   std::int64_t bytes = free * isa::size_bytes(dtype);
-  const std::int64_t align = ps ? chip_.psum_bank_bytes().value() : 64;
+  const std::int64_t bank = chip_.psum_bank_bytes().value();
+  // PSUM tiles start on a bank, or with packing (NKI kernels: several small
+  // accumulators share a bank) anywhere a tile of at most a bank stays
+  // inside one.
+  const bool pack = ps && psum_packing_ && bytes <= bank;
+  const std::int64_t align = ps && !pack ? bank : 64;
   bytes = (bytes + align - 1) / align * align;
+  auto place = [&](std::int64_t start) {
+    start = (start + align - 1) / align * align;
+    if (pack && start % bank + bytes > bank) start = (start / bank + 1) * bank;
+    return start;
+  };
   auto& allocs = ps ? psum_allocs_[core_] : sbuf_allocs_[core_];
   std::sort(allocs.begin(), allocs.end(),
             [](const Alloc& a, const Alloc& b) { return a.lo < b.lo; });
@@ -125,12 +135,14 @@ Tensor Builder::alloc(Mem mem, int partitions, std::int64_t free, DType dtype,
   for (const Alloc& a : allocs) used += a.hi - a.lo;
   bool found = false;
   for (const Alloc& a : allocs) {
-    if (a.lo - at >= bytes) {
+    if (a.lo - place(at) >= bytes) {
+      at = place(at);
       found = true;
       break;
     }
-    at = std::max(at, (a.hi + align - 1) / align * align);
+    at = std::max(at, a.hi);
   }
+  if (!found) at = place(at);
   if (!found && cap - at < bytes) {
     throw Error(
         fmt::format("{}: {} allocation of {} bytes per partition does not fit: {} of {} bytes "

@@ -56,6 +56,9 @@ class Builder {
   Tensor sbuf_at(std::int64_t offset, int partitions, std::int64_t free, DType dtype);
 
   void set_core(int core);
+  // PSUM tiles of at most a bank share banks (each stays inside one),
+  // as NKI's allocator places them; off: every PSUM tile starts a bank.
+  void set_psum_packing(bool on) { psum_packing_ = on; }
   int core() const { return core_; }
 
   // ---- instructions (each records the caller's source location)
@@ -218,6 +221,7 @@ class Builder {
   std::vector<std::vector<std::int64_t>> signals_;             // [core][sem] count
   std::vector<std::vector<std::vector<std::int64_t>>> known_;  // [core][engine][sem] waited
   int next_queue_ = 0;
+  bool psum_packing_ = false;
   struct SyncWait {
     int core, engine;
     std::size_t index;

@@ -195,6 +195,7 @@ PYBIND11_MODULE(_core, m) {
            py::arg("chip"), py::arg("cores") = 1, py::arg("lnc") = 1, py::keep_alive<1, 2>())
       .def("set_location", &Builder::set_location)
       .def("set_core", &Builder::set_core)
+      .def("set_psum_packing", &Builder::set_psum_packing)
       .def("release", &Builder::release)
       .def("hbm",
            [](Builder& b, const std::string& name, std::vector<std::int64_t> shape,

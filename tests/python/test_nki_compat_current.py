@@ -986,8 +986,6 @@ def k_iota_repeat(x):
     return store(d)
 
 
-@pytest.mark.xfail(strict=True, reason="tern bug: iota with a zero-step (repeating) pattern entry, as "
-                   "nki-library's [[0, 1], [0, rc], [s, n]], raises NotImplementedError 'not linear'")
 @pytest.mark.parametrize("target", V3)
 def test_iota_zero_step_repeat(target):
     n = 16

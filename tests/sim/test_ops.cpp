@@ -241,7 +241,8 @@ TEST(Ops, IntegerOpsAreExactOnGpSimdAndVector) {
     EXPECT_EQ(y[p * 6 + 0], va ^ vc);
     EXPECT_EQ(y[p * 6 + 1], static_cast<std::int32_t>(static_cast<std::uint32_t>(va) +
                                                       static_cast<std::uint32_t>(vc)));
-    EXPECT_EQ(y[p * 6 + 2], va >> 3);  // arithmetic for int32
+    // Logical, as NKI's right_shift (the engines shift the 32-bit value).
+    EXPECT_EQ(y[p * 6 + 2], static_cast<std::int32_t>(static_cast<std::uint32_t>(va) >> 3));
     EXPECT_EQ(y[p * 6 + 3],
               static_cast<std::int32_t>((static_cast<std::uint32_t>(va) & 255u) << 4));
     EXPECT_EQ(y[p * 6 + 4], std::max(va, vc));

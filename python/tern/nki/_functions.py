@@ -128,6 +128,23 @@ def restrict(view, ranges):
     return out
 
 
+# ------------------------------------------------------------ high rank
+MAX_FREE_DIMS = 4  # an access pattern's free dims (isa::kMaxFreeDims)
+
+
+def each(call, *views):
+    """call(*views), split over the leading free dim while a view has more
+    free dims than an instruction takes (as the NKI compiler splits a
+    high-rank tile expression into several instructions)."""
+    tiles = [v for v in views if isinstance(v, T.NkiTensor)]
+    if not tiles or max(v.ndim - 1 for v in tiles) <= MAX_FREE_DIMS:
+        return call(*views)
+    lead = max(tiles, key=lambda v: v.ndim)
+    for i in range(lead.shape[1]):
+        call_views = [v[:, i] if isinstance(v, T.NkiTensor) and v.ndim == lead.ndim else v for v in views]
+        each(call, *call_views)
+
+
 # ------------------------------------------------------------ broadcasting
 def _result_shape(a, b):
     """Partition-aligned broadcasting: dim 0 first, then the free dims
@@ -233,11 +250,12 @@ def binary(op, a, b, dtype=None, mask=None, dst=None):
             x, y = fit(a, shape), fit(b, shape)
             if x.buffer is T.psum and y.buffer is T.psum:
                 y = _sbuf_operand(y)
-            isa.tensor_tensor(dst=d, data1=restrict(x, ranges), data2=restrict(y, ranges), op=op)
+            each(lambda o, p, q: isa.tensor_tensor(dst=o, data1=p, data2=q, op=op), d, restrict(x, ranges),
+                 restrict(y, ranges))
         else:
             t, s = (a, b) if at else (b, a)
-            isa.tensor_scalar(dst=d, data=restrict(fit(t, shape), ranges), op0=op, operand0=float(s),
-                              reverse0=not at)
+            each(lambda o, p: isa.tensor_scalar(dst=o, data=p, op0=op, operand0=float(s), reverse0=not at), d,
+                 restrict(fit(t, shape), ranges))
     except T.Empty:
         pass
     return dst
@@ -254,13 +272,15 @@ def unary(op, x, dtype=None, mask=None, dst=None, **kw):
         ranges = mask_ranges(mask)
         d, src = restrict(dst, ranges), restrict(x, ranges)
         if op.act is not None:
-            isa.activation(dst=d, op=op, data=src, **kw)
+            each(lambda o, p: isa.activation(dst=o, op=op, data=p, **kw), d, src)
         elif op.name == "abs":
-            isa.tensor_scalar(dst=d, data=src, op0=_nl().abs_max, operand0=0.0)
+            each(lambda o, p: isa.tensor_scalar(dst=o, data=p, op0=_nl().abs_max, operand0=0.0), d, src)
         elif op.name == "negative":
-            isa.tensor_scalar(dst=d, data=src, op0=_nl().multiply, operand0=-1.0)
+            each(lambda o, p: isa.tensor_scalar(dst=o, data=p, op0=_nl().multiply, operand0=-1.0), d, src)
         elif op.name == "invert":
-            isa.tensor_scalar(dst=d, data=src, op0=_nl().bitwise_xor, operand0=-1)
+            each(lambda o, p: isa.tensor_scalar(dst=o, data=p, op0=_nl().bitwise_xor, operand0=-1), d, src)
+        elif op.name == "logical_not":
+            each(lambda o, p: isa.tensor_scalar(dst=o, data=p, op0=_nl().equal, operand0=0.0), d, src)
         else:
             raise NotImplementedError(f"not supported: nl.{op.name} as a one-argument tile function")
     except T.Empty:
@@ -309,9 +329,9 @@ def assign(dst, value):
         value = fit(value, dst.shape)
     try:
         if dst.is_hbm or value.is_hbm:
-            isa.dma_copy(dst=dst, src=value)
+            each(lambda o, p: isa.dma_copy(dst=o, src=p), dst, value)
         else:
-            isa.tensor_copy(dst=dst, src=value)
+            each(lambda o, p: isa.tensor_copy(dst=o, src=p), dst, value)
     except T.Empty:
         pass
 

@@ -92,6 +92,7 @@ class Trace:
         # they share (program i on core i mod cores).
         self.cores = min(self.programs, chip.cores)
         self.builder = _core.Builder(chip, self.cores, 1)
+        self.builder.set_psum_packing(True)
         self.rank, self.ranks = rank, ranks
         self.hbm_decls = []  # (name, shape, dtype, output, base) in declaration order
         self.segments = []  # finished programs of the parts before each collective
@@ -148,6 +149,7 @@ class Trace:
         self.collectives.append(record)
         self.touched.append(set())
         self.builder = _core.Builder(self.chip, self.cores, 1)
+        self.builder.set_psum_packing(True)
         self.builder.set_core(0)
         for name, shape, dtype, output, base in self.hbm_decls:
             again = self.builder.hbm(name, list(shape), dtype, output)

@@ -444,8 +444,28 @@ def _linear_step(pattern, dst, call):
 
 @_tracer.status("partial: patterns linear in the flat free index")
 def iota(dst, pattern, offset=0, channel_multiplier=0, name=None, **hints):
-    """dst[c, i...] = offset + c * channel_multiplier + sum(step_d * i_d) on GpSimd."""
-    step = _linear_step(pattern, dst, "iota")
+    """dst[c, i...] = offset + c * channel_multiplier + sum(step_d * i_d) on GpSimd.
+    A pattern with zero steps (values repeating along a dim) is an iota of
+    the stepping dims and a copy that repeats it (two instructions)."""
+    dims = [(int(s), int(n)) for s, n in pattern]
+    try:
+        step = _linear_step(pattern, dst, "iota")
+    except NotImplementedError:
+        moving = [(s, n) for s, n in dims if s != 0 and n != 1]
+        if not moving or len(moving) == len([d for d in dims if d[1] != 1]):
+            raise
+        tmp = _scratch((dst.shape[0], _prod(n for _, n in moving)), dst.dtype)
+        iota(dst=tmp, pattern=moving, offset=offset, channel_multiplier=channel_multiplier)
+        strides, acc = {}, 1
+        for i in reversed(range(len(dims))):
+            s, n = dims[i]
+            if s != 0 and n != 1:
+                strides[i] = acc
+                acc *= n
+        src = tmp._like(tmp._p0, tmp._np, tmp._off, [(strides.get(i, 0), n) for i, (_, n) in enumerate(dims)])
+        view = _flat2(dst)
+        tensor_copy(dst=view.reshape((view.shape[0],) + tuple(n for _, n in dims)), src=src)
+        return
     _tracer.current().at().iota(_t(_flat2(dst), "dst"), float(offset), float(channel_multiplier), float(step))
 
 
@@ -612,7 +632,21 @@ def sendrecv(src, dst, send_to_rank, recv_from_rank, pipe_id=0, use_gpsimd_dma=F
     b.sync_wait(eng, n + ":sent", [frm], [dst._tensor()])
 
 
-for _name in ("rng", "rand2", "rand_set_state", "rand_get_state", "set_rng_seed", "dropout", "activate2",
+@_tracer.status("partial: prob 0.0 (a copy) and 1.0 (zeros) only: tern has no model of the hardware's random "
+                "numbers")
+def dropout(dst, data, prob, name=None):
+    """dst = data with each element zeroed with probability prob."""
+    p = None if _is_tile(prob) else float(prob)
+    if p == 0.0:
+        tensor_copy(dst=dst, src=data)
+    elif p == 1.0:
+        memset(dst=dst, value=0.0)
+    else:
+        raise NotImplementedError(f"not supported: nisa.dropout(prob={prob!r}): tern has no model of the "
+                                  "hardware's random numbers (prob 0.0 and 1.0 work)")
+
+
+for _name in ("rng", "rand2", "rand_set_state", "rand_get_state", "set_rng_seed", "activate2",
               "register_alloc", "register_load", "register_store", "register_move",
               "sequence_bounds", "tensor_scalar_cumulative", "scalar_load"):
     globals()[_name] = _tracer.not_yet(f"nisa.{_name}")

@@ -282,8 +282,8 @@ def load(src, dtype=None, mask=None, mode=None, **hints):
     t = ndarray(src.shape, dtype or src.dtype, buffer=sbuf)
     try:
         ranges = _functions.mask_ranges(mask)
-        _isa().dma_copy(dst=_functions.restrict(t, ranges), src=_functions.restrict(src, ranges),
-                        oob_mode=mode)
+        _functions.each(lambda d, s: _isa().dma_copy(dst=d, src=s, oob_mode=mode),
+                        _functions.restrict(t, ranges), _functions.restrict(src, ranges))
     except _tensor_empty():
         pass
     if src.is_hbm and not ranges_masked(mask):
@@ -308,7 +308,8 @@ def store(dst, value, mask=None, **hints):
             value = full(dst.shape, value, dst.dtype)
         if value.shape != dst.shape:
             value = _functions.fit(value, dst.shape) if value.size != dst.size else value
-        _isa().dma_copy(dst=_functions.restrict(dst, ranges), src=_functions.restrict(value, ranges))
+        _functions.each(lambda d, s: _isa().dma_copy(dst=d, src=s), _functions.restrict(dst, ranges),
+                        _functions.restrict(value, ranges))
     except _tensor_empty():
         pass
 
@@ -493,7 +494,15 @@ def device_print(prefix, x):
     tr.prints.append((prefix, name, x.shape))
 
 
-for _name in ("dropout", "rand", "random_seed", "all_reduce", "softmax", "gather_flattened"):
+@_tracer.status("partial: rate 0.0 and 1.0 only (no model of the hardware's random numbers)")
+def dropout(x, rate, dtype=None, mask=None, **hints):
+    """x with each element zeroed with probability `rate`."""
+    t = ndarray(x.shape, dtype or x.dtype, buffer=sbuf)
+    _isa().dropout(dst=t, data=x, prob=rate)
+    return t
+
+
+for _name in ("rand", "random_seed", "all_reduce", "softmax", "gather_flattened"):
     globals()[_name] = _tracer.not_yet(f"nl.{_name}")
 
 # Names that shadow Python builtins inside this module are bound last.

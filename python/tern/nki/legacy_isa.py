@@ -270,5 +270,11 @@ def local_gather(src_buffer, index, num_elem_per_idx=1, num_valid_indices=None, 
     return dst
 
 
-for _name in ("dropout", "sequence_bounds", "rng", "rand2", "set_rng_seed", "sendrecv", "core_barrier"):
+def dropout(data, prob, mask=None, dtype=None, **hints):
+    dst = _new(data.shape, dtype or data.dtype)
+    cur.dropout(dst=dst, data=data, prob=prob)
+    return dst
+
+
+for _name in ("sequence_bounds", "rng", "rand2", "set_rng_seed", "sendrecv", "core_barrier"):
     globals()[_name] = _tracer.not_yet(f"nisa.{_name}")

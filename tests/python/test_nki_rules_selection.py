@@ -1,0 +1,156 @@
+"""The hardware rules of the selection / search / scan and multi-core calls
+name the rule and the kernel line; PSUM packing, zero-step iota and the
+dropout rates tern can compute."""
+import inspect
+
+import numpy as np
+import pytest
+
+import tern.nki as nki
+import tern.nki.isa as nisa
+import tern.nki.language as nl
+
+
+def line_of(fn, needle):
+    lines, first = inspect.getsourcelines(fn)
+    return first + next(i for i, t in enumerate(lines) if needle in t)
+
+
+def too_few_for_max8(x):
+    out = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+    t = nl.ndarray((128, 4), dtype=nl.float32, buffer=nl.sbuf)
+    d = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=t, value=1.0)
+    nisa.max8(dst=d, src=t)  # 4 elements: max8 needs 8..16384
+    return out
+
+
+def float_indices(x):
+    out = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+    t = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+    v = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.sbuf)
+    d = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=t, value=1.0)
+    nisa.memset(dst=v, value=1.0)
+    nisa.nc_find_index8(dst=d, data=t, vals=v)  # indices must be uint16 / uint32
+    return out
+
+
+def bad_shuffle(x):
+    out = nl.ndarray((32, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+    t = nl.ndarray((32, 8), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=t, value=1.0)
+    nisa.nc_stream_shuffle(dst=t, src=t, shuffle_mask=[40] * 32)  # 40 is no partition of a quadrant
+    return out
+
+
+def range_select_on_trn1(x):
+    out = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+    t = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.sbuf)
+    b = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=t, value=1.0)
+    nisa.memset(dst=b, value=2.0)
+    nisa.range_select(dst=t, on_true_tile=t, comp_op0=nl.greater_equal, comp_op1=nl.less, bound0=b, bound1=b)
+    return out
+
+
+@pytest.mark.parametrize("fn,target,rule,needle", [
+    (too_few_for_max8, "trn3", "needs 8..16384", "nisa.max8("),
+    (float_indices, "trn2", "uint16 or uint32", "nisa.nc_find_index8("),
+    (bad_shuffle, "trn3", "neither a partition 0..31 nor 255", "nisa.nc_stream_shuffle("),
+    (range_select_on_trn1, "trn1", "NeuronCore-v3", "nisa.range_select("),
+])
+def test_rule_violations_name_the_rule_and_the_line(fn, target, rule, needle):
+    with pytest.raises(nki.TernError) as err:
+        nki.jit(fn, platform_target=target)(np.zeros((128, 4), dtype=np.float32))
+    assert rule in str(err.value)
+    assert f"test_nki_rules_selection.py:{line_of(fn, needle)}" in str(err.value)
+
+
+def unmatched_barrier(x):
+    out = nl.ndarray((128, 4), dtype=nl.float32, buffer=nl.shared_hbm)
+    if nl.program_id(0) == 0:  # only program 0 reaches the barrier
+        nisa.core_barrier(out, (0, 1))
+    return out
+
+
+def test_a_barrier_one_core_never_reaches_is_an_error_not_a_hang():
+    with pytest.raises(nki.TernError, match="never reaches"):
+        nki.jit(unmatched_barrier, platform_target="trn2")[2](np.zeros((128, 4), dtype=np.float32))
+
+
+@nki.jit
+def nine_transposes(a):
+    """Nine live [128, 128] FP32 PSUM tiles (512 bytes a partition each):
+    they fit 16 KiB of PSUM only when tiles share banks."""
+    out = nl.ndarray((128, 9 * 128), dtype=nl.float32, buffer=nl.shared_hbm)
+    x = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=x, src=a)
+    tiles = []
+    for k in range(9):
+        p = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_transpose(dst=p, data=x)
+        tiles.append(p)
+    for k, p in enumerate(tiles):
+        s = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=s, src=p)
+        nisa.dma_copy(dst=out[:, k * 128:(k + 1) * 128], src=s)
+    return out
+
+
+def test_small_psum_tiles_share_banks():
+    a = np.arange(128 * 128, dtype=np.float32).reshape(128, 128)
+    got = nine_transposes(a)
+    assert np.array_equal(got, np.tile(a.T, (1, 9)))
+
+
+@nki.jit
+def repeated_iota(x):
+    """A zero step repeats values: dst[p, j, i] = 10 + 3 * p + 2 * i."""
+    out = nl.ndarray((128, 4, 8), dtype=nl.int32, buffer=nl.shared_hbm)
+    t = nl.ndarray((128, 4, 8), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.iota(dst=t, pattern=[[0, 4], [2, 8]], offset=10, channel_multiplier=3)
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+def test_iota_with_a_zero_step():
+    got = repeated_iota(np.zeros(1, dtype=np.float32))
+    p, j, i = np.meshgrid(np.arange(128), np.arange(4), np.arange(8), indexing="ij")
+    assert np.array_equal(got, 10 + 3 * p + 2 * i + 0 * j)
+
+
+@pytest.mark.parametrize("rate", [0.0, 1.0])
+def test_dropout_at_rates_zero_and_one(rate):
+    @nki.jit
+    def k(a):
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        t = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
+        d = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=a)
+        nisa.dropout(dst=d, data=t, prob=rate)
+        nisa.dma_copy(dst=out, src=d)
+        return out
+
+    a = np.linspace(-1, 1, 128 * 16, dtype=np.float32).reshape(128, 16)
+    assert np.array_equal(k(a), a * (1.0 - rate))
+
+
+def test_dropout_at_other_rates_says_not_supported():
+    @nki.jit
+    def k(a):
+        t = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
+        nisa.dropout(dst=t, data=t, prob=0.5)
+
+    with pytest.raises(NotImplementedError, match="not supported: nisa.dropout"):
+        k(np.zeros((128, 4), dtype=np.float32))
+
+
+def test_integer_immediates_beyond_float32_say_not_supported():
+    @nki.jit
+    def k(a):
+        t = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=t, data=t, op0=nl.bitwise_and, operand0=0x12345679)
+
+    with pytest.raises(NotImplementedError, match="0x12345679"):
+        k(np.zeros((128, 4), dtype=np.uint32))
