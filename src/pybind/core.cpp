@@ -456,11 +456,13 @@ PYBIND11_MODULE(_core, m) {
       // Runs; returns (summary dict, RunStats handle for the trace).
       .def(
           "run",
-          [](sim::Simulator& s, const std::string& mode, bool trace, int threads) {
+          [](sim::Simulator& s, const std::string& mode, bool trace, int threads,
+             bool uninitialized_reads) {
             sim::Options o;
             o.mode = sim::parse_mode(mode);
             o.trace = trace;
             o.threads = threads;
+            o.uninitialized_reads = uninitialized_reads;
             sim::RunStats st;
             {
               py::gil_scoped_release release;
@@ -468,7 +470,8 @@ PYBIND11_MODULE(_core, m) {
             }
             return std::make_pair(summary_dict(st, s.chip()), st);
           },
-          py::arg("mode") = "both", py::arg("trace") = false, py::arg("threads") = 0);
+          py::arg("mode") = "both", py::arg("trace") = false, py::arg("threads") = 0,
+          py::arg("uninitialized_reads") = false);
 
   py::class_<sim::RunStats>(m, "RunStats")
       .def_readonly("latency_ns", &sim::RunStats::latency_ns)

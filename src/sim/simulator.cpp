@@ -234,7 +234,7 @@ struct Simulator::Impl {
   // first unwritten element read, as before.
   void check_written(const std::uint8_t* written, const AccessPattern& ap, int r, const Walk& w,
                      const char* what) {
-    if (!written || w.offs.empty()) return;
+    if (!written || w.offs.empty() || opt.uninitialized_reads) return;
     const std::uint8_t m = s.mark_;
     if (w.run) {
       if (const void* z = find_unwritten(written + w.lo, static_cast<std::size_t>(w.hi - w.lo), m))

@@ -42,6 +42,10 @@ struct Options {
   // Host threads for the functional model's matmul arithmetic (0: all the
   // host's cores). Results are bit-identical for any value.
   int threads = 0;
+  // Reads of SBUF/PSUM bytes no instruction wrote return what the memory
+  // holds (as the hardware does; NKI kernels may read padding they later
+  // ignore) instead of stopping the run with an error.
+  bool uninitialized_reads = false;
 };
 
 // One span on a timeline track (engine or DMA queue of a core).

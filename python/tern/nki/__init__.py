@@ -38,15 +38,18 @@ def _kernel_of(kernel, **kw):
     fn = kernel.fn if isinstance(kernel, Kernel) else kernel
     grid = kernel.grid if isinstance(kernel, Kernel) else ()
     target = kw.pop("platform_target", None) or (kernel.platform_target if isinstance(kernel, Kernel) else None)
+    kw.setdefault("strict_reads", kernel.strict_reads if isinstance(kernel, Kernel) else False)
     return Kernel(fn, target, grid, **kw)
 
 
-def jit(fn=None, *, platform_target=None, mode=None, **_compiler_options):
+def jit(fn=None, *, platform_target=None, mode=None, strict_reads=False, **_compiler_options):
     """@nki.jit / @nki.jit(...): trace at call time, simulate, return the
-    results (mode= and compiler options are the NKI compiler's)."""
+    results (mode= and compiler options are the NKI compiler's).
+    strict_reads=True makes a read of SBUF/PSUM no instruction wrote an
+    error (by default it reads what the memory holds, as the hardware)."""
     if fn is None:
-        return lambda f: Kernel(f, platform_target)
-    return Kernel(fn, platform_target)
+        return lambda f: Kernel(f, platform_target, strict_reads=strict_reads)
+    return Kernel(fn, platform_target, strict_reads=strict_reads)
 
 
 def simulate(kernel, platform_target=None, ranks=None, system=None, trace=None):

@@ -311,7 +311,7 @@ def assign(dst, value):
         return
     if isinstance(value, LoopReduce):
         if _pending(value.x) and dst.buffer is T.psum and value.op.alu == "add":
-            value.x.emit_into(dst, accumulate=True)
+            value.x.emit_into(dst, accumulate=None)
         else:
             binary(value.op, dst, value.x, dtype=dst.dtype, dst=dst)
         return
@@ -349,7 +349,9 @@ def inplace(op, dst, value):
     if value is SKIPPED:
         return dst
     if _as_op(op) is nl.add and _pending(value) and dst.buffer is T.psum:
-        value.emit_into(dst, accumulate=True)
+        # The first matmul into a PSUM region overwrites it (the compiler's
+        # accumulation group), later ones accumulate.
+        value.emit_into(dst, accumulate=None)
         return dst
     binary(op, dst, value, dtype=dst.dtype, dst=dst)
     return dst
@@ -434,24 +436,29 @@ class LazyMatmul(T.NkiTensor):
     """nl.matmul's PSUM result: issued when first read, or straight into the
     PSUM view it is added to (psum[...] += nl.matmul(...))."""
 
-    def __init__(self, stationary, moving, dtype="float32"):
-        tile = new_tile((stationary.shape[1], moving.shape[1]), dtype, T.psum)
+    def __init__(self, stationary, moving, dtype="float32", perf_mode=None):
+        double = perf_mode is not None and str(getattr(perf_mode, "value", perf_mode)).startswith("double_row")
+        # The Tensor engine reads SBUF: a PSUM operand is copied there first.
+        stationary, moving = _sbuf_operand(stationary), _sbuf_operand(moving)
+        m = stationary.size // stationary.shape[0] // (2 if double else 1)
+        n = moving.size // moving.shape[0] // (2 if double else 1)
+        tile = new_tile((m, n), dtype, T.psum)
         super().__init__(tile._base, tile.buffer, tile.dtype, tile._p0, tile._np, tile._off, tile._free,
                          tile.name, tile._row_stride, tile._alloc)
-        self._pending = (stationary, moving)
+        self._pending = (stationary, moving, perf_mode)
 
     def emit_into(self, dst, accumulate):
-        st, mv = self._pending
+        st, mv, perf = self._pending
         self._pending = None
-        _isa().nc_matmul(dst=dst, stationary=st, moving=mv, accumulate=accumulate)
+        _isa().nc_matmul(dst=dst, stationary=st, moving=mv, accumulate=accumulate, perf_mode=perf)
 
     def _tensor(self):
         if self._pending is not None:
-            st, mv = self._pending
+            st, mv, perf = self._pending
             self._pending = None
             whole = T.NkiTensor(self._base, self.buffer, self.dtype, self._p0, self._np, self._off,
                                 self._free, self.name, self._row_stride, self._alloc)
-            _isa().nc_matmul(dst=whole, stationary=st, moving=mv, accumulate=False)
+            _isa().nc_matmul(dst=whole, stationary=st, moving=mv, accumulate=False, perf_mode=perf)
         return super()._tensor()
 
 

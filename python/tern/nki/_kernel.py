@@ -84,10 +84,13 @@ class Kernel:
     """A traced-and-simulated NKI kernel: call it like a function."""
 
     def __init__(self, fn, platform_target=None, grid=(), mode="both", trace=None, dtypes=None,
-                 ranks=None, system=None):
+                 ranks=None, system=None, strict_reads=False):
         self.fn, self.platform_target, self.grid = fn, platform_target, tuple(grid)
         self.mode, self.trace_path, self.dtypes = mode, trace, dtypes or {}
         self.ranks, self.system = ranks, system  # ranks None: one rank, results not listed
+        # strict_reads: reading SBUF/PSUM no instruction wrote is an error
+        # (default: it reads what the memory holds, as the hardware).
+        self.strict_reads = strict_reads
         self.last = None  # summary of the last run
         self.__name__ = getattr(fn, "__name__", "kernel")
         self.__doc__ = getattr(fn, "__doc__", None)
@@ -96,7 +99,7 @@ class Kernel:
     def __getitem__(self, grid):
         """kernel[2](...), kernel[2, 2](...): a launch grid of programs."""
         return Kernel(self.fn, self.platform_target, grid_extents(grid), self.mode, self.trace_path,
-                      self.dtypes, self.ranks, self.system)
+                      self.dtypes, self.ranks, self.system, self.strict_reads)
 
     def __get__(self, obj, objtype=None):  # a kernel defined as a method
         if obj is None:
@@ -188,7 +191,7 @@ class Kernel:
         sim.load(program)
         if self.mode != "timing":
             write_inputs(sim, inputs)
-        summary, stats = sim.run(self.mode, bool(self.trace_path))
+        summary, stats = sim.run(self.mode, bool(self.trace_path), 0, not self.strict_reads)
         if self.trace_path:
             _core.write_trace(stats, chip, self.trace_path)
         summary["program_instructions"] = program.instruction_count()

@@ -50,7 +50,7 @@ def run(kernel, chip, traced):
                 for n, v in updates[r].items():
                     sim.write(n, v)
                 updates[r] = {}
-            summary, _ = sim.run(kernel.mode, False)
+            summary, _ = sim.run(kernel.mode, False, 0, not kernel.strict_reads)
             summaries[r].append(summary)
             system.advance(r, summary["latency_ns"], f"part {k}")
             if data:

@@ -273,6 +273,8 @@ class NkiTensor:
             i = next(i for i, k in enumerate(key) if k is Ellipsis)
             fill = self.ndim - (len(key) - 1)
             key = key[:i] + (slice(None),) * fill + key[i + 1:]
+        while len(key) > self.ndim and (key[-1] in (0, -1) or key[-1] == slice(None) or key[-1] == slice(0, 1)):
+            key = key[:-1]  # indices of trailing unit dims a view left out ([P] seen as [P, 1])
         if len(key) > self.ndim:
             raise IndexError(f"{len(key)} indices for a {self.ndim}-d tensor of shape {self.shape}")
         return key + (slice(None),) * (self.ndim - len(key))
@@ -403,7 +405,12 @@ class NkiTensor:
         # HBM rows may have any stride (0 repeats one row on every partition);
         # SBUF/PSUM partitions are contiguous.
         row_stride = int(pstride) if self.is_hbm else self._row_stride
-        t = self._like(self._p0, int(parts), self._off + int(offset), free, row_stride)
+        p0, off = self._p0, self._off + int(offset)
+        per = self._partition_stride()
+        if not self.is_hbm and per and not 0 <= off < per:
+            # An on-chip offset counts the tensor's elements partition-major.
+            p0, off = p0 + off // per, off % per
+        t = self._like(p0, int(parts), off, free, row_stride)
         if dtype is not None and dtype != self.dtype:
             t = t._bitcast(dtype)
         if scalar_offset is not None or vector_offset is not None:

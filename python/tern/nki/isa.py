@@ -470,8 +470,8 @@ def iota(dst, pattern, offset=0, channel_multiplier=0, name=None, **hints):
 
 
 @_tracer.status("partial: patterns linear in the flat free index")
-def affine_select(dst, pattern, offset, channel_multiplier, on_true_tile, on_false_value, cmp_op=nl.equal,
-                  name=None):
+def affine_select(dst, pattern, offset=0, channel_multiplier=0, on_true_tile=None, on_false_value=0.0,
+                  cmp_op=nl.equal, name=None):
     """dst = on_true_tile where cmp_op(offset + c * channel_multiplier + sum(step_d * i_d), 0), else
     on_false_value (GpSimd; the causal mask of attention)."""
     step = _linear_step(pattern, dst, "affine_select")

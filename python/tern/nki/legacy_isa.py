@@ -155,7 +155,7 @@ def nc_matmul(stationary, moving, is_stationary_onezero=False, is_moving_onezero
         return F.SKIPPED
     if is_transpose:
         return F.transpose(stationary)
-    return F.LazyMatmul(cur._flat2(stationary), cur._flat2(moving))
+    return F.LazyMatmul(cur._flat2(stationary), cur._flat2(moving), perf_mode=perf_mode)
 
 
 def nc_transpose(data, mask=None, dtype=None, engine=None, **hints):
