@@ -43,15 +43,6 @@ needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
 TARGETS = ("trn1", "trn2", "trn3")
 RTOL = 1e-5  # transcendental functions (Scalar-engine activation tables)
 
-# tern bugs shared by several tests (each xfail is strict: a fix makes it XPASS and fail the run)
-PARTIAL_ROWS_XFAIL = pytest.mark.xfail(
-    strict=True, reason="tern bug: a reduction (nl.max / nl.sum / nl.mean) with a partition mask restricts "
-    "its source but not its destination: 'reduces [72, N] into [128, 1]'")
-LOOP_REDUCE_XFAIL = pytest.mark.xfail(
-    strict=True, reason="tern bug: dst[...] = nl.loop_reduce(x, op, loop_indices) assigns x instead of "
-    "dst = op(dst, x): only the last iteration survives")
-
-
 @pytest.fixture(params=TARGETS)
 def target(request):
     return request.param
@@ -411,9 +402,6 @@ def test_python_bool_masks(target):
     assert_exact(sel[128:256], a[128:256])
 
 
-@pytest.mark.xfail(strict=True, reason="tern bug: an index expression of two indices "
-                   "(MaxPool2D padding: i1 - pad + i3) that leaves the tensor raises IndexError even though "
-                   "the mask keeps it inside (and mask conditions over two indices are unsupported)")
 def test_mask_two_index_condition_maxpool_padding(target):
     """MaxPool2D with padding: window indices can be negative / past the
     edge; the mask relates the output and window indices."""
@@ -706,7 +694,6 @@ def test_masked_reduction_excludes_masked_elements(target):
     assert_exact(sm, a[:, :40].sum(axis=1, keepdims=True))
 
 
-@PARTIAL_ROWS_XFAIL
 def test_masked_reduction_partition_mask(target):
     """nl.max / nl.sum with mask=(ip < rows) on a partly filled tile."""
     a = exact((72, 64), seed=38)
@@ -813,7 +800,7 @@ def test_loop_reduce_into_sbuf(target):
     assert_exact(mx, a.max(axis=0))
 
 
-@pytest.mark.parametrize("rows", [256, pytest.param(200, marks=PARTIAL_ROWS_XFAIL)])
+@pytest.mark.parametrize("rows", [256, 200])
 def test_softmax_tutorial_masked(target, rows):
     """The softmax tutorial: masked rows, nl.max(keepdims), nl.subtract,
     nl.exp, nl.sum without keepdims, (P, N) / (P,) and a masked store."""
@@ -841,7 +828,7 @@ def test_softmax_tutorial_masked(target, rows):
 
 
 @needs_torch
-@pytest.mark.parametrize("rows", [128, pytest.param(2, marks=PARTIAL_ROWS_XFAIL)])
+@pytest.mark.parametrize("rows", [128, 2])
 def test_softmax_torch_tensors(target, rows):
     """torch float32 tensors in, a torch tensor out; a [2, 5] input (the
     tutorial's torch driver) leaves only 2 of 128 partitions live."""
@@ -882,7 +869,7 @@ def rmsnorm_kernel(a_tensor, g_tensor):
     return out_tensor
 
 
-@pytest.mark.parametrize("rows", [256, pytest.param(200, marks=PARTIAL_ROWS_XFAIL)])
+@pytest.mark.parametrize("rows", [256, 200])
 def test_rmsnorm_tutorial(target, rows):
     r = np.random.default_rng(46)
     a = r.standard_normal((rows, 128)).astype(np.float32)
@@ -891,7 +878,7 @@ def test_rmsnorm_tutorial(target, rows):
     np.testing.assert_allclose(run(rmsnorm_kernel, target, a, g), want, rtol=RTOL, atol=1e-6)
 
 
-@pytest.mark.parametrize("rows", [128, pytest.param(150, marks=PARTIAL_ROWS_XFAIL)])
+@pytest.mark.parametrize("rows", [128, 150])
 def test_layernorm_tutorial(target, rows):
     """layernorm v1: a 3-D mgrid whose third axis is the gamma partition
     index, nl.mean without keepdims, var = mean(x^2) - mean^2,

@@ -84,9 +84,41 @@ def mask_ranges(mask):
         return None
     if mask is False:
         raise T.Empty()
-    if hasattr(mask, "__bool__") and not isinstance(mask, T.Predicate):
+    if not isinstance(mask, (T.Predicate, T.Box)):
         return None if bool(mask) else _raise_empty()
     return mask.ranges()
+
+
+def mask_boxes(mask):
+    """The boxes of index values a mask keeps: [None] for no mask, [] when
+    it keeps nothing."""
+    if mask is None or mask is True:
+        return [None]
+    if mask is False:
+        return []
+    if not isinstance(mask, (T.Predicate, T.Box)):
+        return [None] if bool(mask) else []
+    return mask.boxes()
+
+
+def for_boxes(mask, body):
+    """body(ranges) once per box the mask keeps (one instruction each)."""
+    for ranges in mask_boxes(mask):
+        try:
+            body(ranges)
+        except T.Empty:
+            pass
+
+
+def _inside(limit, ranges):
+    terms, off, extent, _ = limit
+    lo = hi = off
+    for uid, (v, c) in terms.items():
+        a, b = (ranges[uid][1], ranges[uid][2] - 1) if ranges and uid in ranges else (0, v.extent - 1)
+        if b < a:
+            return True  # nothing of it is accessed
+        lo, hi = lo + min(c * a, c * b), hi + max(c * a, c * b)
+    return lo >= 0 and hi < extent
 
 
 def _raise_empty():
@@ -122,8 +154,7 @@ def restrict(view, ranges):
             off += lo * s
             free[d - 1] = (s, min(c, hi) - lo)
     out = view._like(p0, np_, off, free, vars_=view._vars)
-    out._limits = {u: lim for u, lim in view._limits.items()
-                   if not (u in ranges and ranges[u][1] >= lim[0] and ranges[u][2] <= lim[1])}
+    out._limits = {k: lim for k, lim in view._limits.items() if not _inside(lim, ranges)}
     out._origin = getattr(view, "_origin", None)
     return out
 
@@ -243,21 +274,23 @@ def binary(op, a, b, dtype=None, mask=None, dst=None):
     out_dtype = dtype or promote(dtype_of(a), dtype_of(b))
     if dst is None:
         dst = new_tile(shape, out_dtype)
-    try:
-        ranges = mask_ranges(mask)
+    if at and bt:
+        x, y = fit(a, shape), fit(b, shape)
+        if x.buffer is T.psum and y.buffer is T.psum:
+            y = _sbuf_operand(y)
+    else:
+        t, s = (a, b) if at else (b, a)
+        t = fit(t, shape)
+
+    def body(ranges):
         d = restrict(dst, ranges)
         if at and bt:
-            x, y = fit(a, shape), fit(b, shape)
-            if x.buffer is T.psum and y.buffer is T.psum:
-                y = _sbuf_operand(y)
             each(lambda o, p, q: isa.tensor_tensor(dst=o, data1=p, data2=q, op=op), d, restrict(x, ranges),
                  restrict(y, ranges))
         else:
-            t, s = (a, b) if at else (b, a)
             each(lambda o, p: isa.tensor_scalar(dst=o, data=p, op0=op, operand0=float(s), reverse0=not at), d,
-                 restrict(fit(t, shape), ranges))
-    except T.Empty:
-        pass
+                 restrict(t, ranges))
+    for_boxes(mask, body)
     return dst
 
 
@@ -268,8 +301,7 @@ def unary(op, x, dtype=None, mask=None, dst=None, **kw):
     op = _as_op(op)
     if dst is None:
         dst = new_tile(x.shape, dtype or x.dtype)
-    try:
-        ranges = mask_ranges(mask)
+    def body(ranges):
         d, src = restrict(dst, ranges), restrict(x, ranges)
         if op.act is not None:
             each(lambda o, p: isa.activation(dst=o, op=op, data=p, **kw), d, src)
@@ -283,8 +315,7 @@ def unary(op, x, dtype=None, mask=None, dst=None, **kw):
             each(lambda o, p: isa.tensor_scalar(dst=o, data=p, op0=_nl().equal, operand0=0.0), d, src)
         else:
             raise NotImplementedError(f"not supported: nl.{op.name} as a one-argument tile function")
-    except T.Empty:
-        pass
+    for_boxes(mask, body)
     return dst
 
 
@@ -371,8 +402,13 @@ def reduce(op, x, axis, dtype=None, keepdims=False, mask=None, negate=False, dst
     isa = _isa()
     op = _as_op(op)
     axes = _axes(axis, x.ndim)
+    boxes = mask_boxes(mask)
+    if len(boxes) > 1 and 0 not in axes:
+        return _reduce_boxes(op, x, axes, boxes, dtype, keepdims, negate, dst)
     try:
-        ranges = mask_ranges(mask)
+        if not boxes:
+            raise T.Empty()
+        ranges = boxes[0]
         src = restrict(x, ranges)
     except T.Empty:
         ranges, src = None, None
@@ -388,9 +424,11 @@ def reduce(op, x, axis, dtype=None, keepdims=False, mask=None, negate=False, dst
     kept_shape = [x.shape[d] for d in keep]
     shape = (x.shape[0],) + (tuple(1 if d in axes else x.shape[d] for d in range(1, x.ndim)) if keepdims
                              else (tuple(kept_shape) or (1,)))
-    dst = dst if dst is not None else new_tile(shape, dtype or x.dtype)
+    if dst is None:
+        dst = _reduce_dst(x, axes, keepdims, dtype)
     if src is None:
         return dst
+    full = dst  # the caller gets the whole tile; the mask's part is written
     if ranges:
         dst = restrict(dst, ranges)
         kept_shape = [src.shape[d] for d in keep]
@@ -409,7 +447,38 @@ def reduce(op, x, axis, dtype=None, keepdims=False, mask=None, negate=False, dst
         part = src[tuple(key)]
         out = dst[tuple(dkey)] if len(dkey) > 1 and (keepdims or keep) else dst
         isa.tensor_reduce(dst=out, op=op, data=part, axis=list(range(1, part.ndim)) or [1], negate=negate)
+    return full
+
+
+def _reduce_dst(x, axes, keepdims, dtype):
+    """A new tile for a reduction of x over free `axes`, carrying the kept
+    dims' index variables (masks match them)."""
+    keep = [d for d in range(1, x.ndim) if d not in axes]
+    shape = (x.shape[0],) + (tuple(1 if d in axes else x.shape[d] for d in range(1, x.ndim)) if keepdims
+                             else (tuple(x.shape[d] for d in keep) or (1,)))
+    dst = new_tile(shape, dtype or x.dtype)
+    if x._vars:
+        dst._vars = [x._vars[0]] + ([x._vars[d] if d not in axes else None for d in range(1, x.ndim)]
+                                    if keepdims else [x._vars[d] for d in keep])
     return dst
+
+
+_IDENTITY = {"max": -3.4028234663852886e38, "min": 3.4028234663852886e38, "add": 0.0, "multiply": 1.0}
+
+
+def _reduce_boxes(op, x, axes, boxes, dtype, keepdims, negate, dst):
+    """A reduction whose mask keeps several boxes: each box reduced on its
+    own, combined into the result with op (which starts at op's identity)."""
+    if negate or op.alu not in _IDENTITY:
+        raise NotImplementedError(f"not supported: a {op.name} reduction under a mask of several boxes")
+    isa = _isa()
+    whole = dst if dst is not None else _reduce_dst(x, axes, keepdims, dtype)
+    isa.memset(dst=whole, value=_IDENTITY[op.alu])
+    for box in boxes:
+        part = reduce(op, x, axes, dtype=whole.dtype, keepdims=keepdims, mask=T.Box(box))
+        region = restrict(whole, box)
+        binary(op, region, restrict(part, box), dtype=whole.dtype, dst=region)
+    return whole
 
 
 def _product(shape):

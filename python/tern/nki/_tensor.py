@@ -190,30 +190,99 @@ class Predicate:
                                   "bounds); split the operation or use nisa.affine_select")
 
     def ranges(self):
-        """uid -> (var, lo, hi): the bounds each single-index condition gives."""
-        out = {}
+        """uid -> (var, lo, hi): the one box of index values the mask keeps."""
+        boxes = self.boxes()
+        if len(boxes) != 1:
+            raise NotImplementedError("not supported: a mask that keeps more than one box of indices here "
+                                      "(tern splits such masks for elementwise operations, loads and stores)")
+        return boxes[0]
+
+    def boxes(self):
+        """The index values the mask keeps as disjoint boxes, each
+        uid -> (var, lo, hi). Conditions on one index bound it; conditions
+        on two indices (512 * i + j < n) are resolved for each value of the
+        outer one, runs of equal bounds merging into a box."""
+        single = {}
+        pairs = []
         for e, op in self.conds:
-            if len(e.terms) != 1:
-                raise NotImplementedError("not supported: a mask relating two indices (e.g. i_p >= i_f); "
-                                          "use nisa.affine_select")
-            (uid, (v, c)), = e.terms.items()
-            lo, hi = out.get(uid, (v, 0, v.extent))[1:]
-            # c*i + o  op  0  with integer i in [0, extent)
-            o = e.offset
-            if op in ("lt", "le"):
-                lim = -o - (1 if op == "lt" else 0)  # c*i <= lim
-                if c > 0:
-                    hi = min(hi, lim // c + 1)
-                else:
-                    lo = max(lo, -(lim // -c) if lim % -c else lim // c)
+            if len(e.terms) == 1:
+                (uid, (v, c)), = e.terms.items()
+                lo, hi = single.get(uid, (v, 0, v.extent))[1:]
+                nlo, nhi = _bound(c, e.offset, op, v.extent)
+                single[uid] = (v, max(lo, nlo), min(hi, nhi))
+            elif len(e.terms) == 2:
+                pairs.append((e, op))
             else:
-                lim = -o + (1 if op == "gt" else 0)  # c*i >= lim
-                if c > 0:
-                    lo = max(lo, -(-lim // c))
-                else:
-                    hi = min(hi, (-lim) // (-c) + 1)
-            out[uid] = (v, lo, hi)
-        return out
+                raise NotImplementedError("not supported: a mask condition on three or more indices")
+        if not pairs:
+            return [single]
+        groups = {}
+        for e, op in pairs:
+            groups.setdefault(frozenset(e.terms), []).append((e, op))
+        seen = set()
+        for g in groups:
+            if seen & g:
+                raise NotImplementedError("not supported: mask conditions relating overlapping pairs of indices")
+            seen |= g
+        boxes = [dict(single)]
+        for conds in groups.values():  # independent pairs: every combination of their boxes
+            boxes = [{**b, **p} for b in boxes for p in _pair_boxes(conds, single)]
+        return boxes
+
+
+def _pair_boxes(pairs, single):
+    """The boxes of two indices that conditions relating them keep."""
+    (u1, (v1, _)), (u2, (v2, _)) = sorted(pairs[0][0].terms.items(), key=lambda t: -abs(t[1][1]))
+    olo, ohi = single.get(u1, (v1, 0, v1.extent))[1:]
+    runs, run = [], None
+    for x in range(olo, ohi):
+        lo, hi = single.get(u2, (v2, 0, v2.extent))[1:]
+        for e, op in pairs:
+            blo, bhi = _bound(e.terms[u2][1], e.offset + e.terms[u1][1] * x, op, v2.extent)
+            lo, hi = max(lo, blo), min(hi, bhi)
+        if hi <= lo:
+            run = None
+            continue
+        if run is not None and run[1] == (lo, hi) and run[0][1] == x:
+            run[0][1] = x + 1
+            continue
+        run = [[x, x + 1], (lo, hi)]
+        runs.append(run)
+    return [{u1: (v1, x0, x1), u2: (v2, lo, hi)} for (x0, x1), (lo, hi) in runs]
+
+
+def _bound(c, o, op, extent):
+    """[lo, hi) of integer i in [0, extent) with c * i + o  op  0."""
+    lo, hi = 0, extent
+    if c == 0:
+        holds = {"lt": o < 0, "le": o <= 0, "gt": o > 0, "ge": o >= 0}[op]
+        return (0, extent) if holds else (0, 0)
+    if op in ("lt", "le"):
+        lim = -o - (1 if op == "lt" else 0)  # c*i <= lim
+        if c > 0:
+            hi = min(hi, lim // c + 1)
+        else:
+            lo = max(lo, -(lim // -c))
+    else:
+        lim = -o + (1 if op == "gt" else 0)  # c*i >= lim
+        if c > 0:
+            lo = max(lo, -(-lim // c))
+        else:
+            hi = min(hi, (-lim) // (-c) + 1)
+    return lo, hi
+
+
+class Box:
+    """One box of index values (a mask resolved for one instruction)."""
+
+    def __init__(self, ranges):
+        self._ranges = ranges
+
+    def ranges(self):
+        return self._ranges
+
+    def boxes(self):
+        return [self._ranges]
 
 
 # ----------------------------------------------------------------- tensors
@@ -340,16 +409,7 @@ class NkiTensor:
             if lo < 0 or hi >= extents[d]:
                 msg = (f"index expression {e} reaches [{lo}, {hi}] outside dim {d} of size {extents[d]} "
                        f"({_tracer.kernel_location()}); a mask= must keep it inside")
-                if len(e.terms) != 1:
-                    raise IndexError(msg)
-                (uid, (v, c)), = e.terms.items()
-                # c * i + offset in [0, extent)  <=>  i in [vlo, vhi)
-                o, ext = e.offset, extents[d]
-                if c > 0:
-                    vlo, vhi = max(0, -(o // c)), (ext - 1 - o) // c + 1
-                else:
-                    vlo, vhi = max(0, -((ext - 1 - o) // -c)), o // -c + 1
-                limits[uid] = (vlo, vhi, msg)
+                limits[len(limits)] = (dict(e.terms), e.offset, extents[d], msg)
             if d == 0 and not hbm_view:
                 p0 += e.offset
             else:
@@ -528,6 +588,13 @@ class NkiTensor:
     def as_tile(self):
         return self
 
+    def indirect(self, index, num_elem=None):
+        """Tensor indirection over the free dim: column i of partition p is
+        this tile's element at index[16 g + i % 16, i // 16] (g = p // 16, the
+        partition's 16-partition group). tern gathers it with local_gather
+        into a tile when the view is first read (docs/nki.md)."""
+        return IndirectView(self, index, int(num_elem if num_elem is not None else index.size))
+
     def get_pattern(self):
         """[[stride, count], ...] in elements, the partition / row dim first."""
         first = self._row_stride if self.is_hbm else self._partition_stride()
@@ -627,6 +694,27 @@ class NkiTensor:
         return self._np
 
     __hash__ = object.__hash__
+
+
+class IndirectView(NkiTensor):
+    """A data tile seen through a free-dim index tile (NkiTensor.indirect)."""
+
+    def __init__(self, data, index, num_elem):
+        from tern.nki import language as nl
+        tile = nl.ndarray((data.shape[0], num_elem), data.dtype, buffer=sbuf)
+        super().__init__(tile._base, tile.buffer, tile.dtype, tile._p0, tile._np, tile._off, tile._free,
+                         tile.name, tile._row_stride, tile._alloc)
+        self._source = (data, index, num_elem)
+
+    def _tensor(self):
+        if self._source is not None:
+            from tern.nki import isa
+            data, index, n = self._source
+            self._source = None
+            whole = NkiTensor(self._base, self.buffer, self.dtype, self._p0, self._np, self._off, self._free,
+                              self.name, self._row_stride, self._alloc)
+            isa.local_gather(dst=whole, src_buffer=data, index=index, num_elem_per_idx=1, num_valid_indices=n)
+        return super()._tensor()
 
 
 def _free_contiguous(free):

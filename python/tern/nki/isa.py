@@ -104,7 +104,7 @@ def _indirect(x):
     return getattr(x, "_indirect", None)
 
 
-@_tracer.status("supported (dge_mode accepted: every DMA is timed by tern's one DMA model)")
+@_tracer.status("partial: a PSUM source or destination is staged through SBUF by a Vector copy; dge_mode accepted (every DMA is timed by tern's one DMA model)")
 def dma_copy(dst, src, dst_rmw_op=None, oob_mode=oob_mode.error, dge_mode=dge_mode.unknown,
              unique_indices=True, engine=None, name=None, mask=None):
     """dst <- src (cast through FP32); dst_rmw_op=nl.add accumulates into dst.
@@ -119,6 +119,17 @@ def dma_copy(dst, src, dst_rmw_op=None, oob_mode=oob_mode.error, dge_mode=dge_mo
         ind.dma(dst, src, dst_rmw_op is not None, skip, _engine(engine, _core.Engine.sync))
         return
     src, dst = _fit_dma(src, dst)
+    if src.buffer is nl.psum and dst_rmw_op is None:
+        # tern's DMA model moves HBM and SBUF: a PSUM source is copied to SBUF
+        # first (one Vector copy, the same bits).
+        staged = _scratch(src.shape, src.dtype)
+        tensor_copy(dst=staged, src=src)
+        src = staged
+    if dst.buffer is nl.psum and dst_rmw_op is None:
+        staged = _scratch(dst.shape, dst.dtype)
+        dma_copy(dst=staged, src=src, oob_mode=oob_mode, engine=engine)
+        tensor_copy(dst=dst, src=staged)
+        return
     b = _tracer.current().at()
     b.dma_copy(_t(dst, "dst"), _t(src, "src"), -1, dst_rmw_op is not None, _engine(engine, _core.Engine.sync))
 

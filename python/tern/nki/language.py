@@ -280,12 +280,9 @@ def _isa():
 def load(src, dtype=None, mask=None, mode=None, **hints):
     """A new SBUF tile holding src (DMA); masked-off elements are not read."""
     t = ndarray(src.shape, dtype or src.dtype, buffer=sbuf)
-    try:
-        ranges = _functions.mask_ranges(mask)
-        _functions.each(lambda d, s: _isa().dma_copy(dst=d, src=s, oob_mode=mode),
-                        _functions.restrict(t, ranges), _functions.restrict(src, ranges))
-    except _tensor_empty():
-        pass
+    _functions.for_boxes(mask, lambda r: _functions.each(
+        lambda d, s: _isa().dma_copy(dst=d, src=s, oob_mode=mode), _functions.restrict(t, r),
+        _functions.restrict(src, r)))
     if src.is_hbm and not ranges_masked(mask):
         t._origin = src
     return t
@@ -302,16 +299,12 @@ def ranges_masked(mask):
 
 def store(dst, value, mask=None, **hints):
     """dst <- value (DMA); masked-off elements are not written."""
-    try:
-        ranges = _functions.mask_ranges(mask)
-        if isinstance(value, (int, float)):
-            value = full(dst.shape, value, dst.dtype)
-        if value.shape != dst.shape:
-            value = _functions.fit(value, dst.shape) if value.size != dst.size else value
-        _functions.each(lambda d, s: _isa().dma_copy(dst=d, src=s), _functions.restrict(dst, ranges),
-                        _functions.restrict(value, ranges))
-    except _tensor_empty():
-        pass
+    if isinstance(value, (int, float)):
+        value = full(dst.shape, value, dst.dtype)
+    if value.shape != dst.shape:
+        value = _functions.fit(value, dst.shape) if value.size != dst.size else value
+    _functions.for_boxes(mask, lambda r: _functions.each(
+        lambda d, s: _isa().dma_copy(dst=d, src=s), _functions.restrict(dst, r), _functions.restrict(value, r)))
 
 
 def load_transpose2d(src, dtype=None, mask=None):
@@ -332,11 +325,8 @@ class _Copy(_ops.Op):
 
     def __call__(self, src, dtype=None, mask=None, **hints):
         t = ndarray(src.shape, dtype or src.dtype, buffer=sbuf)
-        try:
-            ranges = _functions.mask_ranges(mask)
-            _isa().tensor_copy(dst=_functions.restrict(t, ranges), src=_functions.restrict(src, ranges))
-        except _tensor_empty():
-            pass
+        _functions.for_boxes(mask, lambda r: _isa().tensor_copy(dst=_functions.restrict(t, r),
+                                                                 src=_functions.restrict(src, r)))
         return t
 
 

@@ -37,12 +37,14 @@ def _masked(mask, dst, *operands):
 
 
 def _run(call, dst, mask, operands, **kw):
-    """Calls the current-generation instruction on the masked views."""
-    try:
-        views = _masked(mask, dst, *operands)
-        call(*views, **kw)
-    except T.Empty:
-        pass
+    """Calls the current-generation instruction on the masked views (once
+    per box of indices the mask keeps)."""
+    for ranges in F.mask_boxes(mask):
+        try:
+            views = _masked(T.Box(ranges) if ranges else None, dst, *operands)
+            call(*views, **kw)
+        except T.Empty:
+            pass
     return dst
 
 
@@ -175,11 +177,12 @@ def dma_transpose(src, axes=None, mask=None, dtype=None, **hints):
 
 
 def dma_copy(dst, src, mask=None, dst_rmw_op=None, oob_mode=oob_mode.error, dge_mode=dge_mode.unknown, **hints):
-    try:
-        d, s = _masked(mask, dst, src)
-        cur.dma_copy(dst=d, src=s, dst_rmw_op=dst_rmw_op, oob_mode=oob_mode)
-    except T.Empty:
-        pass
+    for ranges in F.mask_boxes(mask):
+        try:
+            d, s = _masked(T.Box(ranges) if ranges else None, dst, src)
+            cur.dma_copy(dst=d, src=s, dst_rmw_op=dst_rmw_op, oob_mode=oob_mode)
+        except T.Empty:
+            pass
 
 
 # --------------------------------------------------- index-expression forms
