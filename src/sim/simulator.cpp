@@ -182,6 +182,24 @@ struct Simulator::Impl {
   std::vector<Stationary> stationary;
   // Per core: the Scalar engine's reduce registers (activation reduce_cmd).
   std::map<int, std::vector<float>> act_regs;
+  // Per core: the Vector engine's accumulators (select_reduce, range_select,
+  // exponential reduce_cmd), shared by those instructions as on the hardware.
+  std::map<int, std::vector<float>> vec_regs;
+
+  // Applies reduce command `cmd` (imm2: 0 this instruction's values, 1 reset
+  // to `reset`, 2 combine with `combine`, 3 keep, 4 load `init` then combine)
+  // to partitions [p0, p0 + v.size()) of `regs`; v becomes the registers.
+  template <typename Combine>
+  static void reduce_registers(std::vector<float>& regs, int p0, int cmd, float reset, float init,
+                               Floats& v, Combine combine) {
+    if (regs.size() < static_cast<std::size_t>(p0) + v.size())
+      regs.resize(static_cast<std::size_t>(p0) + v.size(), reset);
+    for (std::size_t r = 0; r < v.size(); ++r) {
+      float& g = regs[static_cast<std::size_t>(p0) + r];
+      g = cmd == 0 ? v[r] : cmd == 1 ? reset : cmd == 2 ? combine(g, v[r]) : cmd == 4 ? combine(init, v[r]) : g;
+      v[r] = g;
+    }
+  }
 
   int threads = 1;  // host threads for rows of large instructions and the matmul
   // A replay neither checks nor sets SBUF/PSUM written flags: a program
@@ -814,15 +832,8 @@ struct Simulator::Impl {
         // The Scalar engine's per-partition reduce registers (NKI
         // reduce_cmd, imm2): 0 load this instruction's sums, 1 reset to 0,
         // 2 add the sums, 3 keep. With acc the last operand receives them.
-        auto& regs = act_regs[static_cast<std::size_t>(core)];
-        if (regs.size() < static_cast<std::size_t>(d.start_partition + d.rows()))
-          regs.resize(static_cast<std::size_t>(d.start_partition + d.rows()), 0.0f);
-        const int cmd = static_cast<int>(in.imm2);
-        for (std::size_t r = 0; r < sums.size(); ++r) {
-          float& g = regs[static_cast<std::size_t>(d.start_partition) + r];
-          g = cmd == 0 ? sums[r] : cmd == 1 ? 0.0f : cmd == 2 ? g + sums[r] : g;
-          sums[r] = g;
-        }
+        reduce_registers(act_regs[core], d.start_partition, static_cast<int>(in.imm2), 0.0f, 0.0f, sums,
+                         [](float x, float y) { return x + y; });
         if (in.accumulate) write(core, ops.back(), sums);
         break;
       }
@@ -901,6 +912,8 @@ struct Simulator::Impl {
           sums[ru] = sum;
         });
         write(core, d, a);
+        reduce_registers(vec_regs[core], d.start_partition, static_cast<int>(in.imm2), 0.0f, in.imm3,
+                         sums, [](float x, float y) { return x + y; });
         if (in.accumulate) write(core, ops.back(), sums);
         break;
       }
@@ -1087,6 +1100,9 @@ struct Simulator::Impl {
           }
         }
         write(core, d, x);
+        reduce_registers(vec_regs[core], d.start_partition, static_cast<int>(in.imm2),
+                         -std::numeric_limits<float>::infinity(), in.imm3, mx,
+                         [](float a, float b) { return std::max(a, b); });
         if (in.accumulate) write(core, ops.back(), mx);
         break;
       }

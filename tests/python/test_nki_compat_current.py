@@ -2278,9 +2278,6 @@ def k_exponential_accumulate(x):
     return store(res)
 
 
-@pytest.mark.xfail(strict=True, reason="tern gap: nisa.exponential(reduce_cmd=reduce / load_reduce, "
-                   "reduce_init=) raises NotImplementedError (the Vector accumulator is not kept across "
-                   "instructions)")
 def test_exponential_reduce_cmd_accumulates_trn3():
     x = normal((P, 64), 230)
     res = run(k_exponential_accumulate, "trn3", x)
@@ -2303,8 +2300,6 @@ def k_select_reduce_accumulate(x, pred):
     return store(res)
 
 
-@pytest.mark.xfail(strict=True, reason="tern bug: select_reduce ignores reduce_cmd: reduce_cmd=reduce restarts "
-                   "the max instead of continuing the accumulator")
 @pytest.mark.parametrize("target", V3)
 def test_select_reduce_reduce_cmd_continues_the_max(target):
     x = normal((P, 64), 231)

@@ -1689,21 +1689,29 @@ def run_isolated(body):
 
 
 @pytest.mark.parametrize("isolated_target", TARGETS)
-@pytest.mark.xfail(strict=True, reason="tern bug: nl.store of a (4, 3) tile into a (3, 4) HBM tensor is not "
-                   "rejected; the simulator corrupts its heap and the process aborts ('free(): invalid next "
-                   "size') or segfaults")
-def test_store_shape_mismatch_is_an_error_not_a_crash(isolated_target):
+def test_store_of_another_shape_copies_in_element_order_and_never_crashes(isolated_target):
+    """A DMA moves as many elements as it reads (NKI: the counts must match,
+    the shapes may differ): a (4, 3) tile stored into a (3, 4) tensor lands
+    in row-major order; different counts are an error, never a crash."""
     proc = run_isolated(f"""
         def kernel(a):
             out = nl.ndarray((3, 4), dtype=a.dtype, buffer=nl.shared_hbm)
             nl.store(out, value=nl.load(a))
             return out
+        a = np.arange(12, dtype=np.float32).reshape(4, 3)
+        got = nki.jit(kernel, platform_target="{isolated_target}")(a)
+        print("SAME", bool(np.array_equal(got, a.reshape(3, 4))))
+        def short(a):
+            out = nl.ndarray((3, 3), dtype=a.dtype, buffer=nl.shared_hbm)
+            nl.store(out, value=nl.load(a))
+            return out
         try:
-            nki.jit(kernel, platform_target="{isolated_target}")(np.zeros((4, 3), np.float32))
+            nki.jit(short, platform_target="{isolated_target}")(a)
         except Exception as e:
             print("RAISED", type(e).__name__)
     """)
     assert proc.returncode == 0, (proc.returncode, proc.stderr[-500:])
+    assert "SAME True" in proc.stdout
     assert "RAISED" in proc.stdout
 
 

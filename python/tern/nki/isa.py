@@ -338,21 +338,25 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
         value = float(bias)  # a scalar bias: a constant [P, 1] column
         bias = _scratch((rows, 1))
         memset(dst=bias, value=value)
-    rc = globals()["reduce_cmd"]
-    cmd = int(reduce_cmd)
-    if cmd == int(rc.load_reduce):
+    if int(reduce_cmd) == int(globals()["reduce_cmd"].load_reduce):
         raise NotImplementedError("not supported: nisa.activation(reduce_cmd=load_reduce)")
-    # The Scalar engine's reduce registers (the simulator's imm2 code): 0 load
-    # this instruction's sums, 1 reset, 2 add, 3 keep. reduce_res with the
-    # default idle command gets this instruction's sums.
-    code = {int(rc.reset_reduce): 0, int(rc.reset): 1, int(rc.reduce): 2, int(rc.idle): 3}[cmd]
-    if code == 3 and reduce_res is not None:
-        code = 0
+    code = _register_code(reduce_cmd, reduce_res)
     ops = [_flat2(dst), _flat2(src)] + ([_as_col(bias)] if bias is not None else [])
     if reduce_res is not None:
         ops.append(_as_col(reduce_res))
     _emit("activation", _core.Engine.scalar, ops, func=_core.act_func(o.act), scale=float(scale),
           imm2=float(code), acc=reduce_res is not None)
+
+
+def _register_code(cmd, reduce_res):
+    """An engine's accumulator registers under NKI's reduce_cmd, as the
+    simulator's code (imm2): 0 this instruction's values, 1 reset, 2
+    combine, 3 keep, 4 load the initial value then combine. reduce_res with
+    the default idle command gets this instruction's values."""
+    rc = globals()["reduce_cmd"]
+    code = {int(rc.reset_reduce): 0, int(rc.reset): 1, int(rc.reduce): 2, int(rc.idle): 3,
+            int(rc.load_reduce): 4}[int(cmd)]
+    return 0 if code == 3 and reduce_res is not None else code
 
 
 def activation_reduce(dst, op, data, reduce_op, reduce_res, bias=None, scale=1.0, name=None, **hints):
@@ -386,23 +390,22 @@ def reciprocal(dst, data, name=None, **hints):
     _tracer.current().at().reciprocal(_t(dst, "dst"), _t(data, "data"))
 
 
-@_tracer.status("partial: reduce_cmd / reduce_init other than the defaults not yet")
 def exponential(dst, src, max_value=None, reduce_res=None, reduce_cmd=reduce_cmd.idle, reduce_init=0.0,
                 name=None):
-    """dst = exp(src - max_value) (trn3 Vector engine), optional row sums."""
-    if int(reduce_cmd) not in (int(globals()["reduce_cmd"].idle), int(globals()["reduce_cmd"].reset_reduce)) \
-            or float(reduce_init) != 0.0:
-        raise NotImplementedError("not supported: nisa.exponential with reduce_cmd reduce / load_reduce or "
-                                  "reduce_init")
+    """dst = exp(src - max_value) (trn3 Vector engine); the row sums go to
+    the Vector accumulators by reduce_cmd (load_reduce starts from
+    reduce_init) and to reduce_res."""
     if max_value is not None and not _is_tile(max_value):
         v = float(max_value)
         max_value = None
         if v != 0.0:
             max_value = _scratch((src.shape[0], 1))
             memset(dst=max_value, value=v)
-    _tracer.current().at().exponential(_t(dst, "dst"), _t(src, "src"),
-                                       None if max_value is None else _t(_as_col(max_value), "max_value"),
-                                       None if reduce_res is None else _t(_as_col(reduce_res), "reduce_res"))
+    ops = [_flat2(dst), _flat2(src)] + ([_as_col(max_value)] if max_value is not None else [])
+    if reduce_res is not None:
+        ops.append(_as_col(reduce_res))
+    _emit("exponential", _core.Engine.vector, ops, imm2=float(_register_code(reduce_cmd, reduce_res)),
+          imm3=float(reduce_init), acc=reduce_res is not None)
 
 
 def bn_stats(dst, data, name=None, **hints):
@@ -521,7 +524,6 @@ def tensor_tensor_scan(dst, data0, data1, initial, op0, op1, reverse0=False, rev
           imm0=0.0 if col else float(initial), col0=col, rev0=bool(reverse0), rev1=bool(reverse1))
 
 
-@_tracer.status("partial: reduce_res gets this instruction's row maxima (the accumulator is not kept across instructions)")
 def select_reduce(dst, predicate, on_true, on_false, reduce_res=None, reduce_cmd=reduce_cmd.idle,
                   reduce_op=None, reverse_pred=False, name=None, **hints):
     """dst = on_true where predicate (not predicate with reverse_pred), else
@@ -535,10 +537,10 @@ def select_reduce(dst, predicate, on_true, on_false, reduce_res=None, reduce_cmd
     if reduce_res is not None:
         ops.append(_as_col(reduce_res))
     _emit("select_reduce", _core.Engine.vector, ops, imm0=0.0 if col else float(on_false), col0=col,
-          acc=reduce_res is not None, rev0=bool(reverse_pred))
+          acc=reduce_res is not None, rev0=bool(reverse_pred),
+          imm2=float(_register_code(reduce_cmd, reduce_res)))
 
 
-@_tracer.status("partial: reduce_res gets this instruction's row maxima (the accumulator is not kept across instructions)")
 def range_select(dst, on_true_tile, comp_op0, comp_op1, bound0, bound1, reduce_cmd=reduce_cmd.reset_reduce,
                  reduce_res=None, reduce_op=None, range_start=0.0, on_false_value=nl.fp32.min, name=None):
     """dst[p, i] = on_true_tile[p, i] where comp_op0(range_start + i, bound0[p])
@@ -549,7 +551,7 @@ def range_select(dst, on_true_tile, comp_op0, comp_op1, bound0, bound1, reduce_c
         ops.append(_as_col(reduce_res))
     _emit("range_select", _core.Engine.vector, ops, alu0=_alu(comp_op0, "comp_op0"),
           alu1=_alu(comp_op1, "comp_op1"), imm0=float(range_start), imm1=float(on_false_value),
-          acc=reduce_res is not None)
+          acc=reduce_res is not None, imm2=float(_register_code(reduce_cmd, reduce_res)))
 
 
 def nonzero_with_count(dst, src, index_offset=0, padding_val=-1, name=None):
