@@ -3,6 +3,8 @@ import numpy as np
 import pytest
 
 import attention
+import legacy_layernorm
+import lnc2_exchange
 import matmul
 import mxfp8_matmul
 import norms
@@ -87,3 +89,22 @@ def test_mxfp8_needs_trn3():
     a = mxfp8_matmul.bf16_values((512, 96), 1)
     with pytest.raises(nki.TernError, match="not a trn2"):
         kernel(nki.typed(a, nl.bfloat16), nki.typed(a, nl.bfloat16))
+
+
+def test_legacy_layernorm(target):
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((200, 128), dtype=np.float32)
+    w = rng.standard_normal(128, dtype=np.float32)
+    b = rng.standard_normal(128, dtype=np.float32)
+    y = legacy_layernorm.layernorm_rows(x, w, b, 1e-5)
+    np.testing.assert_allclose(y, legacy_layernorm.reference(x, w, b, 1e-5), rtol=1e-4, atol=1e-4)
+
+
+def test_lnc2_exchange(target):
+    x = np.random.default_rng(12).uniform(0.5, 4.0, (256, 32)).astype(np.float32)
+    k = lnc2_exchange.scale_by_global_max[2]
+    out, seen = k(x)
+    halves = x.reshape(2, 128, 32).max(axis=2)
+    assert np.array_equal(seen[:, 0], np.concatenate([halves[1], halves[0]]))
+    np.testing.assert_allclose(out, x / x.max(), rtol=1e-6)
+    assert k.last["cores"] == 2

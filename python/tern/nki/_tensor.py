@@ -466,6 +466,8 @@ class NkiTensor:
         # SBUF/PSUM partitions are contiguous.
         row_stride = int(pstride) if self.is_hbm else self._row_stride
         p0, off = self._p0, self._off + int(offset)
+        if self.is_hbm:  # the rows get their own stride: this view's first row folds into the offset
+            p0, off = 0, off + self._p0 * self._row_stride
         per = self._partition_stride()
         if not self.is_hbm and per and not 0 <= off < per:
             # An on-chip offset counts the tensor's elements partition-major.
