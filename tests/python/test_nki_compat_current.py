@@ -558,8 +558,6 @@ def k_bitwise_big_immediate(x):
     return store(out)
 
 
-@pytest.mark.xfail(strict=True, reason="tern bug: an integer scalar operand of a bitwise tensor_scalar goes "
-                   "through float32, so immediates above 2^24 lose bits (0x7FFFFFFF becomes 0x80000000)")
 @pytest.mark.parametrize("target", V3)
 def test_tensor_scalar_bitwise_immediates_above_2_24(target):
     x = rng(49).integers(0, 2**32, size=(P, 32), dtype=np.uint32)

@@ -146,11 +146,26 @@ def test_dropout_at_other_rates_says_not_supported():
         k(np.zeros((128, 4), dtype=np.float32))
 
 
-def test_integer_immediates_beyond_float32_say_not_supported():
+def test_integer_immediates_beyond_float32_on_float_data_say_not_supported():
     @nki.jit
     def k(a):
         t = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=t, data=t, op0=nl.bitwise_and, operand0=0x12345679)
+        nisa.tensor_scalar(dst=t, data=t, op0=nl.add, operand0=0x12345679)
 
-    with pytest.raises(NotImplementedError, match="0x12345679"):
-        k(np.zeros((128, 4), dtype=np.uint32))
+    with pytest.raises(NotImplementedError, match="beyond float32's exact range on float32"):
+        k(np.zeros((128, 4), dtype=np.float32))
+
+
+def test_integer_immediates_beyond_float32_are_exact_on_32_bit_integers():
+    @nki.jit
+    def k(a):
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        t = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=a)
+        nisa.tensor_scalar(dst=t, data=t, op0=nl.bitwise_xor, operand0=0x12345679, op1=nl.bitwise_and,
+                           operand1=0xFFFFFFFE)
+        nisa.dma_copy(dst=out, src=t)
+        return out
+
+    a = np.random.default_rng(2).integers(0, 2**32, size=(128, 8), dtype=np.uint32)
+    assert np.array_equal(k(a), (a ^ 0x12345679) & 0xFFFFFFFE)

@@ -246,10 +246,15 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
     columns; reverse0 / reverse1 put the operand first (operand op data)."""
     eng = _engine(engine, _core.Engine.vector)
     b = _tracer.current().at()
-    for v in (operand0, operand1):
-        if isinstance(v, int) and not isinstance(v, bool) and float(_f32(v)) != v:
-            raise NotImplementedError(f"not supported: an integer operand {v:#x} beyond float32's exact range "
-                                      f"(tern's immediates are float32) ({_tracer.kernel_location()})")
+    big = [isinstance(v, int) and not isinstance(v, bool) and float(_f32(v)) != v for v in (operand0, operand1)]
+    if any(big):
+        if data.dtype not in ("int32", "uint32"):
+            raise NotImplementedError(f"not supported: an integer operand beyond float32's exact range on "
+                                      f"{data.dtype} data ({_tracer.kernel_location()})")
+        # tern's immediates are float32: the value goes in as an exact [P, 1]
+        # integer column, built from its 16-bit halves (three instructions).
+        operand0 = _int_column(operand0, data) if big[0] else operand0
+        operand1 = _int_column(operand1, data) if big[1] else operand1
     tensors = _is_tile(operand0) or _is_tile(operand1)
     if not tensors and not (reverse0 or reverse1):
         b.tensor_scalar(_t(dst, "dst"), _t(data, "data"), _alu(op0, "op0"), float(operand0), _alu(op1, "op1"),
@@ -273,6 +278,16 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
                                 eng if eng != _core.Engine.scalar else _core.Engine.vector)
         else:
             _emit("tensor_scalar", eng, [dst, src], alu0=_alu(op), imm0=float(operand), rev0=bool(rev))
+
+
+def _int_column(value, like):
+    """A [P, 1] tile of like's 32-bit integer type holding `value` exactly."""
+    col = _scratch((like.shape[0], 1), like.dtype)
+    bits = int(value) & 0xFFFFFFFF
+    memset(dst=col, value=float(bits >> 16))
+    tensor_scalar(dst=col, data=col, op0=nl.left_shift, operand0=16, op1=nl.bitwise_or,
+                  operand1=bits & 0xFFFF)
+    return col
 
 
 def _f32(v):
