@@ -169,3 +169,25 @@ def test_integer_immediates_beyond_float32_are_exact_on_32_bit_integers():
 
     a = np.random.default_rng(2).integers(0, 2**32, size=(128, 8), dtype=np.uint32)
     assert np.array_equal(k(a), (a ^ 0x12345679) & 0xFFFFFFFE)
+
+
+@nki.jit
+def scratch_per_program(a):
+    """Each program of kernel[2] writes its own value to a private_hbm
+    scratch, then reads it back: with one shared scratch the programs
+    would see each other's."""
+    out = nl.ndarray((2, 128, 4), dtype=nl.float32, buffer=nl.shared_hbm)
+    pid = nl.program_id(0)
+    scratch = nl.ndarray((128, 4), dtype=nl.float32, buffer=nl.private_hbm)
+    t = nl.ndarray((128, 4), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=t, value=float(pid + 1))
+    nisa.dma_copy(dst=scratch, src=t)
+    u = nl.ndarray((128, 4), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=u, src=scratch)
+    nisa.dma_copy(dst=out[pid], src=u)
+    return out
+
+
+def test_private_hbm_is_each_programs_own():
+    got = nki.jit(scratch_per_program.fn, platform_target="trn2")[2](np.zeros(1, dtype=np.float32))
+    assert np.array_equal(got[0], np.full((128, 4), 1.0)) and np.array_equal(got[1], np.full((128, 4), 2.0))

@@ -106,12 +106,15 @@ def ndarray(shape, dtype=None, buffer=None, name=None, address=None, **hints):
     if buffer in (hbm, shared_hbm, private_hbm):
         order = tr.hbm_counter
         tr.hbm_counter += 1
-        if order in tr.hbm_by_order:  # the same tensor for every program of a launch grid
-            return tr.hbm_by_order[order]
+        # shared (and plain) HBM: the same tensor for every program of a launch
+        # grid; private_hbm: each program its own.
+        key = (order, tr.program_id) if buffer is private_hbm else order
+        if key in tr.hbm_by_order:
+            return tr.hbm_by_order[key]
         name = _unique_hbm_name(tr, name or f"hbm{order}")
         base = tr.declare_hbm(name, shape, dtype, buffer is shared_hbm)
         t = hbm_tensor(base, buffer, dtype, shape, name)
-        tr.hbm_by_order[order] = t
+        tr.hbm_by_order[key] = t
         return t
     if lead and buffer in (sbuf, psum):
         blocks, inner = shape[:lead], shape[lead:]
