@@ -27,23 +27,53 @@ E parse_named(std::string_view s, const std::array<std::string_view, N>& names, 
 constexpr std::array<std::string_view, kEngines> kEngineNames = {"tensor", "vector", "scalar",
                                                                  "gpsimd", "sync"};
 constexpr std::array<std::string_view, static_cast<std::size_t>(Opcode::count_)> kOpNames = {
-    "dma_copy",      "load_stationary", "multiply_moving", "transpose",     "tensor_tensor",
-    "tensor_scalar", "tensor_copy",     "tensor_reduce",   "memset",        "activation",
-    "iota",          "quantize_mx",     "reciprocal",      "bn_stats",      "bn_aggr",
-    "select",        "copy_predicated", "exponential",     "affine_select", "partition_reduce",
-    "dma_transpose", "reg_set",         "reg_alu",         "branch",        "dma_gather",
-    "dma_scatter",   "max8",            "find_index8",     "match_replace8", "tensor_scan",
-    "select_reduce", "range_select",    "nonzero_count",   "n_gather",      "stream_shuffle",
-    "local_gather",  "core_sync"};
+    "dma_copy",
+    "load_stationary",
+    "multiply_moving",
+    "transpose",
+    "tensor_tensor",
+    "tensor_scalar",
+    "tensor_copy",
+    "tensor_reduce",
+    "memset",
+    "activation",
+    "iota",
+    "quantize_mx",
+    "reciprocal",
+    "bn_stats",
+    "bn_aggr",
+    "select",
+    "copy_predicated",
+    "exponential",
+    "affine_select",
+    "partition_reduce",
+    "dma_transpose",
+    "reg_set",
+    "reg_alu",
+    "branch",
+    "dma_gather",
+    "dma_scatter",
+    "max8",
+    "find_index8",
+    "match_replace8",
+    "tensor_scan",
+    "select_reduce",
+    "range_select",
+    "nonzero_count",
+    "n_gather",
+    "stream_shuffle",
+    "local_gather",
+    "core_sync"};
 constexpr std::array<std::string_view, static_cast<std::size_t>(AluOp::count_)> kAluNames = {
-    "bypass",  "add",         "subtract",   "multiply",    "divide",     "max",        "min",
-    "abs_max", "pow",         "is_equal",   "not_equal",   "is_gt",      "is_ge",      "is_lt",
+    "bypass",  "add",         "subtract",   "multiply",    "divide",     "max",         "min",
+    "abs_max", "pow",         "is_equal",   "not_equal",   "is_gt",      "is_ge",       "is_lt",
     "is_le",   "bitwise_and", "bitwise_or", "bitwise_xor", "shift_left", "shift_right", "rsqrt"};
 constexpr std::array<std::string_view, static_cast<std::size_t>(ActFunc::count_)> kActNames = {
-    "identity", "exp",   "log",  "tanh",   "sigmoid",    "gelu",    "gelu_tanh", "silu",
-    "relu",     "rsqrt", "sqrt", "square", "reciprocal", "silu_dx", "gelu_dx",   "gelu_tanh_dx",
-    "gelu_sigmoid", "gelu_sigmoid_dx", "sin", "cos", "arctan", "erf", "erf_dx", "softplus", "mish",
-    "sign", "abs"};
+    "identity",   "exp",     "log",     "tanh",         "sigmoid",      "gelu",
+    "gelu_tanh",  "silu",    "relu",    "rsqrt",        "sqrt",         "square",
+    "reciprocal", "silu_dx", "gelu_dx", "gelu_tanh_dx", "gelu_sigmoid", "gelu_sigmoid_dx",
+    "sin",        "cos",     "arctan",  "erf",          "erf_dx",       "softplus",
+    "mish",       "sign",    "abs"};
 
 }  // namespace
 
@@ -359,7 +389,8 @@ std::string to_string(const Instruction& in) {
   if (in.reverse1) s += " rev1=1";
   if (!in.table.empty()) {
     s += " table=";
-    for (std::size_t i = 0; i < in.table.size(); ++i) s += fmt::format("{}{}", i ? "," : "", in.table[i]);
+    for (std::size_t i = 0; i < in.table.size(); ++i)
+      s += fmt::format("{}{}", i ? "," : "", in.table[i]);
   }
   if (in.queue != def.queue) s += fmt::format(" queue={}", in.queue);
   if (in.priority != def.priority) s += fmt::format(" priority={}", in.priority);
@@ -452,8 +483,7 @@ Instruction parse_instruction(const std::string& line) {
           throw Error(fmt::format("bad table entry '{}' in '{}'", item, line));
         in.table.push_back(static_cast<std::int32_t>(v));
       }
-    }
-    else if (key == "col1")
+    } else if (key == "col1")
       in.col1 = integer() != 0;
     else if (key == "oob") {
       if (val != "skip" && val != "error")

@@ -227,8 +227,8 @@ struct Instruction {
   bool reverse0 = false, reverse1 = false;
   std::vector<std::int32_t> table;  // stream_shuffle: 32 source partitions (255: keep)
   int peer_core = -1;  // dma_copy: the destination is this core's SBUF (-1: the issuing core's)
-  int queue = 0;                   // dma_copy: DMA queue id
-  int priority = 0;                // dma_copy: priority class (v4)
+  int queue = 0;       // dma_copy: DMA queue id
+  int priority = 0;    // dma_copy: priority class (v4)
   PerfMode perf = PerfMode::none;  // load_stationary / multiply_moving
   int rd = -1, ra = -1, rb = -1;   // registers of reg_set / reg_alu / branch
   int target = -1;                 // branch: index in this engine's stream

@@ -386,7 +386,8 @@ Program parse_program_binary(const std::vector<std::uint8_t>& bytes) {
         for (std::uint64_t k = r.count(1); k--;) in.signals.push_back(static_cast<int>(r.i()));
         in.loc = r.s();
         if (flags & 128u) {
-          for (std::uint64_t k = r.count(1); k--;) in.table.push_back(static_cast<std::int32_t>(r.i()));
+          for (std::uint64_t k = r.count(1); k--;)
+            in.table.push_back(static_cast<std::int32_t>(r.i()));
           in.peer_core = static_cast<int>(r.i());
           for (auto& wt : in.waits) wt.core = static_cast<int>(r.i());
         }

@@ -296,8 +296,8 @@ void Builder::emit(Instruction in, std::source_location loc) {
   const bool dma = isa::is_dma(in.op);
   const int producer = dma ? kQueueSem0 + in.queue : engine_sem(in.engine);
   const bool last_written = in.op == Opcode::activation || in.op == Opcode::exponential ||
-                           in.op == Opcode::select_reduce || in.op == Opcode::range_select ||
-                           in.op == Opcode::match_replace8;
+                            in.op == Opcode::select_reduce || in.op == Opcode::range_select ||
+                            in.op == Opcode::match_replace8;
   if (last_written && in.accumulate) {
     // The row sums / maxima / indices (last operand) are written too: move
     // them to the front.
@@ -606,8 +606,9 @@ isa::Program Builder::finish() {
     for (int peer : w.peers) {
       const auto it = sync_points_.find({peer, w.key});
       if (it == sync_points_.end())
-        throw Error(fmt::format("{}: core {} waits for core {} at '{}', which core {} never reaches",
-                                in.loc, w.core, peer, w.key, peer));
+        throw Error(
+            fmt::format("{}: core {} waits for core {} at '{}', which core {} never reaches",
+                        in.loc, w.core, peer, w.key, peer));
       in.waits.push_back({it->second.first, it->second.second, -1, peer});
     }
   }

@@ -11,7 +11,9 @@ using isa::Instruction;
 using isa::Opcode;
 
 namespace {
-int engine_semaphore(isa::Engine e) { return static_cast<int>(e); }
+int engine_semaphore(isa::Engine e) {
+  return static_cast<int>(e);
+}
 constexpr int kFirstQueueSemaphore = 4;  // as builder.cpp: DMA queue q signals 4 + q
 }  // namespace
 

@@ -303,9 +303,8 @@ PYBIND11_MODULE(_core, m) {
           py::arg("col0") = false, py::arg("rev0") = false, py::arg("rev1") = false,
           py::arg("table") = std::vector<std::int32_t>{}, py::arg("func") = 0,
           py::arg("scale") = 1.0f)
-      .def("core_sync",
-           [](Builder& b, isa::Engine e, const std::vector<Tensor>& writes,
-              const std::vector<Tensor>& reads) { b.core_sync(e, writes, reads); })
+      .def("core_sync", [](Builder& b, isa::Engine e, const std::vector<Tensor>& writes,
+                           const std::vector<Tensor>& reads) { b.core_sync(e, writes, reads); })
       .def("sync_point", &Builder::sync_point)
       .def("sync_wait",
            [](Builder& b, isa::Engine e, const std::string& key, const std::vector<int>& peers,

@@ -280,8 +280,7 @@ std::string check_instruction(const arch::ChipSpec& chip, const isa::Program& pr
     if (in.peer_core >= static_cast<int>(prog.cores.size()))
       return fmt::format("writes core {}'s SBUF but the program has {} cores", in.peer_core,
                          prog.cores.size());
-    if (nops > 0 && in.operands[0].mem != Mem::sbuf)
-      return "a DMA to another core writes its SBUF";
+    if (nops > 0 && in.operands[0].mem != Mem::sbuf) return "a DMA to another core writes its SBUF";
   }
   if (in.op == Opcode::core_sync) return {};  // its operands only order it
   for (int i = 0; i < nops; ++i) {

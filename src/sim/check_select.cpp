@@ -26,7 +26,9 @@ std::string same(const AccessPattern& x, const AccessPattern& d, const char* wha
   return {};
 }
 
-bool unsigned_index(DType t) { return t == DType::uint16 || t == DType::uint32; }
+bool unsigned_index(DType t) {
+  return t == DType::uint16 || t == DType::uint32;
+}
 
 // nc_find_index8 / max8 / nc_match_replace8: 8..16384 elements a partition.
 constexpr std::int64_t kMin8 = 8, kMax8 = 16384;
@@ -35,8 +37,8 @@ std::string eight_rules(const isa::Instruction& in) {
   const auto& d = in.operands[0];
   const auto& src = in.operands[1];
   if (src.free_size() < kMin8 || src.free_size() > kMax8)
-    return fmt::format("{} reads {} elements per partition (needs {}..{})",
-                       isa::opcode_name(in.op), src.free_size(), kMin8, kMax8);
+    return fmt::format("{} reads {} elements per partition (needs {}..{})", isa::opcode_name(in.op),
+                       src.free_size(), kMin8, kMax8);
   if (src.rows() != d.rows())
     return fmt::format("source has {} partitions, destination {}", src.rows(), d.rows());
   if (in.op == Opcode::max8) {
@@ -47,13 +49,16 @@ std::string eight_rules(const isa::Instruction& in) {
   if (vals.rows() != d.rows() || vals.free_size() != 8)
     return fmt::format("vals are [{}, {}], need [{}, 8]", vals.rows(), vals.free_size(), d.rows());
   if (in.op == Opcode::find_index8) {
-    if (d.free_size() != 8) return fmt::format("nc_find_index8 writes [P, 8], got [P, {}]", d.free_size());
+    if (d.free_size() != 8)
+      return fmt::format("nc_find_index8 writes [P, 8], got [P, {}]", d.free_size());
     if (!unsigned_index(d.dtype))
-      return fmt::format("nc_find_index8 writes uint16 or uint32 indices, not {}", isa::name(d.dtype));
+      return fmt::format("nc_find_index8 writes uint16 or uint32 indices, not {}",
+                         isa::name(d.dtype));
     return {};
   }
   if (auto e = same(src, d, "the data"); !e.empty()) return e;
-  if (in.operands.size() == 4 && (in.operands[3].rows() != d.rows() || in.operands[3].free_size() != 8))
+  if (in.operands.size() == 4 &&
+      (in.operands[3].rows() != d.rows() || in.operands[3].free_size() != 8))
     return fmt::format("dst_idx is [{}, {}], need [{}, 8]", in.operands[3].rows(),
                        in.operands[3].free_size(), d.rows());
   return {};

@@ -196,7 +196,11 @@ struct Simulator::Impl {
       regs.resize(static_cast<std::size_t>(p0) + v.size(), reset);
     for (std::size_t r = 0; r < v.size(); ++r) {
       float& g = regs[static_cast<std::size_t>(p0) + r];
-      g = cmd == 0 ? v[r] : cmd == 1 ? reset : cmd == 2 ? combine(g, v[r]) : cmd == 4 ? combine(init, v[r]) : g;
+      g = cmd == 0   ? v[r]
+          : cmd == 1 ? reset
+          : cmd == 2 ? combine(g, v[r])
+          : cmd == 4 ? combine(init, v[r])
+                     : g;
       v[r] = g;
     }
   }
@@ -832,8 +836,8 @@ struct Simulator::Impl {
         // The Scalar engine's per-partition reduce registers (NKI
         // reduce_cmd, imm2): 0 load this instruction's sums, 1 reset to 0,
         // 2 add the sums, 3 keep. With acc the last operand receives them.
-        reduce_registers(act_regs[core], d.start_partition, static_cast<int>(in.imm2), 0.0f, 0.0f, sums,
-                         [](float x, float y) { return x + y; });
+        reduce_registers(act_regs[core], d.start_partition, static_cast<int>(in.imm2), 0.0f, 0.0f,
+                         sums, [](float x, float y) { return x + y; });
         if (in.accumulate) write(core, ops.back(), sums);
         break;
       }
@@ -912,8 +916,8 @@ struct Simulator::Impl {
           sums[ru] = sum;
         });
         write(core, d, a);
-        reduce_registers(vec_regs[core], d.start_partition, static_cast<int>(in.imm2), 0.0f, in.imm3,
-                         sums, [](float x, float y) { return x + y; });
+        reduce_registers(vec_regs[core], d.start_partition, static_cast<int>(in.imm2), 0.0f,
+                         in.imm3, sums, [](float x, float y) { return x + y; });
         if (in.accumulate) write(core, ops.back(), sums);
         break;
       }
@@ -1127,8 +1131,8 @@ struct Simulator::Impl {
           for (std::size_t j = 0; j < f; ++j) {
             const std::int64_t k = idx[r * f + j];
             if (k < 0 || static_cast<std::size_t>(k) >= n)
-              throw Error(fmt::format("nc_n_gather index {} outside the {} data elements of partition {}",
-                                      k, n, r));
+              throw Error(fmt::format(
+                  "nc_n_gather index {} outside the {} data elements of partition {}", k, n, r));
             out[r * f + j] = x[r * n + static_cast<std::size_t>(k)];
           }
         write(core, d, out);
@@ -1171,7 +1175,8 @@ struct Simulator::Impl {
             for (std::size_t v = 0; v < valid && v < flat.size(); ++v)
               for (std::size_t e = 0; e < k; ++e) {
                 const std::size_t at = static_cast<std::size_t>(flat[v]) * k + e;
-                if (at >= n) throw Error(fmt::format("local_gather index {} is out of range", flat[v]));
+                if (at >= n)
+                  throw Error(fmt::format("local_gather index {} is out of range", flat[v]));
                 out[(g * 16 + p) * f + v * k + e] = x[(g * 16 + p) * n + at];
               }
         }
