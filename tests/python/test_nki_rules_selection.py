@@ -191,3 +191,36 @@ def scratch_per_program(a):
 def test_private_hbm_is_each_programs_own():
     got = nki.jit(scratch_per_program.fn, platform_target="trn2")[2](np.zeros(1, dtype=np.float32))
     assert np.array_equal(got[0], np.full((128, 4), 1.0)) and np.array_equal(got[1], np.full((128, 4), 2.0))
+
+
+def mx_matmul(a, b, quadrant_scales):
+    """a [128, 512] bf16 (K on partitions), b [128, 512]: both quantized to
+    MXFP8 on chip, then multiplied; scales [16, 128] packed, or [128, 128]
+    in NKI's quadrant layout (rows 0:4, 32:36, 64:68, 96:100)."""
+    out = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.shared_hbm)
+    srows = 128 if quadrant_scales else 16
+    qs = []
+    for x in (a, b):
+        t = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=x)
+        q = nl.ndarray((128, 128), dtype=nl.float8_e4m3fn_x4, buffer=nl.sbuf)
+        s = nl.ndarray((srows, 128), dtype=nl.uint8, buffer=nl.sbuf)
+        nisa.quantize_mx(dst=q, src=t, dst_scale=s)
+        qs.append((q, s))
+    p = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul_mx(dst=p, stationary=qs[0][0], moving=qs[1][0], stationary_scale=qs[0][1],
+                      moving_scale=qs[1][1])
+    r = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=r, src=p)
+    nisa.dma_copy(dst=out, src=r)
+    return out
+
+
+def test_mx_scales_in_the_quadrant_layout_give_the_same_bits():
+    rng = np.random.default_rng(9)
+    a = nki.typed(rng.standard_normal((128, 512)).astype(np.float32), nl.bfloat16)
+    b = nki.typed(rng.standard_normal((128, 512)).astype(np.float32), nl.bfloat16)
+    packed = nki.jit(mx_matmul, platform_target="trn3")(a, b, False)
+    quadrant = nki.jit(mx_matmul, platform_target="trn3")(a, b, True)
+    assert np.array_equal(packed, quadrant)
+    assert np.abs(packed).max() > 0

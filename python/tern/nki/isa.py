@@ -212,9 +212,32 @@ def _flat2(x):
     return x.reshape((x.shape[0], x.size // x.shape[0]))
 
 
+def _mx_groups(data_rows):
+    """The partitions of a [P, F] scale tile holding the scales of MX groups
+    0, 1, ... (8 data partitions a group): four rows at the start of each
+    32-partition quadrant (0:4, 32:36, 64:68, 96:100), as NKI lays them out."""
+    return [(g // 4) * 32 + g % 4 for g in range(data_rows // 8)]
+
+
+def _mx_scale_in(scale, data):
+    """A [P/8, F] view of MX scales given [P/8, F] or in NKI's quadrant
+    layout in a [P, F] tile (gathered by SBUF-to-SBUF DMAs)."""
+    groups = data.shape[0] // 8
+    if scale.shape[0] == groups or scale.shape[0] != data.shape[0]:
+        return scale
+    packed = _scratch((groups, scale.size // scale.shape[0]), scale.dtype)
+    for q in range(0, groups, 4):
+        n = min(4, groups - q)
+        dma_copy(dst=packed[q:q + n], src=_flat2(scale)[_mx_groups(data.shape[0])[q]:][0:n])
+    return packed
+
+
 def nc_matmul_mx(dst, stationary, moving, stationary_scale, moving_scale, tile_position=None, tile_size=None,
                  accumulate=None, name=None):
-    """MX matmul (trn3): x4-packed data with E8M0 scales [P/8, F]."""
+    """MX matmul (trn3): x4-packed data with E8M0 scales, [P/8, F] or in
+    NKI's [P, F] quadrant layout (rows 0:4, 32:36, ... of the tile)."""
+    stationary_scale = _mx_scale_in(stationary_scale, stationary)
+    moving_scale = _mx_scale_in(moving_scale, moving)
     tr = _tracer.current()
     d = dst if dst.ndim == 2 else dst.reshape((dst.shape[0], dst.size // dst.shape[0]))
     dv = _t(d, "dst")
@@ -446,7 +469,18 @@ def tensor_copy_predicated(dst, src, predicate, reverse_pred=False, name=None, *
 
 
 def quantize_mx(dst, src, dst_scale, name=None):
-    """BF16/FP16 src [P, F] -> x4 FP8 dst [P, F/4] and E8M0 dst_scale [P/8, F/4] (trn3 scales)."""
+    """BF16/FP16 src [P, F] -> x4 FP8 dst [P, F/4] and E8M0 dst_scale [P/8, F/4]
+    (trn3 scales); a [P, F/4] dst_scale gets NKI's quadrant layout (the
+    scales scattered by SBUF-to-SBUF DMAs)."""
+    groups = src.shape[0] // 8
+    if dst_scale.shape[0] == src.shape[0] and dst_scale.shape[0] != groups:
+        packed = _scratch((groups, dst_scale.size // dst_scale.shape[0]), dst_scale.dtype)
+        _tracer.current().at().quantize_mx(_t(dst, "dst"), _t(packed, "dst_scale"), _t(src, "src"))
+        rows = _mx_groups(src.shape[0])
+        for q in range(0, groups, 4):
+            n = min(4, groups - q)
+            dma_copy(dst=_flat2(dst_scale)[rows[q]:][0:n], src=packed[q:q + n])
+        return
     _tracer.current().at().quantize_mx(_t(dst, "dst"), _t(dst_scale, "dst_scale"), _t(src, "src"))
 
 
