@@ -185,6 +185,30 @@ Tensor Builder::sbuf_at(std::int64_t offset, int partitions, std::int64_t free, 
   return t;
 }
 
+Tensor Builder::place(Mem mem, int start_partition, std::int64_t offset, int partitions,
+                      std::int64_t free, DType dtype) {
+  const bool ps = mem == Mem::psum;
+  const int maxp = ps ? chip_.psum_partitions : chip_.sbuf_partitions;
+  const std::int64_t cap =
+      ps ? chip_.psum_partition_bytes.value() : chip_.sbuf_partition_bytes.value();
+  const std::int64_t hi = offset + free * isa::size_bytes(dtype);
+  if (start_partition < 0 || partitions < 1 || start_partition + partitions > maxp || offset < 0 ||
+      hi > cap)
+    throw Error(fmt::format("a {} tile placed at partitions [{}, {}) bytes [{}, {}) is outside {}'s "
+                            "{} partitions of {} bytes",
+                            isa::mem_name(mem), start_partition, start_partition + partitions, offset,
+                            hi, chip_.name, maxp, cap));
+  (ps ? psum_allocs_ : sbuf_allocs_)[core_].push_back({offset, hi});
+  Tensor t;
+  t.ap.mem = mem;
+  t.ap.dtype = dtype;
+  t.ap.offset = offset;
+  t.ap.start_partition = start_partition;
+  t.ap.partitions = partitions;
+  t.ap.dims = {{1, free}};
+  return t;
+}
+
 void Builder::release(const Tensor& t) {
   if (t.ap.mem == Mem::hbm) return;
   auto& allocs = t.ap.mem == Mem::psum ? psum_allocs_[core_] : sbuf_allocs_[core_];

@@ -54,6 +54,12 @@ class Builder {
   // Places a tile at an explicit byte offset (tests of the rules); an
   // overlap with a live allocation is an error.
   Tensor sbuf_at(std::int64_t offset, int partitions, std::int64_t free, DType dtype);
+  // A tile the kernel places itself (NKI nl.ndarray(address=)): partitions
+  // from `start_partition`, bytes from `offset` of each. It may overlap other
+  // placed tiles (a kernel aliasing memory on purpose); automatic
+  // allocations keep clear of it while it lives.
+  Tensor place(isa::Mem mem, int start_partition, std::int64_t offset, int partitions,
+               std::int64_t free, DType dtype);
 
   void set_core(int core);
   // PSUM tiles of at most a bank share banks (each stays inside one),

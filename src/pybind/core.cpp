@@ -205,6 +205,12 @@ PYBIND11_MODULE(_core, m) {
            })
       .def("sbuf", [](Builder& b, int p, std::int64_t f,
                       const std::string& dt) { return b.sbuf(p, f, isa::parse_dtype(dt)); })
+      .def("place",
+           [](Builder& b, const std::string& mem, int p0, std::int64_t offset, int p,
+              std::int64_t f, const std::string& dt) {
+             return b.place(mem == "psum" ? isa::Mem::psum : isa::Mem::sbuf, p0, offset, p, f,
+                            isa::parse_dtype(dt));
+           })
       .def("psum", [](Builder& b, int p, std::int64_t f,
                       const std::string& dt) { return b.psum(p, f, isa::parse_dtype(dt)); })
       .def("dma_copy", [](Builder& b, const Tensor& d, const Tensor& s, int queue, bool acc,

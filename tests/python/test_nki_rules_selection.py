@@ -224,3 +224,33 @@ def test_mx_scales_in_the_quadrant_layout_give_the_same_bits():
     quadrant = nki.jit(mx_matmul, platform_target="trn3")(a, b, True)
     assert np.array_equal(packed, quadrant)
     assert np.abs(packed).max() > 0
+
+
+@nki.jit
+def aliased_psum(a):
+    """Two PSUM tiles placed at the same address (address=): the second
+    sees what the first wrote, as on the hardware."""
+    out = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.shared_hbm)
+    x = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=x, src=a)
+    big = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.psum, address=(0, 2048))
+    nisa.nc_transpose(dst=big, data=x)
+    view = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.psum, address=(0, 2048 + 64 * 4))
+    s = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=s, src=view)
+    nisa.dma_copy(dst=out, src=s)
+    return out
+
+
+def test_placed_tiles_alias_where_the_kernel_puts_them():
+    a = np.arange(128 * 128, dtype=np.float32).reshape(128, 128)
+    assert np.array_equal(aliased_psum(a), a.T[:, 64:])
+
+
+def test_a_placement_outside_the_memory_is_an_error():
+    @nki.jit
+    def k(a):
+        nl.ndarray((128, 1024), dtype=nl.float32, buffer=nl.psum, address=(0, 14336))
+
+    with pytest.raises(nki.TernError, match="outside"):
+        k(np.zeros(1, dtype=np.float32))

@@ -465,34 +465,47 @@ class NkiTensor:
         # HBM rows may have any stride (0 repeats one row on every partition);
         # SBUF/PSUM partitions are contiguous.
         row_stride = int(pstride) if self.is_hbm else self._row_stride
-        p0, off = self._p0, self._off + int(offset)
+        src = self._bitcast(dtype, rescale=False) if dtype is not None and dtype != self.dtype else self
+        # The pattern and offset count elements of the view's (new) dtype.
+        p0, off = src._p0, src._off + int(offset)
         if self.is_hbm:  # the rows get their own stride: this view's first row folds into the offset
-            p0, off = 0, off + self._p0 * self._row_stride
-        per = self._partition_stride()
+            p0, off = 0, off + src._p0 * src._row_stride
+        per = src._partition_stride()
         if not self.is_hbm and per and not 0 <= off < per:
             # An on-chip offset counts the tensor's elements partition-major.
             p0, off = p0 + off // per, off % per
-        t = self._like(p0, int(parts), off, free, row_stride)
-        if dtype is not None and dtype != self.dtype:
-            t = t._bitcast(dtype)
+        t = src._like(p0, int(parts), off, free, row_stride)
         if scalar_offset is not None or vector_offset is not None:
             t._indirect = (scalar_offset, vector_offset, int(indirect_dim))
         return t
 
-    def _bitcast(self, dtype):
-        """The same bytes seen as `dtype` (offsets scale by the size ratio)."""
+    def _bitcast(self, dtype, rescale=True):
+        """The same bytes seen as `dtype`: offsets (and with rescale the dims:
+        the contiguous innermost one holds old/new times the elements) in the
+        new type's elements."""
         from tern import _core
         old, new = _core.dtype_size(self.dtype), _core.dtype_size(dtype)
         if (self._off * old) % new:
-            raise ValueError(f"ap(dtype={dtype}): the view's byte offset is not a multiple of {new}")
+            raise ValueError(f"a view as {dtype}: the byte offset is not a multiple of {new}")
+        free, row_stride = list(self._free), self._row_stride
+        if rescale and old != new:
+            if not free or free[-1][0] != 1 or (free[-1][1] * old) % new:
+                raise ValueError(f"a view as {dtype}: the innermost dim must be contiguous and a whole number "
+                                 f"of {dtype} elements")
+            free = [(s * old // new, c) for s, c in free[:-1]] + [(1, free[-1][1] * old // new)]
+            row_stride = row_stride * old // new if self.is_hbm else row_stride
+        elif not rescale:
+            row_stride = row_stride * old // new if self.is_hbm else row_stride
         base = self._base.retyped(dtype)
-        t = NkiTensor(base, self.buffer, dtype, self._p0, self._np, self._off * old // new, self._free,
-                      self.name, self._row_stride * old // new if self.is_hbm else self._row_stride,
-                      self._alloc)
+        pstride = self._partition_stride() * old // new if self._alloc is not None else 0
+        t = NkiTensor(base, self.buffer, dtype, self._p0, self._np, self._off * old // new, free, self.name,
+                      row_stride, self._alloc)
+        t._pstride = pstride
         return t
 
     def view(self, dtype):
-        """The same memory as another dtype of the same size."""
+        """The same memory as another dtype (the innermost dim rescaled:
+        an FP32 [P, n] view as FP8 is [P, 4n])."""
         return self._bitcast(dtype)
 
     def bitcast(self, dtype):
@@ -603,6 +616,9 @@ class NkiTensor:
         return [[first, self._np]] + [[s, c] for s, c in self._free]
 
     def _partition_stride(self):
+        """Elements (of this view's dtype) from one partition to the next."""
+        if getattr(self, "_pstride", 0):
+            return self._pstride
         return int(getattr(self._alloc, "free", 0) or 0)
 
     def _dims(self):

@@ -88,12 +88,12 @@ class BlockTile:
         t[rest if rest else ...] = value
 
 
-@_tracer.status("partial: address= is accepted; tern places SBUF / PSUM tiles itself (the same values unless a kernel relies on two tiles sharing memory)")
 def ndarray(shape, dtype=None, buffer=None, name=None, address=None, **hints):
     """New, uninitialized memory. HBM buffers become the kernel's HBM tensors
     (shared_hbm ones are outputs when returned); SBUF/PSUM tiles keep the
     partition dim first, or nl.par_dim marks it after block dims. `address`
-    (partition, byte offset) is accepted; tern places the tile itself."""
+    (start partition, byte offset) places an SBUF / PSUM tile there (it may
+    alias other placed tiles; tern's own placements keep clear of it)."""
     tr = _tracer.current()
     dtype = _dtype_name(dtype if dtype is not None else float32)
     buffer = buffer if buffer is not None else sbuf
@@ -124,6 +124,12 @@ def ndarray(shape, dtype=None, buffer=None, name=None, address=None, **hints):
         raise ValueError(f"unknown buffer {buffer!r} ({_tracer.kernel_location()})")
     free = math.prod(shape[1:])
     b = tr.at()
+    if address is not None:  # the kernel places the tile: (start partition, byte offset)
+        p0, byte = (0, int(address)) if isinstance(address, int) else (int(address[0]), int(address[1]))
+        base = b.place("sbuf" if buffer is sbuf else "psum", p0, byte, shape[0], free, dtype)
+        t = NkiTensor(base, buffer, dtype, 0, shape[0], 0, _row_major(shape), name, 0,
+                      _tracer.Allocation(tr, base, free))
+        return t
     base = b.sbuf(shape[0], free, dtype) if buffer is sbuf else b.psum(shape[0], free, dtype)
     return NkiTensor(base, buffer, dtype, 0, shape[0], 0, _row_major(shape), name, 0,
                      _tracer.Allocation(tr, base, free))
