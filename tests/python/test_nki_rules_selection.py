@@ -254,3 +254,21 @@ def test_a_placement_outside_the_memory_is_an_error():
 
     with pytest.raises(nki.TernError, match="outside"):
         k(np.zeros(1, dtype=np.float32))
+
+
+@nki.jit
+def bytes_as_words(a):
+    """A uint8 [128, 16] tile seen as uint32 [128, 4] (.view rescales the
+    innermost dim), copied out."""
+    out = nl.ndarray((128, 4), dtype=nl.uint32, buffer=nl.shared_hbm)
+    t = nl.ndarray((128, 16), dtype=nl.uint8, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=a)
+    w = nl.ndarray((128, 4), dtype=nl.uint32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=w, src=t.view(nl.uint32))
+    nisa.dma_copy(dst=out, src=w)
+    return out
+
+
+def test_view_as_a_wider_type_rescales_the_innermost_dim():
+    a = np.random.default_rng(4).integers(0, 256, size=(128, 16), dtype=np.uint8)
+    assert np.array_equal(bytes_as_words(a), a.view(np.uint32))
