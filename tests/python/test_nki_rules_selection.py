@@ -272,3 +272,33 @@ def bytes_as_words(a):
 def test_view_as_a_wider_type_rescales_the_innermost_dim():
     a = np.random.default_rng(4).integers(0, 256, size=(128, 16), dtype=np.uint8)
     assert np.array_equal(bytes_as_words(a), a.view(np.uint32))
+
+
+def mx_matmul_shared_scales(a, b):
+    """As mx_matmul, both operands' scales in one [128, 128] tile: the
+    stationary's at rows 0:4 of each quadrant, the moving's at rows 4:8
+    (a view from partition 4)."""
+    out = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.shared_hbm)
+    scales = nl.ndarray((128, 128), dtype=nl.uint8, buffer=nl.sbuf)
+    qs = []
+    for x, s in ((a, scales), (b, scales[4:128])):
+        t = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=x)
+        q = nl.ndarray((128, 128), dtype=nl.float8_e4m3fn_x4, buffer=nl.sbuf)
+        nisa.quantize_mx(dst=q, src=t, dst_scale=s)
+        qs.append((q, s))
+    p = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul_mx(dst=p, stationary=qs[0][0], moving=qs[1][0], stationary_scale=qs[0][1],
+                      moving_scale=qs[1][1])
+    r = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=r, src=p)
+    nisa.dma_copy(dst=out, src=r)
+    return out
+
+
+def test_mx_scales_of_two_operands_in_one_tile():
+    rng = np.random.default_rng(10)
+    a = nki.typed(rng.standard_normal((128, 512)).astype(np.float32), nl.bfloat16)
+    b = nki.typed(rng.standard_normal((128, 512)).astype(np.float32), nl.bfloat16)
+    want = nki.jit(mx_matmul, platform_target="trn3")(a, b, False)
+    assert np.array_equal(nki.jit(mx_matmul_shared_scales, platform_target="trn3")(a, b), want)

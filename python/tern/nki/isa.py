@@ -223,8 +223,11 @@ def _mx_scale_in(scale, data):
     """A [P/8, F] view of MX scales given [P/8, F] or in NKI's quadrant
     layout in a [P, F] tile (gathered by SBUF-to-SBUF DMAs)."""
     groups = data.shape[0] // 8
-    if scale.shape[0] == groups or scale.shape[0] != data.shape[0]:
-        return scale
+    rows = _mx_groups(data.shape[0])
+    if scale.shape[0] == groups or scale.shape[0] <= rows[-1]:
+        return scale  # packed [P/8, F] (other shapes: the rule check says what is wrong)
+    # The quadrant layout, counted from the view's first partition (a kernel
+    # may keep two operands' scales in one tile: rows 0:4 and 4:8 of each quadrant).
     packed = _scratch((groups, scale.size // scale.shape[0]), scale.dtype)
     for q in range(0, groups, 4):
         n = min(4, groups - q)
@@ -473,7 +476,7 @@ def quantize_mx(dst, src, dst_scale, name=None):
     (trn3 scales); a [P, F/4] dst_scale gets NKI's quadrant layout (the
     scales scattered by SBUF-to-SBUF DMAs)."""
     groups = src.shape[0] // 8
-    if dst_scale.shape[0] == src.shape[0] and dst_scale.shape[0] != groups:
+    if dst_scale.shape[0] != groups and dst_scale.shape[0] > _mx_groups(src.shape[0])[-1]:
         packed = _scratch((groups, dst_scale.size // dst_scale.shape[0]), dst_scale.dtype)
         _tracer.current().at().quantize_mx(_t(dst, "dst"), _t(packed, "dst_scale"), _t(src, "src"))
         rows = _mx_groups(src.shape[0])
