@@ -194,10 +194,11 @@ Tensor Builder::place(Mem mem, int start_partition, std::int64_t offset, int par
   const std::int64_t hi = offset + free * isa::size_bytes(dtype);
   if (start_partition < 0 || partitions < 1 || start_partition + partitions > maxp || offset < 0 ||
       hi > cap)
-    throw Error(fmt::format("a {} tile placed at partitions [{}, {}) bytes [{}, {}) is outside {}'s "
-                            "{} partitions of {} bytes",
-                            isa::mem_name(mem), start_partition, start_partition + partitions, offset,
-                            hi, chip_.name, maxp, cap));
+    throw Error(
+        fmt::format("a {} tile placed at partitions [{}, {}) bytes [{}, {}) is outside {}'s "
+                    "{} partitions of {} bytes",
+                    isa::mem_name(mem), start_partition, start_partition + partitions, offset, hi,
+                    chip_.name, maxp, cap));
   (ps ? psum_allocs_ : sbuf_allocs_)[core_].push_back({offset, hi});
   Tensor t;
   t.ap.mem = mem;
