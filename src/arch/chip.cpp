@@ -60,9 +60,9 @@ ChipSpec load_chip_file(const std::filesystem::path& file) {
                 "moving_fmax_v4_fp32", "moving_fmax_v4_bf16", "rate"});
   r.check_keys("tensor.rate", r.table("tensor.rate"),
                {"bf16", "fp16", "tf32", "fp32", "fp8", "mxfp8", "mxfp4", "sparse"});
-  r.check_keys(
-      "vector", r.table("vector"),
-      {"clock_ghz", "lanes", "fp32_flops_per_lane_cycle", "bn_stats_fmax", "transpose_max"});
+  r.check_keys("vector", r.table("vector"),
+               {"clock_ghz", "lanes", "fp32_flops_per_lane_cycle", "bn_stats_fmax", "transpose_max",
+                "select8_min_elements", "select8_max_elements", "shuffle_partitions"});
   r.check_keys("scalar", r.table("scalar"), {"clock_ghz", "lanes", "fp32_flops_per_lane_cycle"});
   r.check_keys(
       "gpsimd", r.table("gpsimd"),
@@ -120,6 +120,10 @@ ChipSpec load_chip_file(const std::filesystem::path& file) {
   c.vector = read_engine(r, "vector");
   c.bn_stats_fmax = static_cast<int>(r.integer("vector.bn_stats_fmax", 1, 1 << 16));
   c.vector_transpose_max = static_cast<int>(r.integer("vector.transpose_max", 1, 1024));
+  c.select8_min = static_cast<int>(r.integer("vector.select8_min_elements", 8, 1 << 20));
+  c.select8_max =
+      static_cast<int>(r.integer("vector.select8_max_elements", c.select8_min, 1 << 20));
+  c.shuffle_partitions = static_cast<int>(r.integer("vector.shuffle_partitions", 1, 1024));
   c.scalar = read_engine(r, "scalar");
   c.gpsimd.clock = gigahertz(r.number("gpsimd.clock_ghz", 0));
   c.gpsimd.lanes = static_cast<int>(r.integer("gpsimd.lanes", 1, 4096));

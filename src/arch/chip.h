@@ -82,6 +82,9 @@ struct ChipSpec {
   EngineSpec vector, scalar, gpsimd;
   int bn_stats_fmax = 0;         // Vector bn_stats: elements per partition
   int vector_transpose_max = 0;  // Vector transpose: partitions and elements
+  int select8_min = 0;           // max8 / nc_find_index8 / nc_match_replace8: elements
+  int select8_max = 0;           //   per partition they read, at least / at most
+  int shuffle_partitions = 0;    // nc_stream_shuffle: partitions one shuffle mask covers
   int gpsimd_cores = 0;
   int gpsimd_width_bits = 0;
   DmaSpec dma;
@@ -96,6 +99,8 @@ struct ChipSpec {
   Bytes sbuf_bytes() const { return sbuf_partition_bytes * sbuf_partitions; }
   Bytes psum_bytes() const { return psum_partition_bytes * psum_partitions; }
   Bytes psum_bank_bytes() const { return psum_partition_bytes / psum_banks; }
+  // Partitions each GpSimd core owns (nonzero_with_count, local_gather).
+  int gpsimd_partitions() const { return sbuf_partitions / gpsimd_cores; }
   Bytes hbm_per_core() const { return hbm_capacity / cores; }
   Bandwidth dma_bandwidth_per_core() const {
     return dma.engine_bandwidth * static_cast<double>(dma.engines_per_core);

@@ -48,7 +48,7 @@ enum class Opcode : std::uint8_t {
                   // if acc]
   affine_select,  // gpsimd: dst = (imm0 + imm1 * p + imm2 * i) op0 0 ? src : imm3
   partition_reduce,  // gpsimd: dst [1, F] = op0-reduction of src [P, F] over partitions
-  dma_transpose,     // DMA: dst [F, P] = src [P, F]^T (2-byte types)
+  dma_transpose,     // DMA: dst [F, P] = src [P, F]^T (bytes unchanged)
   // The engine's sequencer (any engine): 32-bit integer registers, ALU ops,
   // branches. No operands.
   reg_set,  // r[rd] = imm0

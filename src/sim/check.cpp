@@ -531,8 +531,10 @@ std::string check_instruction(const arch::ChipSpec& chip, const isa::Program& pr
     }
     case Opcode::dma_transpose: {
       const auto& s = in.operands[1];
-      if (isa::size_bytes(s.dtype) != 2 || d.dtype != s.dtype)
-        return fmt::format("dma_transpose moves 2-byte types unchanged, got {} -> {}",
+      // The 2-byte limit is the hardware DGE's (nki.isa.dma_transpose, "DMA
+      // Direct Transpose Constraints"); other descriptor paths move any type.
+      if (d.dtype != s.dtype)
+        return fmt::format("dma_transpose moves the bytes unchanged, got {} -> {}",
                            isa::name(s.dtype), isa::name(d.dtype));
       if (d.rows() != s.free_size() || d.free_size() != s.rows())
         return fmt::format("destination is [{}, {}], the transpose of [{}, {}] is [{}, {}]",

@@ -30,15 +30,12 @@ bool unsigned_index(DType t) {
   return t == DType::uint16 || t == DType::uint32;
 }
 
-// nc_find_index8 / max8 / nc_match_replace8: 8..16384 elements a partition.
-constexpr std::int64_t kMin8 = 8, kMax8 = 16384;
-
-std::string eight_rules(const isa::Instruction& in) {
+std::string eight_rules(const arch::ChipSpec& chip, const isa::Instruction& in) {
   const auto& d = in.operands[0];
   const auto& src = in.operands[1];
-  if (src.free_size() < kMin8 || src.free_size() > kMax8)
+  if (src.free_size() < chip.select8_min || src.free_size() > chip.select8_max)
     return fmt::format("{} reads {} elements per partition (needs {}..{})", isa::opcode_name(in.op),
-                       src.free_size(), kMin8, kMax8);
+                       src.free_size(), chip.select8_min, chip.select8_max);
   if (src.rows() != d.rows())
     return fmt::format("source has {} partitions, destination {}", src.rows(), d.rows());
   if (in.op == Opcode::max8) {
@@ -73,7 +70,7 @@ std::string select_rules(const arch::ChipSpec& chip, const isa::Instruction& in)
     case Opcode::max8:
     case Opcode::find_index8:
     case Opcode::match_replace8:
-      return eight_rules(in);
+      return eight_rules(chip, in);
     case Opcode::tensor_scan:
       for (int i = 1; i < 3; ++i)
         if (auto e = same(in.operands[i], d, i == 1 ? "data0" : "data1"); !e.empty()) return e;
@@ -126,20 +123,28 @@ std::string select_rules(const arch::ChipSpec& chip, const isa::Instruction& in)
       if (in.operands[1].dtype != d.dtype) return "nc_n_gather keeps the data's dtype";
       return {};
     }
-    case Opcode::stream_shuffle:
-      if (in.table.size() != 32) return "nc_stream_shuffle needs a 32-entry shuffle_mask";
+    case Opcode::stream_shuffle: {
+      const int q = chip.shuffle_partitions;
+      if (static_cast<int>(in.table.size()) != q)
+        return fmt::format("nc_stream_shuffle needs a {}-entry shuffle_mask", q);
       for (auto t : in.table)
-        if (t != 255 && (t < 0 || t > 31))
-          return fmt::format("shuffle_mask entry {} is neither a partition 0..31 nor 255", t);
+        if (t != 255 && (t < 0 || t >= q))
+          return fmt::format("shuffle_mask entry {} is neither a partition 0..{} nor 255", t,
+                             q - 1);
       if (d.dtype != in.operands[1].dtype || d.free_size() != in.operands[1].free_size())
         return "nc_stream_shuffle keeps dtype and elements per partition";
       return {};
+    }
     case Opcode::local_gather: {
       const auto& src = in.operands[1];
       const auto& ix = in.operands[2];
+      const int g = chip.gpsimd_partitions();
       if (ix.dtype != DType::uint16) return "local_gather indices must be uint16";
-      if (src.rows() != ix.rows() || src.rows() % 16 != 0 || src.start_partition % 16 != 0)
-        return "local_gather source and index cover the same whole 16-partition groups";
+      if (src.rows() != ix.rows() || src.rows() % g != 0 || src.start_partition % g != 0)
+        return fmt::format(
+            "local_gather source and index cover the same whole {}-partition groups (one per "
+            "GpSimd core)",
+            g);
       if (d.dtype != src.dtype) return "local_gather keeps the source dtype";
       return {};
     }
