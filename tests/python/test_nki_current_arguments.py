@@ -22,6 +22,14 @@ class ScaleConfig(nl.NKIObject):
     tile_f: int = 32
 
 
+@dataclasses.dataclass
+class Section(nl.NKIObject):
+    """attention-style configuration: plain class attributes, no annotations, under @dataclass."""
+    index = None
+    offset = 0
+    tiles = []
+
+
 class Dims(nl.NKIObject):
     """Undecorated NKIObject: annotated fields, keyword construction, __post_init__."""
     R: int
@@ -52,6 +60,13 @@ def test_nkiobject_arguments(target):
     assert np.array_equal(got, x * np.float32(3) + np.float32(1))
     got = run(k_config, target, x, cfg=ScaleConfig(), dims=dims, flag=False)
     assert np.array_equal(got, x * np.float32(2))
+
+
+def test_dataclass_nkiobject_with_plain_attributes():
+    s = Section(index=2, offset=128)
+    assert (s.index, s.offset, s.tiles) == (2, 128, [])
+    s.tiles.append(1)
+    assert Section().tiles == [] and Section(3).index == 3
 
 
 @nki.jit
@@ -493,6 +508,19 @@ def test_core_barrier_orders_shared_hbm(target):
     got = nki.jit(k_core_barrier, platform_target=target)[2](x)
     f = np.float32(3)
     assert np.array_equal(got[:128], x[128:] * f) and np.array_equal(got[128:], x[:128] * f)
+
+
+def k_barrier_one_program(x):
+    """A kernel written for LNC=2 (barrier over cores 0 and 1) launched as one program."""
+    t = load(x)
+    nisa.core_barrier(t, (0, 1))
+    return store(t)
+
+
+@pytest.mark.parametrize("target", V3)
+def test_core_barrier_in_a_one_program_launch_waits_for_no_one(target):
+    x = normal((P, 16), 253)
+    assert np.array_equal(run(k_barrier_one_program, target, x), x)
 
 
 def k_dynamic_range_register(x, count):

@@ -133,6 +133,51 @@ def test_dma_transpose_bf16_torch(target):
     assert got.dtype == torch.bfloat16 and torch.equal(got, x.T.contiguous())
 
 
+def k_dma_transpose_hwdge(x):
+    r, c = x.shape
+    t = nl.ndarray((c, r), x.dtype, buffer=nl.sbuf)
+    nisa.dma_transpose(dst=t, src=x, dge_mode=nisa.dge_mode.hwdge)
+    return store(t)
+
+
+@pytest.mark.parametrize("target", V3)
+def test_dma_transpose_moves_4_byte_types_but_not_on_the_hardware_dge(target):
+    x = normal((64, 128), 7)
+    assert np.array_equal(run(k_dma_transpose, target, x), x.T)
+    with pytest.raises(ValueError, match="hwdge.*2-byte"):
+        run(k_dma_transpose_hwdge, target, x)
+    h = x.astype(np.float16)
+    assert np.array_equal(run(k_dma_transpose_hwdge, target, h), h.T)
+
+
+def k_dma_transpose_blocks(x):
+    """attention's 4-D exp-tile transpose: src [P, 1, C, 128] -> dst [128, 1, C, P] (one plane per block)."""
+    P, F = x.shape
+    C = F // 128
+    s = load(x)
+    t = nl.ndarray((128, C * P), x.dtype, buffer=nl.sbuf)
+    nisa.dma_transpose(dst=t.ap([[C * P, 128], [1, 1], [P, C], [1, P]]),
+                       src=s.ap([[F, P], [1, 1], [128, C], [1, 128]]), axes=(3, 1, 2, 0))
+    return store(t)
+
+
+def k_dma_transpose_3d(x):
+    """[A, B, C] -> [C, B, A] (axes (2, 1, 0)) from HBM."""
+    A, B, C = x.shape
+    t = nl.ndarray((C, B, A), x.dtype, buffer=nl.sbuf)
+    nisa.dma_transpose(dst=t, src=x)
+    return store(t)
+
+
+@pytest.mark.parametrize("target", V3)
+def test_dma_transpose_with_middle_dims(target):
+    x = normal((64, 384), 8).astype(np.float16)
+    got = run(k_dma_transpose_blocks, target, x)
+    assert np.array_equal(got, x.reshape(64, 3, 128).transpose(2, 1, 0).reshape(128, 192))
+    y = normal((32, 3, 16), 9).astype(np.float16)
+    assert np.array_equal(run(k_dma_transpose_3d, target, y), y.transpose(2, 1, 0))
+
+
 def k_dma_compute(a, b):
     out = nl.ndarray(a.shape, nl.float32, buffer=nl.shared_hbm)
     nisa.dma_compute(dst=out, srcs=[a, b], scales=[1.0, 1.0], reduce_op=nl.add)  # HBM + HBM -> HBM

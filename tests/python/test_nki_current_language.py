@@ -340,6 +340,38 @@ def test_ap_scalar_offset_dynamic_slice(target):
     assert np.array_equal(got, kc[1, 21:37])
 
 
+def k_offsets_on_reshaped_views(flat, rows, pos):
+    """indirect_dim counts the dims of the reshaped view the .ap is taken on:
+    a gather of whole rows from a 1-D tensor seen as (R, C), and a scatter of
+    single elements into a 2-D tensor seen flat (router_topk's one-hot scatter)."""
+    R, C = 16, flat.shape[0] // 16
+    o, i = load(pos), load(rows)
+    t = nl.ndarray((1, C), flat.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=flat.reshape((R, C)).ap([[C, 1], [1, C]], offset=0, scalar_offset=o,
+                                                      indirect_dim=0))
+    out = nl.ndarray((R, C), nl.float32, buffer=nl.shared_hbm)
+    z = nl.ndarray((R, C), nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=z, value=0.0)
+    nisa.dma_copy(dst=out, src=z)
+    ones = nl.ndarray((R, 1), nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=ones, value=1.0)
+    nisa.dma_copy(dst=out.reshape((R * C,)).ap([[1, R], [1, 1]], offset=0, vector_offset=i, indirect_dim=0),
+                  src=ones)
+    return store(t), out
+
+
+@pytest.mark.parametrize("target", V3)
+def test_ap_offsets_count_the_dims_of_a_reshaped_view(target):
+    flat = normal((16 * 24,), 205)
+    cols = rng(206).integers(0, 24, size=16)
+    rows = (np.arange(16) * 24 + cols).astype(np.uint32).reshape(16, 1)  # one element per row, flat index
+    row, onehot = run(k_offsets_on_reshaped_views, target, flat, rows, np.array([[5]], np.int32))
+    assert np.array_equal(row[0], flat[5 * 24:6 * 24])
+    want = np.zeros((16, 24), np.float32)
+    want[np.arange(16), cols] = 1.0
+    assert np.array_equal(onehot, want)
+
+
 def k_scalar_offset_store(src, pos):
     """A dynamic-offset store (find_nonzero_indices style): dst=.ap(..., scalar_offset=, indirect_dim=1)."""
     R, C = 4, 64

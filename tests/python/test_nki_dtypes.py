@@ -107,6 +107,25 @@ def test_torch_int32_full_range():
 
 
 @nki.jit
+def to_uint32(x):
+    """An int32 input copied out as uint32 (router_topk's expert indices)."""
+    out = nl.ndarray(x.shape, dtype=nl.uint32, buffer=nl.shared_hbm)
+    t = nl.ndarray(x.shape, dtype=nl.uint32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=t, src=nl.load(x))
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+def test_uint32_output_with_torch_inputs_is_exact():
+    """torch has no uint32 (1.13): the output stays an exact numpy uint32 array."""
+    x = torch.arange(128 * 4, dtype=torch.int32).reshape(128, 4) * 7
+    got = to_uint32(x)
+    if getattr(torch, "uint32", None) is None:
+        assert isinstance(got, np.ndarray) and got.dtype == np.uint32
+    assert np.array_equal(np.asarray(got), x.numpy().astype(np.uint32))
+
+
+@nki.jit
 def widen(x):
     """int32 -> float32 on the Vector engine: exact up to 2^24."""
     out = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)

@@ -11,15 +11,21 @@ from tern.nki import _tracer
 
 def _table(view):
     """The HBM [rows, F] view whose row r is the access at index r."""
-    scalar, vector, k = view._indirect
-    shape, _ = _tracer.current().hbm_shape(view.name)
+    from tern import _core
+    scalar, vector, k, strides = view._indirect
+    shape, dtype = _tracer.current().hbm_shape(view.name)
     if shape is None:
         raise NotImplementedError("not supported: an indirect access into a tensor that is not a whole "
                                   "HBM tensor of the kernel")
-    if not 0 <= k < len(shape):
-        raise ValueError(f"indirect_dim={k} for an HBM tensor of {len(shape)} dims")
-    stride = math.prod(shape[k + 1:])
-    total = math.prod(shape)
+    if not 0 <= k < len(strides):
+        raise ValueError(f"indirect_dim={k} for an HBM view of {len(strides)} dims "
+                         f"({_tracer.kernel_location()})")
+    stride = strides[k]
+    if stride <= 0:
+        raise ValueError(f"indirect_dim={k}: that dim of the view does not move through memory "
+                         f"(stride {stride}; {_tracer.kernel_location()})")
+    # The base tensor's elements counted in the view's dtype.
+    total = math.prod(shape) * _core.dtype_size(dtype) // _core.dtype_size(view.dtype)
     span = 1 + sum((c - 1) * abs(s) for s, c in view._free)
     rows = max(1, (total - view._off - span) // stride + 1)
     t = T.NkiTensor(view._base, view.buffer, view.dtype, 0, rows, view._off, view._free, view.name, stride)

@@ -129,6 +129,9 @@ def decode(raw, dtype, shape, as_torch):
     np_type = _NUMPY.get(dtype)
     if np_type is not None:
         arr = raw.view(np_type).reshape(shape)
+        if as_torch and arr.dtype.kind == "u" and arr.dtype.itemsize > 1 and \
+                getattr(torch, f"uint{8 * arr.dtype.itemsize}", None) is None:
+            return arr  # this torch has no such unsigned type: the exact values as numpy
         return torch.from_numpy(arr.copy()) if as_torch else arr
     codes = raw.view(_BITS[dtype]).reshape(shape)
     if as_torch:

@@ -476,7 +476,10 @@ class NkiTensor:
             p0, off = p0 + off // per, off % per
         t = src._like(p0, int(parts), off, free, row_stride)
         if scalar_offset is not None or vector_offset is not None:
-            t._indirect = (scalar_offset, vector_offset, int(indirect_dim))
+            # indirect_dim counts the dims of this view (as reshaped), so its
+            # stride is this view's, in the pattern's dtype.
+            strides = [s for s, _ in src._dims()] if self.is_hbm else []
+            t._indirect = (scalar_offset, vector_offset, int(indirect_dim), strides)
         return t
 
     def _bitcast(self, dtype, rescale=True):

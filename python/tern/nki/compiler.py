@@ -61,4 +61,4 @@ class _Allocator:
 sbuf = _Allocator("sbuf")
 psum = _Allocator("psum")
 __all__ = ["skip_middle_end_transformations", "enable_stack_allocator", "force_auto_alloc", "no_reorder",
-           "multi_buffer", "sbuf", "psum", "functools"]
+           "multi_buffer", "sbuf", "psum"]

@@ -4,6 +4,7 @@ NKI parameter names and enums. Calls tern does not implement raise
 NotImplementedError naming the call (see docs/nki.md)."""
 import enum
 import functools
+import itertools
 
 from tern import _core
 from tern.nki import _ops
@@ -167,18 +168,40 @@ def dma_compute(dst, srcs, reduce_op, scales=None, name=None):
         b.dma_copy(d, _t(x, "srcs"), -1, True, _core.Engine.sync)
 
 
-@_tracer.status("partial: axes (1, 0), (2, 1, 0) and (3, 1, 2, 0) with unit middle dims")
+@_tracer.status("partial: a 3-D / 4-D transpose whose middle dims are not 1 is timed as one DMA transpose per "
+                "middle index")
 def dma_transpose(dst, src, axes=None, dge_mode=dge_mode.unknown, oob_mode=oob_mode.error, name=None):
-    """dst = src transposed (2-byte types; axes (1, 0), or the 4-D (3, 1, 2, 0)
-    whose middle dims are 1)."""
-    if axes is not None and tuple(axes) not in ((1, 0), (2, 1, 0), (3, 1, 2, 0)):
-        raise NotImplementedError(f"not supported: dma_transpose(axes={tuple(axes)})")
-    s, d = src, dst
-    if s.ndim > 2:
-        s = s.reshape((s.shape[0], s.size // s.shape[0])) if s.shape[-1] == s.size // s.shape[0] else s
-    if d.ndim > 2:
-        d = d.reshape((d.shape[0], d.size // d.shape[0]))
-    _tracer.current().at().dma_transpose(_t(d, "dst"), _t(s, "src"))
+    """dst = src transposed by the DMA engine: [A, B] -> [B, A], [A, B, C] ->
+    [C, B, A] (axes (2, 1, 0)), [A, B, C, D] -> [D, B, C, A] (axes (3, 1, 2,
+    0)); the bytes move unchanged. dge_mode=hwdge (the hardware DGE) moves
+    2-byte types only."""
+    want = tuple(range(src.ndim))[::-1] if src.ndim < 4 else (3, 1, 2, 0)
+    if src.ndim > 4 or (axes is not None and tuple(axes) != want):
+        raise NotImplementedError(f"not supported: dma_transpose of a {src.ndim}-D tile with axes="
+                                  f"{None if axes is None else tuple(axes)} (NKI's are (1, 0), (2, 1, 0), "
+                                  f"(3, 1, 2, 0))")
+    if dge_mode == constants.dge_mode.hwdge and _core.dtype_size(src.dtype) != 2:
+        raise ValueError(f"dma_transpose(dge_mode=hwdge) moves 2-byte types, not {src.dtype} "
+                         f"({_tracer.kernel_location()})")
+    if src.ndim <= 2:
+        _tracer.current().at().dma_transpose(_t(_flat2(dst), "dst"), _t(_flat2(src), "src"))
+        return
+    if dst.ndim != src.ndim or tuple(dst.shape) != tuple(src.shape[i] for i in want):
+        raise ValueError(f"dma_transpose: dst {tuple(dst.shape)} is not src {tuple(src.shape)} permuted by "
+                         f"{want} ({_tracer.kernel_location()})")
+    # One [A, D] -> [D, A] transpose per index of the middle dims.
+    b = _tracer.current().at()
+    for mid in itertools.product(*(range(n) for n in src.shape[1:-1])):
+        b.dma_transpose(_t(_plane(dst, mid), "dst"), _t(_plane(src, mid), "src"))
+
+
+def _plane(x, mid):
+    """The 2-D view x[:, mid..., :] of a tile or HBM tensor."""
+    dims = x._dims()
+    off = x._off + sum(i * dims[k + 1][0] for k, i in enumerate(mid))
+    if x.is_hbm:
+        return x._like(0, dims[0][1], off + x._p0 * x._row_stride, [dims[-1]], dims[0][0])
+    return x._like(x._p0, x._np, off, [dims[-1]])
 
 
 # ----------------------------------------------------------------- tensor
@@ -634,11 +657,6 @@ def local_gather(dst, src_buffer, index, num_elem_per_idx=1, num_valid_indices=N
           imm0=float(num_elem_per_idx), imm1=float(valid))
 
 
-def _reject(call, unsupported):
-    if unsupported:
-        raise NotImplementedError(f"not supported: nisa.{call}({', '.join(sorted(unsupported))}=...)")
-
-
 # ------------------------------------------------------------ multi-core
 def _core_of(rank):
     """The core of program `rank` of the launch grid (LNC: the physical cores
@@ -662,9 +680,13 @@ def _next_sync(kind):
 def core_barrier(data, cores=(0, 1), engine=None, name=None):
     """Every program in `cores` reaches this point before any goes on: this
     core's writes of `data` before the barrier are seen by the others' reads
-    after it (the engine's sequencer waits on the other cores' semaphores)."""
+    after it (the engine's sequencer waits on the other cores' semaphores).
+    A launch of one program (LNC=1) has no other core to wait for: the
+    barrier then only orders this core's own accesses."""
     tr = _tracer.current()
     cores = [cores] if isinstance(cores, int) else list(cores)
+    if tr.programs <= 1:
+        cores = [c for c in cores if int(c) == tr.program_id]
     me = tr.program_id
     key = _next_sync("barrier")
     eng = _engine(engine, _core.Engine.gpsimd)

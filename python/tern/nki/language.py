@@ -1,7 +1,11 @@
 """nki.language for tern: tensors, buffers, dtypes, tile sizes, ranges and
 convenience wrappers. Names follow the public NKI API (nki 0.3-0.6)."""
 import builtins
+import copy as _copy
+import dataclasses as _dataclasses
+import functools as _functools
 import math
+import typing as _typing
 
 from tern import _core
 from tern.nki import _tracer
@@ -245,7 +249,25 @@ class NKIObject:
     """Base of the plain Python classes kernels pass around while tracing
     (configuration objects). Without @dataclass it still builds like one:
     keyword arguments become attributes, annotated fields left out take
-    their class default (or None), and __post_init__ runs."""
+    their class default (or None), and __post_init__ runs. Plain class
+    attributes count as fields too, also under @dataclass (NKI's tracer
+    treats `x = None` like `x: Any = None`)."""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("__annotations__", {})
+        plain = [n for n, v in cls.__dict__.items()
+                 if not n.startswith("__") and n not in own and not callable(v)
+                 and not isinstance(v, (staticmethod, classmethod, property))]
+        if not plain:
+            return
+        annotations = dict(own)
+        for n in plain:
+            annotations[n] = _typing.Any
+            v = cls.__dict__[n]
+            if isinstance(v, (list, dict, set)):  # @dataclass refuses mutable defaults: a fresh copy each
+                setattr(cls, n, _dataclasses.field(default_factory=_functools.partial(_copy.copy, v)))
+        cls.__annotations__ = annotations
 
     def __init__(self, *args, **kwargs):
         fields = [n for c in reversed(type(self).__mro__) for n in getattr(c, "__annotations__", {})]
@@ -254,7 +276,10 @@ class NKIObject:
             kwargs.setdefault(name, value)
         for name in fields:
             if name not in kwargs:
-                setattr(self, name, getattr(type(self), name, None))
+                default = getattr(type(self), name, None)
+                if isinstance(default, _dataclasses.Field):
+                    default = default.default_factory()
+                setattr(self, name, default)
         for name, value in kwargs.items():
             setattr(self, name, value)
         post = getattr(self, "__post_init__", None)
@@ -292,7 +317,7 @@ def load(src, dtype=None, mask=None, mode=None, **hints):
     _functions.for_boxes(mask, lambda r: _functions.each(
         lambda d, s: _isa().dma_copy(dst=d, src=s, oob_mode=mode), _functions.restrict(t, r),
         _functions.restrict(src, r)))
-    if src.is_hbm and not ranges_masked(mask):
+    if src.is_hbm and not _is_masked(mask):
         t._origin = src
     return t
 
@@ -302,7 +327,7 @@ def _tensor_empty():
     return _tensor.Empty
 
 
-def ranges_masked(mask):
+def _is_masked(mask):
     return mask is not None and mask is not True
 
 
