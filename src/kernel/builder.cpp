@@ -53,10 +53,6 @@ namespace {
 std::string loc_string(const std::source_location& l) {
   return fmt::format("{}:{}", std::filesystem::path(l.file_name()).filename().string(), l.line());
 }
-int engine_sem(Engine e) {
-  return static_cast<int>(e);
-}  // tensor, vector, scalar, gpsimd: 0..3
-constexpr int kQueueSem0 = 4;  // DMA queue q: 4 + q
 }  // namespace
 
 Builder::Builder(const arch::ChipSpec& chip, int cores, int lnc) : chip_(chip) {
@@ -68,7 +64,7 @@ Builder::Builder(const arch::ChipSpec& chip, int cores, int lnc) : chip_(chip) {
   }
   prog_.arch = chip.name;
   prog_.lnc = lnc;
-  prog_.semaphores = kQueueSem0 + chip.dma.queues_per_engine;
+  prog_.semaphores = kQueueSemaphore0 + chip.dma.queues_per_engine;
   prog_.cores.resize(cores);
   sbuf_allocs_.resize(cores);
   psum_allocs_.resize(cores);
@@ -254,7 +250,7 @@ void Builder::record(Instruction& in, int producer, std::size_t first_read, bool
   }
   // Waits: for each earlier producer, the latest conflicting access.
   std::vector<std::int64_t> need(prog_.semaphores, 0);
-  const bool in_order_engine = producer < kQueueSem0;
+  const bool in_order_engine = producer < kQueueSemaphore0;
   for (const Access& a : acc) {
     if (a.producer == producer && in_order_engine) continue;  // same engine: program order
     for (const Access& m : mine) {
@@ -319,7 +315,7 @@ void Builder::emit(Instruction in, std::source_location loc) {
       break;
   }
   const bool dma = isa::is_dma(in.op);
-  const int producer = dma ? kQueueSem0 + in.queue : engine_sem(in.engine);
+  const int producer = dma ? kQueueSemaphore0 + in.queue : engine_semaphore(in.engine);
   const bool last_written = in.op == Opcode::activation || in.op == Opcode::exponential ||
                             in.op == Opcode::select_reduce || in.op == Opcode::range_select ||
                             in.op == Opcode::match_replace8;
@@ -400,7 +396,7 @@ void Builder::emit_matmul(const Tensor& dst, const Tensor& stationary,
   mm.operands = aps({&dst, &moving, moving_scale, &stationary, stationary_scale});
   mm.accumulate = accumulate;
   mm.loc = location(loc);
-  record(mm, engine_sem(Engine::tensor), 1, accumulate);
+  record(mm, engine_semaphore(Engine::tensor), 1, accumulate);
   mm.operands.resize(moving_scale ? 3 : 2);
   // The weight load goes first and carries the waits; it signals nothing
   // (its reads are accounted to the multiply, which completes after it).

@@ -200,6 +200,10 @@ class Builder {
   isa::Program finish();
 
  private:
+  // Semaphores: one per compute engine (its Engine value, 0..3), then one
+  // per DMA queue q at kQueueSemaphore0 + q.
+  static constexpr int kQueueSemaphore0 = 4;
+  static int engine_semaphore(isa::Engine e) { return static_cast<int>(e); }
   struct Alloc {
     std::int64_t lo, hi;
   };

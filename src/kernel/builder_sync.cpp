@@ -10,13 +10,6 @@ namespace tern::kernel {
 using isa::Instruction;
 using isa::Opcode;
 
-namespace {
-int engine_semaphore(isa::Engine e) {
-  return static_cast<int>(e);
-}
-constexpr int kFirstQueueSemaphore = 4;  // as builder.cpp: DMA queue q signals 4 + q
-}  // namespace
-
 void Builder::core_sync(isa::Engine engine, const std::vector<Tensor>& writes,
                         const std::vector<Tensor>& reads, std::source_location loc) {
   // The Sync engine's semaphore counts DMA queue 0, the PE array streams matmuls:
@@ -68,7 +61,7 @@ void Builder::dma_to_core(const std::string& dst_key, const Tensor& src, int pee
   // Only the source is this core's memory: the destination is the peer's
   // (ordered there by its sync_wait on this DMA).
   in.operands = {src.ap};
-  record(in, kFirstQueueSemaphore + in.queue, 0, false);
+  record(in, kQueueSemaphore0 + in.queue, 0, false);
   in.operands = {src.ap, src.ap};  // the destination is the peer's, set in finish()
   in.peer_core = peer;
   auto& stream = prog_.cores[core_].streams[static_cast<int>(engine)];

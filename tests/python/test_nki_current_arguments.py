@@ -62,6 +62,17 @@ def test_nkiobject_arguments(target):
     assert np.array_equal(got, x * np.float32(2))
 
 
+@dataclasses.dataclass
+class Tiling(nl.NKIObject):
+    rows: int
+    remainder: int  # declared, never passed (mlp_tkg's constants)
+
+
+def test_dataclass_nkiobject_fields_left_out_are_none():
+    t = Tiling(rows=4)
+    assert (t.rows, t.remainder) == (4, None)
+
+
 def test_dataclass_nkiobject_with_plain_attributes():
     s = Section(index=2, offset=128)
     assert (s.index, s.offset, s.tiles) == (2, 128, [])
@@ -483,6 +494,35 @@ def test_sendrecv_between_lnc_programs(target):
     x = normal((256, 32), 250)
     got = nki.jit(k_sendrecv, platform_target=target)[2](x)
     assert np.array_equal(got[:128], x[:128] - x[128:]) and np.array_equal(got[128:], x[128:] - x[:128])
+
+
+def k_sendrecv_reused_buffer(x):
+    """Two messages into one receive buffer (mlp_tkg's gate then up partial sums); program 1 reads the
+    first one late, so the second must wait for that read."""
+    pid = nl.program_id(axis=0)
+    out = nl.ndarray((2, 2 * P, 32), nl.float32, buffer=nl.shared_hbm)
+    first, second, recv = (nl.ndarray((P, 32), nl.float32, buffer=nl.sbuf) for _ in range(3))
+    nisa.dma_copy(dst=first, src=x[0, nl.ds(pid * P, P), :])
+    nisa.dma_copy(dst=second, src=x[1, nl.ds(pid * P, P), :])
+    nisa.sendrecv(src=first, dst=recv, send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
+    busy = nl.ndarray((P, 2048), nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=busy, value=0.0)
+    for _ in range(8 * pid):  # keeps program 1 busy (microseconds) before it reads the first message
+        nisa.activation(dst=busy, data=busy, op=nl.copy)
+    got = nl.ndarray((P, 32), nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=got, data1=recv, data2=busy[:, 0:32], op=nl.add)  # + 0, after the busy work
+    nisa.dma_copy(dst=out[0, nl.ds(pid * P, P), :], src=got)
+    nisa.sendrecv(src=second, dst=recv, send_to_rank=1 - pid, recv_from_rank=1 - pid, pipe_id=0)
+    nisa.dma_copy(dst=out[1, nl.ds(pid * P, P), :], src=recv)
+    return out
+
+
+@pytest.mark.parametrize("target", V3)
+def test_sendrecv_into_a_reused_buffer_waits_for_its_reads(target):
+    x = normal((2, 2 * P, 32), 254)
+    got = nki.jit(k_sendrecv_reused_buffer, platform_target=target)[2](x)
+    swapped = np.concatenate([x[:, P:], x[:, :P]], axis=1)  # each program receives the other's rows
+    assert np.array_equal(got, swapped)
 
 
 def k_core_barrier(x):

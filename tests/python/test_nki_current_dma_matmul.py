@@ -178,6 +178,45 @@ def test_dma_transpose_with_middle_dims(target):
     assert np.array_equal(run(k_dma_transpose_3d, target, y), y.transpose(2, 1, 0))
 
 
+def k_dma_transpose_indirect(blocks, idx):
+    """Block-KV attention: the blocks named by a uint32 index column, gathered and transposed
+    ([P, 1, L, D] -> [D, 1, L, P], dge_mode=swdge)."""
+    N, _, L, D = blocks.shape
+    i = load(idx)
+    P_ = idx.shape[0]
+    t = nl.ndarray((D, 1, L, P_), blocks.dtype, buffer=nl.sbuf)
+    nisa.dma_transpose(dst=t, src=blocks.ap([[L * D, P_], [1, 1], [D, L], [1, D]], offset=0, vector_offset=i,
+                                            indirect_dim=0), axes=(3, 1, 2, 0), dge_mode=nisa.dge_mode.swdge)
+    return store(t)
+
+
+@pytest.mark.parametrize("target", V3)
+def test_dma_transpose_of_indirect_rows(target):
+    blocks = normal((48, 1, 4, 16), 10).astype(np.float16)
+    idx = rng(11).permutation(48)[:32].astype(np.uint32).reshape(32, 1)
+    got = run(k_dma_transpose_indirect, target, blocks, idx)
+    assert np.array_equal(got, blocks[idx[:, 0]].transpose(3, 1, 2, 0))
+
+
+def k_activation_permuted_views(x):
+    """Scalar / Vector operands that are permuted views ([P, 8, 4] seen as [P, 4, 8])."""
+    P_, A, B = x.shape
+    a = load(x)
+    b = nl.ndarray((P_, B, A), x.dtype, buffer=nl.sbuf)
+    nisa.activation(dst=b.permute(dims=[0, 2, 1]), data=a, op=nl.exp)
+    c = nl.ndarray((P_, B, A), x.dtype, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=c, data=b, op0=nl.multiply, operand0=2.0)
+    return store(c)
+
+
+@pytest.mark.parametrize("target", V3)
+def test_engine_operands_may_be_permuted_views(target):
+    x = normal((P, 4, 8), 12)
+    got = run(k_activation_permuted_views, target, x)
+    want = (np.exp(x.astype(np.float32)) * np.float32(2)).transpose(0, 2, 1)
+    np.testing.assert_allclose(got, want, rtol=2e-6)
+
+
 def k_dma_compute(a, b):
     out = nl.ndarray(a.shape, nl.float32, buffer=nl.shared_hbm)
     nisa.dma_compute(dst=out, srcs=[a, b], scales=[1.0, 1.0], reduce_op=nl.add)  # HBM + HBM -> HBM

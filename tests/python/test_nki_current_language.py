@@ -372,6 +372,25 @@ def test_ap_offsets_count_the_dims_of_a_reshaped_view(target):
     assert np.array_equal(onehot, want)
 
 
+def k_scalar_offset_rows_of_an_expert(w, choice):
+    """selective-expert MoE: w [E, R, C], the expert read at run time (indirect_dim=0), its R rows on R
+    partitions (the partition step C is smaller than one expert), the offset at element 3 of a tile."""
+    E, R, C = w.shape
+    c = load(choice)
+    t = nl.ndarray((R, C), w.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=w.ap([[C, R], [1, C]], offset=0, scalar_offset=c.ap([[4, 1], [1, 1]], offset=3),
+                                  indirect_dim=0))
+    return store(t)
+
+
+@pytest.mark.parametrize("target", V3)
+def test_ap_scalar_offset_with_a_partition_step_inside_one_index(target):
+    w = normal((5, 32, 16), 207)
+    for e in (0, 3, 4):
+        choice = np.array([[9, 9, 9, e]], np.int32)
+        assert np.array_equal(run(k_scalar_offset_rows_of_an_expert, target, w, choice), w[e])
+
+
 def k_scalar_offset_store(src, pos):
     """A dynamic-offset store (find_nonzero_indices style): dst=.ap(..., scalar_offset=, indirect_dim=1)."""
     R, C = 4, 64

@@ -26,20 +26,34 @@ def _table(view):
                          f"(stride {stride}; {_tracer.kernel_location()})")
     # The base tensor's elements counted in the view's dtype.
     total = math.prod(shape) * _core.dtype_size(dtype) // _core.dtype_size(view.dtype)
+    if scalar is not None and view._np > 1 and view._row_stride % stride:
+        # Partitions that step by less than (or not a multiple of) one index
+        # of indirect_dim: table rows at the step both are multiples of.
+        stride = math.gcd(stride, view._row_stride)
     span = 1 + sum((c - 1) * abs(s) for s, c in view._free)
     rows = max(1, (total - view._off - span) // stride + 1)
     t = T.NkiTensor(view._base, view.buffer, view.dtype, 0, rows, view._off, view._free, view.name, stride)
-    return t, scalar, vector
+    return t, scalar, vector, strides[k] // stride
 
 
-def _index_tile(scalar, vector, parts, pstride_rows):
+def _index_tile(scalar, vector, parts, pstride_rows, per_index=1):
     """The [P, 1] int32 index tile: the vector offsets, or the scalar offset
-    plus each partition's own row step."""
+    (times the table rows one index of indirect_dim spans) plus each
+    partition's own row step."""
     from tern.nki import isa
     from tern.nki import language as nl
     if vector is not None:
         return vector if vector.ndim == 2 else vector._like(vector._p0, vector._np, vector._off, [(1, 1)])
     s = scalar._like(scalar._p0, 1, scalar._off, [(1, 1)])
+    if per_index != 1:
+        # Scaled on the Vector engine, which starts a one-partition access at
+        # a quadrant: an offset elsewhere is first moved to partition 0.
+        scaled = nl.ndarray((1, 1), dtype=s.dtype, buffer=nl.sbuf)
+        if s._p0 % 32:
+            isa.dma_copy(dst=scaled, src=s)
+            s = scaled
+        isa.tensor_scalar(dst=scaled, data=s, op0=nl.multiply, operand0=per_index)
+        s = scaled
     if parts == 1:
         return s
     from tern.nki import _functions as F
@@ -52,16 +66,16 @@ def dma(dst, src, accumulate, skip, engine):
     """dst <- src where one side is an indirect HBM view."""
     b = _tracer.current().at()
     if getattr(src, "_indirect", None):
-        table, scalar, vector = _table(src)
+        table, scalar, vector, per = _table(src)
         if dst.is_hbm:
             raise NotImplementedError("not supported: an indirect DMA from HBM into HBM; gather into SBUF")
         pstride = src._row_stride // table._row_stride if table._row_stride else 0
-        idx = _index_tile(scalar, vector, dst.shape[0], pstride)
+        idx = _index_tile(scalar, vector, dst.shape[0], pstride, per)
         b.dma_gather(dst._tensor(), table._tensor(), idx._tensor(), -1, skip, engine)
         return
-    table, scalar, vector = _table(dst)
+    table, scalar, vector, per = _table(dst)
     if src.is_hbm:
         raise NotImplementedError("not supported: an indirect DMA from HBM into HBM; scatter from SBUF")
     pstride = dst._row_stride // table._row_stride if table._row_stride else 0
-    idx = _index_tile(scalar, vector, src.shape[0], pstride)
+    idx = _index_tile(scalar, vector, src.shape[0], pstride, per)
     b.dma_scatter(table._tensor(), src._tensor(), idx._tensor(), -1, accumulate, engine)

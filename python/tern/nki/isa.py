@@ -169,7 +169,7 @@ def dma_compute(dst, srcs, reduce_op, scales=None, name=None):
 
 
 @_tracer.status("partial: a 3-D / 4-D transpose whose middle dims are not 1 is timed as one DMA transpose per "
-                "middle index")
+                "middle index; the indirect form as a gather then a transpose")
 def dma_transpose(dst, src, axes=None, dge_mode=dge_mode.unknown, oob_mode=oob_mode.error, name=None):
     """dst = src transposed by the DMA engine: [A, B] -> [B, A], [A, B, C] ->
     [C, B, A] (axes (2, 1, 0)), [A, B, C, D] -> [D, B, C, A] (axes (3, 1, 2,
@@ -183,6 +183,13 @@ def dma_transpose(dst, src, axes=None, dge_mode=dge_mode.unknown, oob_mode=oob_m
     if dge_mode == constants.dge_mode.hwdge and _core.dtype_size(src.dtype) != 2:
         raise ValueError(f"dma_transpose(dge_mode=hwdge) moves 2-byte types, not {src.dtype} "
                          f"({_tracer.kernel_location()})")
+    if _indirect(src):
+        # The indirect form (a software-DGE dma_gather_transpose): tern
+        # gathers the indexed rows into SBUF, then transposes them.
+        staged = _scratch(src.shape, src.dtype)
+        from tern.nki import _indirect as ind
+        ind.dma(staged, src, False, int(oob_mode) == int(constants.oob_mode.skip), _core.Engine.sync)
+        src = staged
     if src.ndim <= 2:
         _tracer.current().at().dma_transpose(_t(_flat2(dst), "dst"), _t(_flat2(src), "src"))
         return
@@ -227,11 +234,15 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
 
 
 def _flat2(x):
-    """A tile seen as [P, F] (its free dims flattened)."""
+    """A tile seen as [P, F] (its free dims flattened). A view whose free
+    dims cannot merge (permuted, strided) keeps them: the engines walk up
+    to four free dims in order, which is the flattened element order."""
     if x.ndim == 2:
         return x
     if x.ndim == 1:
         return x._like(x._p0, x._np, x._off, [(1, 1)])
+    if not x._contiguous():
+        return x
     return x.reshape((x.shape[0], x.size // x.shape[0]))
 
 
@@ -710,10 +721,14 @@ def sendrecv(src, dst, send_to_rank, recv_from_rank, pipe_id=0, use_gpsimd_dma=F
     to, frm = _core_of(send_to_rank), _core_of(recv_from_rank)
     b = tr.at()
     eng = _core.Engine.gpsimd
-    b.core_sync(eng, [], [src._tensor(), dst._tensor()])  # src written, dst free
+    # src written, dst free: dst counts as written here, so this waits for the
+    # reads of an earlier message in it too (a reused receive buffer).
+    b.core_sync(eng, [dst._tensor()], [src._tensor()])
     b.sync_point(n + ":ready")
     b.sync_operand(n + ":dst", dst._tensor())
-    b.sync_wait(eng, n + ":ready", [to], [])
+    # The DMA below runs on another engine's queue: src counts as written by
+    # this wait, so the DMA (which reads src) starts only after it.
+    b.sync_wait(eng, n + ":ready", [to], [src._tensor()])
     b.dma_to_core(n + ":dst", src._tensor(), to, _core.Engine.gpsimd if use_gpsimd_dma else _core.Engine.sync)
     b.sync_point(n + ":sent")
     b.sync_wait(eng, n + ":sent", [frm], [dst._tensor()])

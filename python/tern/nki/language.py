@@ -249,13 +249,17 @@ class NKIObject:
     """Base of the plain Python classes kernels pass around while tracing
     (configuration objects). Without @dataclass it still builds like one:
     keyword arguments become attributes, annotated fields left out take
-    their class default (or None), and __post_init__ runs. Plain class
+    their class default (or None, also under @dataclass), and
+    __post_init__ runs. Plain class
     attributes count as fields too, also under @dataclass (NKI's tracer
     treats `x = None` like `x: Any = None`)."""
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         own = cls.__dict__.get("__annotations__", {})
+        for n, hint in own.items():  # a field left out of the constructor is None, also under @dataclass
+            if n not in cls.__dict__ and "ClassVar" not in str(hint):
+                setattr(cls, n, None)
         plain = [n for n, v in cls.__dict__.items()
                  if not n.startswith("__") and n not in own and not callable(v)
                  and not isinstance(v, (staticmethod, classmethod, property))]
