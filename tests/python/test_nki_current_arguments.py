@@ -563,28 +563,6 @@ def test_core_barrier_in_a_one_program_launch_waits_for_no_one(target):
     assert np.array_equal(run(k_barrier_one_program, target, x), x)
 
 
-def k_dynamic_range_register(x, count):
-    """bwmm's hybrid loop: a trip count loaded into a register, nl.dynamic_range(start, reg)."""
-    c = load(count)
-    reg = nisa.register_alloc()
-    nisa.register_load(reg, c)
-    acc = nl.ndarray((P, x.shape[1]), nl.float32, buffer=nl.sbuf)
-    nisa.memset(dst=acc, value=0.0)
-    t = load(x)
-    for _ in nl.dynamic_range(0, reg):
-        nisa.tensor_tensor(dst=acc, data1=acc, data2=t, op=nl.add)
-    return store(acc)
-
-
-@pytest.mark.xfail(strict=True, reason="tern gap: nisa.register_alloc / register_load (runtime trip counts for "
-                   "nl.dynamic_range) raise NotImplementedError")
-@pytest.mark.parametrize("target", V3)
-def test_dynamic_range_with_a_register_trip_count(target):
-    x = ints_as_f32((P, 8), -5, 5, 252)
-    got = run(k_dynamic_range_register, target, x, np.array([[3]], np.int32))
-    assert np.array_equal(got, 3 * x)
-
-
 def k_returns_reshaped(x):
     out = nl.ndarray(x.shape, nl.float32, buffer=nl.shared_hbm)
     nisa.dma_copy(dst=out, src=load(x))

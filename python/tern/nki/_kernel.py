@@ -8,6 +8,7 @@ import numpy as np
 
 from tern import _core
 from tern.nki import _io
+from tern.nki import _registers
 from tern.nki import _tracer
 from tern.nki import language as nl
 
@@ -138,8 +139,37 @@ class Kernel:
         return bound
 
     def _trace(self, chip, rank, ranks, args, kwargs):
-        """Traces the kernel for one rank: (trace, result, [Input])."""
+        """Traces the kernel for one rank: (trace, result, [Input]); a
+        register_load is resolved by simulating the kernel up to it, then
+        tracing again with its value known (_registers.py)."""
+        known = []
+        while True:
+            try:
+                return self._trace_once(chip, rank, ranks, args, kwargs, known)
+            except _registers.NeedValue as need:
+                known.append(self._register_value(chip, need))
+
+    def _register_value(self, chip, need):
+        if self.mode == "timing":
+            raise NotImplementedError("not supported: a register loaded from kernel data in a timing-only run "
+                                      "(its value, and so the instructions that follow, depend on the data)")
+        tr = need.trace
+        if tr.collectives:
+            raise NotImplementedError("not supported: a register_load after a collective")
+        try:
+            sim = _core.Simulator(chip)
+            sim.load(tr.finish()[0])
+            write_inputs(sim, need.inputs)
+            sim.run("functional", False, 0, not self.strict_reads)
+        except _core.TernError as e:
+            raise NotImplementedError(f"not supported: a register_load tern cannot resolve by simulating the "
+                                      f"kernel up to it: {e}") from None
+        value = _io.decode(sim.read_bytes(need.name), need.dtype, (1,), False)
+        return int(_io.to_float32(value)[0]) if isinstance(value, _io.Bits) else int(value[0])
+
+    def _trace_once(self, chip, rank, ranks, args, kwargs, known):
         tr = _tracer.Trace(chip, self.grid, rank, ranks)
+        tr.register_values = known
         inputs = []
         with tr:
             bound = self._bind(args, kwargs)
@@ -155,14 +185,17 @@ class Kernel:
                     value = self._tensor(tr, name, value, rank, ranks, inputs)
                 bound.arguments[name] = value
             result = None
-            for pid in range(max(tr.programs, 1)):
-                tr.program_id = pid
-                tr.hbm_counter = 0
-                tr.builder.set_core(pid % tr.cores)
-                result = self.fn(*bound.args, **bound.kwargs)
+            try:
+                for pid in range(max(tr.programs, 1)):
+                    tr.program_id = pid
+                    tr.hbm_counter = 0
+                    tr.builder.set_core(pid % tr.cores)
+                    result = self.fn(*bound.args, **bound.kwargs)
+            except _registers.NeedValue as need:
+                need.trace, need.inputs = tr, inputs + self._constants(tr)
+                raise
             tr.finish()
-        for name, arr, dt in tr.constants:
-            inputs.append(Input(name, None, dt, None if self.mode == "timing" else _io.encode(arr, dt)))
+        inputs += self._constants(tr)
         names = {i.name for i in inputs}
         for o in _flatten(result):
             if not isinstance(o, nl.NkiTensor) or o.buffer not in (nl.shared_hbm, nl.hbm, nl.private_hbm):
@@ -171,6 +204,10 @@ class Kernel:
             if o.buffer is not nl.shared_hbm and o.name not in names:
                 raise TypeError(f"kernel {self.__name__} returns {o!r}: an output lives in nl.shared_hbm")
         return tr, result, inputs
+
+    def _constants(self, tr):
+        return [Input(name, None, dt, None if self.mode == "timing" else _io.encode(arr, dt))
+                for name, arr, dt in tr.constants]
 
     def __call__(self, *args, **kwargs):
         if _tracer._current is not None:  # a kernel called from a kernel: inlined

@@ -468,6 +468,13 @@ class NkiTensor:
         src = self._bitcast(dtype, rescale=False) if dtype is not None and dtype != self.dtype else self
         # The pattern and offset count elements of the view's (new) dtype.
         p0, off = src._p0, src._off + int(offset)
+        if hasattr(scalar_offset, "_value"):  # a register: its value is known while tracing
+            k = int(indirect_dim)
+            dims = src._dims()
+            if not 0 <= k < len(dims):
+                raise ValueError(f"indirect_dim={k} for a view of {len(dims)} dims")
+            off += int(scalar_offset) * (dims[k][0] if self.is_hbm or k else src._partition_stride())
+            scalar_offset = None
         if self.is_hbm:  # the rows get their own stride: this view's first row folds into the offset
             p0, off = 0, off + src._p0 * src._row_stride
         per = src._partition_stride()

@@ -107,6 +107,8 @@ class Trace:
         self.open = True
         self.prints = []  # (prefix, hidden HBM output, shape) of nl.device_print
         self.constants = []  # (hidden HBM input, array, dtype) of nl.shared_constant
+        self.register_values = []  # register_load results known so far (_registers.py)
+        self.register_loads = 0
 
     def __enter__(self):
         global _current

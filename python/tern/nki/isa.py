@@ -8,6 +8,7 @@ import itertools
 
 from tern import _core
 from tern.nki import _ops
+from tern.nki import _registers
 from tern.nki import _tensor as T
 from tern.nki import _tracer
 from tern.nki import language as nl
@@ -748,8 +749,38 @@ def dropout(dst, data, prob, name=None):
                                   "hardware's random numbers (prob 0.0 and 1.0 work)")
 
 
+# ------------------------------------------------------------ registers
+VirtualRegister = _registers.VirtualRegister
+
+_REGISTERS = ("partial: values are resolved while tracing (the kernel is simulated up to each register_load); "
+              "loops over registers are unrolled, the sequencer's branch instructions are not timed")
+
+
+@_tracer.status(_REGISTERS)
+def register_alloc(x=None):
+    """A new virtual register holding x (an int or a register), else 0."""
+    return _registers.alloc(x)
+
+
+@_tracer.status(_REGISTERS)
+def register_move(dst, src=None, imm=None):
+    """dst <- src (a constant int or another register)."""
+    return _registers.move(dst, imm if src is None else src)
+
+
+@_tracer.status(_REGISTERS)
+def register_load(dst, src):
+    """dst <- the 32-bit scalar in src (SBUF or HBM)."""
+    return _registers.load(dst, src)
+
+
+@_tracer.status(_REGISTERS)
+def register_store(dst, src):
+    """dst (SBUF or HBM) <- the value of register src."""
+    _registers.store(dst, src)
+
+
 for _name in ("rng", "rand2", "rand_set_state", "rand_get_state", "set_rng_seed", "activate2",
-              "register_alloc", "register_load", "register_store", "register_move",
               "sequence_bounds", "tensor_scalar_cumulative", "scalar_load"):
     globals()[_name] = _tracer.not_yet(f"nisa.{_name}")
 

@@ -206,19 +206,31 @@ sequential_range = affine_range
 static_range = affine_range
 
 
-@_tracer.status("partial: unrolled while tracing; a trip count held in a register is not supported")
+@_tracer.status("partial: unrolled while tracing (a register bound is resolved then); the sequencer's loop "
+                "instructions are not timed")
 def dynamic_range(*args, **hints):
     """A loop the hardware runs with a register counter; tern traces its
-    body once per iteration (results identical; docs/nki.md)."""
-    return builtins.range(*args)
+    body once per iteration (results identical; docs/nki.md). Bounds may be
+    registers (nisa.register_alloc / register_load)."""
+    return builtins.range(*(int(a) for a in args))
 
 
 def range_(*args):
     return builtins.range(*args)
 
 
-fori_loop = _tracer.not_yet("nl.fori_loop")
-while_loop = _tracer.not_yet("nl.while_loop")
+@_tracer.status("partial: unrolled while tracing (register bounds resolved then)")
+def fori_loop(lower, upper, body_fun, step=1):
+    """body_fun(i) for i from lower to upper (exclusive); bounds may be registers."""
+    from tern.nki import _registers
+    _registers.fori_loop(lower, upper, body_fun, step)
+
+
+@_tracer.status("partial: unrolled while tracing (the condition register resolved at each iteration)")
+def while_loop(init, body_fun):
+    """r = init; while r != 0: r = body_fun(r), r a condition register."""
+    from tern.nki import _registers
+    _registers.while_loop(init, body_fun)
 
 
 def program_id(axis=0):
