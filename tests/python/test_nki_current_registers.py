@@ -129,3 +129,22 @@ def test_register_moves_and_python_arithmetic():
     copy = nisa.register_alloc(r)
     assert int(copy) == 7 and copy + 1 == 8 and 2 * copy == 14 and copy == 7 and not nisa.register_alloc()
     assert list(nl.dynamic_range(copy)) == list(range(7))
+
+
+def k_scalar_arithmetic(index, table):
+    """nisa.scalar_load: a value read from data, arithmetic on it, a dynamic row offset, scalar_store."""
+    i = nisa.scalar_load(load(index))
+    j = i * 2 + 1
+    row = nl.ndarray((1, table.shape[1]), table.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=row, src=table.ap([[table.shape[1], 1], [1, table.shape[1]]], offset=0, scalar_offset=j,
+                                        indirect_dim=0))
+    out = nl.ndarray((1, 1), nl.int32, buffer=nl.sbuf)
+    nisa.scalar_store(out, j)
+    return store(row), store(out)
+
+
+@pytest.mark.parametrize("target", V3)
+def test_scalar_load_arithmetic_and_offsets(target):
+    table = normal((12, 16), 262)
+    row, j = run(k_scalar_arithmetic, target, np.array([[4]], np.int32), table)
+    assert int(j[0, 0]) == 9 and np.array_equal(row[0], table[9])

@@ -1,5 +1,6 @@
 """Current NKI API: the Scalar engine (activation functions, reduce
-registers), selection / search / scan, MX matmul, and the nki.isa enums."""
+registers), selection / search / scan (with tensor_scalar_cumulative and
+nl.softmax), MX matmul, and the nki.isa enums."""
 import dataclasses
 import math
 import numpy as np
@@ -645,3 +646,54 @@ def k_version(x):
 def test_get_nc_version_orders_by_target(target, gen):
     got = run(k_version, target, np.zeros((1, 1), np.float32))[0]
     assert np.array_equal(got, [gen, gen <= 2, gen >= 3, gen >= 4])
+
+
+def k_cumulative(x, op0, imm0, op1, start):
+    t = load(x)
+    out = nl.ndarray(x.shape, nl.float32, buffer=nl.sbuf)
+    if start is None:
+        nisa.tensor_scalar_cumulative(dst=out, src=t, op0=op0, op1=op1, imm0=imm0)
+    else:
+        nisa.tensor_scalar_cumulative(dst=out, src=t, op0=op0, op1=op1, imm0=imm0, imm1=start,
+                                      reduce_cmd=nisa.reduce_cmd.load_reduce)
+    return store(out)
+
+
+@pytest.mark.parametrize("target", V3)
+@pytest.mark.parametrize("op1, start, accumulate", [
+    (nl.add, None, np.cumsum), (nl.maximum, None, np.maximum.accumulate),
+    (nl.add, 10.0, lambda a, axis: 10.0 + np.cumsum(a, axis=axis))])
+def test_tensor_scalar_cumulative(target, op1, start, accumulate):
+    x = ints_as_f32((P, 16), -8, 8, 263)
+    got = run(k_cumulative, target, x, nl.multiply, 2.0, op1, start)
+    assert np.array_equal(got, accumulate(x * 2, axis=1).astype(np.float32))
+
+
+def k_cumulative_subtract(x):
+    """op1=subtract: reg = y[i] - reg (the operand order of the ISA's pseudocode)."""
+    t = load(x)
+    out = nl.ndarray(x.shape, nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar_cumulative(dst=out, src=t, op0=nl.add, op1=nl.subtract, imm0=0.0)
+    return store(out)
+
+
+@pytest.mark.parametrize("target", V3)
+def test_tensor_scalar_cumulative_subtract_order(target):
+    x = ints_as_f32((P, 6), -8, 8, 264)
+    want = np.zeros_like(x)
+    reg = np.zeros(P, np.float32)
+    for i in range(x.shape[1]):
+        reg = x[:, i] - reg
+        want[:, i] = reg
+    assert np.array_equal(run(k_cumulative_subtract, target, x), want)
+
+
+def k_softmax(x):
+    return store(nl.softmax(load(x), axis=1))
+
+
+@pytest.mark.parametrize("target", V3)
+def test_language_softmax(target):
+    x = normal((P, 96), 265)
+    e = np.exp(x.astype(np.float64) - x.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(run(k_softmax, target, x), e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-7)

@@ -106,3 +106,18 @@ def register_store(dst, src):
     _registers.store(dst, src)
 
 
+
+
+NkiScalar = VirtualRegister
+
+
+@_tracer.status(_REGISTERS)
+def scalar_load(src, dtype=None):
+    """A scalar holding the value of the 1x1 tile src (resolved while tracing)."""
+    return _registers.load(_registers.alloc(), src)
+
+
+@_tracer.status(_REGISTERS)
+def scalar_store(dst, src):
+    """The 1x1 tile dst <- the scalar (or register, or int) src."""
+    _registers.store(dst, src)

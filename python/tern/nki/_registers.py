@@ -57,27 +57,47 @@ class VirtualRegister:
 
     __hash__ = object.__hash__
 
+    # Arithmetic gives a new register (NkiScalar arithmetic), with the value
+    # Python computes.
+    def _new(self, value):
+        return VirtualRegister(value)
+
     def __add__(self, other):
-        return self.value + int(other)
+        return self._new(self.value + int(other))
 
     __radd__ = __add__
 
     def __sub__(self, other):
-        return self.value - int(other)
+        return self._new(self.value - int(other))
 
     def __rsub__(self, other):
-        return int(other) - self.value
+        return self._new(int(other) - self.value)
 
     def __mul__(self, other):
-        return self.value * int(other)
+        return self._new(self.value * int(other))
 
     __rmul__ = __mul__
 
     def __floordiv__(self, other):
-        return self.value // int(other)
+        return self._new(self.value // int(other))
 
     def __mod__(self, other):
-        return self.value % int(other)
+        return self._new(self.value % int(other))
+
+    def __neg__(self):
+        return self._new(-self.value)
+
+    def __and__(self, other):
+        return self._new(self.value & int(other))
+
+    def __or__(self, other):
+        return self._new(self.value | int(other))
+
+    def __lshift__(self, other):
+        return self._new(self.value << int(other))
+
+    def __rshift__(self, other):
+        return self._new(self.value >> int(other))
 
     def __repr__(self):
         return f"VirtualRegister({self.value})"

@@ -611,6 +611,36 @@ def tensor_tensor_scan(dst, data0, data1, initial, op0, op1, reverse0=False, rev
           imm0=0.0 if col else float(initial), col0=col, rev0=bool(reverse0), rev1=bool(reverse1))
 
 
+_CUMULATIVE_START = {"add": 0.0, "subtract": 0.0, "mult": 1.0, "max": float("-inf"), "min": float("inf")}
+
+
+@_tracer.status("partial: reduce_cmd reset_reduce and load_reduce (continuing the accumulator of an earlier "
+                "instruction, reduce_cmd=reduce, is not supported); issued as a tensor_scalar and a scan")
+def tensor_scalar_cumulative(dst, src, op0, op1, imm0, imm1=None, reduce_cmd=reduce_cmd.reset_reduce,
+                             reverse0=False, name=None, **hints):
+    """reg = op1(op0(src[i], imm0), reg); dst[i] = reg along each partition
+    (FP32), reg starting at op1's identity (reset_reduce) or imm1
+    (load_reduce)."""
+    rc = globals()["reduce_cmd"]
+    alu1 = _ops.resolve(op1).alu if op1 is not None else None
+    if alu1 not in _CUMULATIVE_START:
+        raise ValueError(f"tensor_scalar_cumulative op1={op1!r}: add, subtract, multiply, max or min "
+                         f"({_tracer.kernel_location()})")
+    if int(reduce_cmd) == int(rc.load_reduce):
+        start = float(imm1)
+    elif int(reduce_cmd) == int(rc.reset_reduce):
+        start = _CUMULATIVE_START[alu1]
+    else:
+        raise NotImplementedError(f"not supported: tensor_scalar_cumulative(reduce_cmd={reduce_cmd!r}): only "
+                                  "reset_reduce and load_reduce")
+    if any(_core.dtype_size(t.dtype) == 4 and t.dtype != "float32" for t in (dst, src)):
+        raise ValueError(f"tensor_scalar_cumulative moves no 32-bit integers (the ISA's rule) "
+                         f"({_tracer.kernel_location()})")
+    y = _scratch(src.shape)
+    tensor_scalar(dst=y, data=src, op0=op0, operand0=imm0, reverse0=reverse0)
+    tensor_tensor_scan(dst=dst, data0=y, data1=y, initial=start, op0=op1, op1=None)
+
+
 def select_reduce(dst, predicate, on_true, on_false, reduce_res=None, reduce_cmd=reduce_cmd.idle,
                   reduce_op=None, reverse_pred=False, name=None, **hints):
     """dst = on_true where predicate (not predicate with reverse_pred), else
@@ -685,11 +715,12 @@ def dropout(dst, data, prob, name=None):
 
 # Cross-core synchronization and sequencer registers live in _isa_control.
 from tern.nki._isa_control import (core_barrier, register_alloc, register_load,  # noqa: E402,F401
-                                   register_move, register_store, sendrecv, VirtualRegister)
+                                   register_move, register_store, scalar_load, scalar_store, sendrecv,
+                                   NkiScalar, VirtualRegister)
 
 
 for _name in ("rng", "rand2", "rand_set_state", "rand_get_state", "set_rng_seed", "activate2",
-              "sequence_bounds", "tensor_scalar_cumulative", "scalar_load"):
+              "sequence_bounds"):
     globals()[_name] = _tracer.not_yet(f"nisa.{_name}")
 
 for _name, _fn in list(globals().items()):

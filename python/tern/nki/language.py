@@ -542,7 +542,16 @@ def dropout(x, rate, dtype=None, mask=None, **hints):
     return t
 
 
-for _name in ("rand", "random_seed", "all_reduce", "softmax", "gather_flattened"):
+@_tracer.status("partial: issued as max, subtract, exp, sum and divide (the same values, their time)")
+def softmax(x, axis, dtype=None, compute_dtype=None, mask=None, **hints):
+    """exp(x - max(x)) / sum(exp(x - max(x))) along the free axis `axis`."""
+    ops = _ops.ALL
+    m = ops["max"](x, axis=axis, keepdims=True)
+    e = ops["exp"](ops["subtract"](x, m, dtype=float32))
+    return ops["divide"](e, ops["sum"](e, axis=axis, keepdims=True), dtype=dtype or x.dtype)
+
+
+for _name in ("rand", "random_seed", "all_reduce", "gather_flattened"):
     globals()[_name] = _tracer.not_yet(f"nl.{_name}")
 
 # Names that shadow Python builtins inside this module are bound last.
