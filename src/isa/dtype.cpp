@@ -84,7 +84,10 @@ DType parse_dtype(std::string_view s) {
 bool supported_by(DType d, int core_version) {
   if (is_x4(d)) return core_version >= 4;
   if (d == DType::fp8_e4m3) return core_version >= 4;
-  if (d == DType::fp8_e4m3_legacy) return core_version <= 3;
+  // The legacy IEEE-like E4M3 stays through Trainium3 (nki.language
+  // float8_e4m3: "Trn1, Trn2, Trn3"; neuronx-cc NCC_EVRF052: "not supported
+  // on hardware newer than Trn3").
+  if (d == DType::fp8_e4m3_legacy) return core_version <= 4;
   return true;
 }
 

@@ -45,7 +45,7 @@ bool is_fp8(DType d);
 const num::Format* format_of(DType d);
 bool is_x4(DType d);
 // Whether NeuronCore-v`core_version` has the type: MX x4 types from v4;
-// OCP E4M3 from v4 (v2 / v3 have the IEEE-like "legacy" E4M3 instead).
+// OCP E4M3 from v4 (v2 / v3 have the IEEE-like "legacy" E4M3, which v4 keeps).
 bool supported_by(DType d, int core_version);
 // The element format of an x4-packed type (nullptr otherwise).
 const num::Format* x4_element(DType d);

@@ -87,6 +87,9 @@ enum class Opcode : std::uint8_t {
   // semaphores) and signal order cores (nki.isa core_barrier, sendrecv).
   // Operands only order it against this core's accesses of them.
   core_sync,
+  sequence_bounds,  // gpsimd: for each element of a [1, N] segment-id row, the first index of
+                    // its run of equal ids and one past its last (id 0: N and -1); dst
+                    // [1, 2N] holds the N starts then the N ends (dst, segment ids)
   count_,
 };
 std::string_view opcode_name(Opcode op);

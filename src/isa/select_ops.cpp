@@ -65,4 +65,17 @@ void nonzero_row(const float* x, std::size_t n, float offset, float pad, float* 
   dst[n] = static_cast<float>(k);
 }
 
+void sequence_bounds_row(const float* ids, std::size_t n, float* dst) {
+  float* start = dst;
+  float* end = dst + n;
+  for (std::size_t i = 0; i < n; ++i) {
+    const bool run = i > 0 && ids[i] == ids[i - 1];
+    start[i] = ids[i] == 0.0f ? static_cast<float>(n) : run ? start[i - 1] : static_cast<float>(i);
+  }
+  for (std::size_t j = n; j-- > 0;) {
+    const bool run = j + 1 < n && ids[j] == ids[j + 1];
+    end[j] = ids[j] == 0.0f ? -1.0f : run ? end[j + 1] : static_cast<float>(j + 1);
+  }
+}
+
 }  // namespace tern::isa

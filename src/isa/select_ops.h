@@ -35,5 +35,10 @@ void scan_row(const float* d0, const float* d1, std::size_t n, float init, AluOp
 // dst[0..k) = offset + i for each non-zero x[i] in order, dst[k..n) = pad,
 // dst[n] = k (dst has n + 1 entries).
 void nonzero_row(const float* x, std::size_t n, float offset, float pad, float* dst);
+// NKI sequence_bounds on one row of n segment ids: start[i] / end[i] the
+// first index of the run of equal ids holding i / one past its last;
+// padding (id 0) gets start n and end -1. dst has 2n entries: the starts,
+// then the ends.
+void sequence_bounds_row(const float* ids, std::size_t n, float* dst);
 
 }  // namespace tern::isa

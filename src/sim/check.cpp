@@ -59,6 +59,7 @@ bool engine_allowed(Opcode op, Engine e) {
     case Opcode::nonzero_count:
     case Opcode::n_gather:
     case Opcode::local_gather:
+    case Opcode::sequence_bounds:
       return e == Engine::gpsimd;
     case Opcode::activation:
       return e == Engine::scalar;
@@ -129,6 +130,7 @@ Arity arity(Opcode op) {
     case Opcode::max8:
     case Opcode::nonzero_count:
     case Opcode::stream_shuffle:
+    case Opcode::sequence_bounds:
       return {2, 2};
     case Opcode::find_index8:
     case Opcode::n_gather:

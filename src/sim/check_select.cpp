@@ -148,6 +148,19 @@ std::string select_rules(const arch::ChipSpec& chip, const isa::Instruction& in)
       if (d.dtype != src.dtype) return "local_gather keeps the source dtype";
       return {};
     }
+    case Opcode::sequence_bounds: {
+      const auto& ids = in.operands[1];
+      auto fp32_or_int32 = [](DType t) { return t == DType::fp32 || t == DType::int32; };
+      if (!fp32_or_int32(ids.dtype) || !fp32_or_int32(d.dtype))
+        return "sequence_bounds reads and writes float32 or int32";
+      if (ids.rows() != 1 || d.rows() != 1)
+        return fmt::format("sequence_bounds works on one partition, got {} -> {}", ids.rows(),
+                           d.rows());
+      if (d.free_size() != 2 * ids.free_size())
+        return fmt::format("destination has {} elements, need [1, 2, {}]", d.free_size(),
+                           ids.free_size());
+      return {};
+    }
     default:
       return {};
   }

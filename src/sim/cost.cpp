@@ -123,6 +123,7 @@ double CostModel::cycles(const isa::Instruction& in, bool dependent) const {
       break;
     case Opcode::nonzero_count:
     case Opcode::n_gather:
+    case Opcode::sequence_bounds:
       c = gpsimd + static_cast<double>(in.operands[1].free_size());
       break;
     case Opcode::local_gather: {

@@ -99,6 +99,7 @@ void Simulator::Impl::execute(int core, const Instruction& in) {
     case Opcode::n_gather:
     case Opcode::stream_shuffle:
     case Opcode::local_gather:
+    case Opcode::sequence_bounds:
       execute_select(core, in);
       break;
     case Opcode::dma_gather:

@@ -156,6 +156,13 @@ void Simulator::Impl::execute_select(int core, const Instruction& in) {
       write(core, d, out);
       break;
     }
+    case Opcode::sequence_bounds: {
+      const Floats ids = read(core, ops[1], "the segment ids");
+      Floats out(2 * ids.size());
+      isa::sequence_bounds_row(ids.data(), ids.size(), out.data());
+      write(core, d, out);
+      break;
+    }
     default:
       break;
   }

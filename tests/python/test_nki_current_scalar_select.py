@@ -697,3 +697,28 @@ def test_language_softmax(target):
     x = normal((P, 96), 265)
     e = np.exp(x.astype(np.float64) - x.max(axis=1, keepdims=True))
     np.testing.assert_allclose(run(k_softmax, target, x), e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-7)
+
+
+def segment_runs(ids):
+    """Run starts and ends (one past) of a segment-id row; id 0 is padding (n, -1)."""
+    n = len(ids)
+    start, end = np.empty(n), np.empty(n)
+    for i in range(n):
+        start[i] = n if ids[i] == 0 else (start[i - 1] if i and ids[i] == ids[i - 1] else i)
+    for i in reversed(range(n)):
+        end[i] = -1 if ids[i] == 0 else (end[i + 1] if i + 1 < n and ids[i] == ids[i + 1] else i + 1)
+    return np.stack([start, end])
+
+
+def k_sequence_bounds(ids):
+    out = nl.ndarray((1, 2, ids.shape[1]), nl.int32, buffer=nl.sbuf)
+    nisa.sequence_bounds(dst=out, segment_ids=load(ids))
+    return store(out)
+
+
+@pytest.mark.parametrize("target", V2)
+def test_sequence_bounds(target):
+    r = rng(266)
+    ids = np.repeat(r.integers(0, 4, size=40), r.integers(1, 6, size=40))[None, :128].astype(np.int32)
+    got = run(k_sequence_bounds, target, ids)
+    assert np.array_equal(got, segment_runs(ids[0])[None].astype(np.int32))

@@ -307,6 +307,23 @@ def test_scalar_tensor_tensor(target):
     assert np.array_equal(got[:, 3], np.maximum(x + f(1), y))
 
 
+def k_stt_accumulate(g, acc):
+    """acc = g * 0.5 + acc (attention backward's dq update): operand1 is dst; a bf16 dst rounds once."""
+    a = nl.ndarray(acc.shape, nl.bfloat16, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=a, src=load(acc))
+    nisa.scalar_tensor_tensor(dst=a, data=load(g), op0=nl.multiply, operand0=0.5, op1=nl.add, operand1=a)
+    r = nl.ndarray(acc.shape, nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=r, src=a)
+    return store(r)
+
+
+@pytest.mark.parametrize("target", V3)
+def test_scalar_tensor_tensor_with_dst_as_operand1(target):
+    g, acc = normal((P, 32), 59), bf16_round(normal((P, 32), 60))
+    got = run(k_stt_accumulate, target, g, acc)
+    assert np.array_equal(got, bf16_round(g * np.float32(0.5) + acc))
+
+
 def k_tsr(x, col):
     t, c = load(x), load(col)
     d = nl.ndarray(x.shape, nl.float32, buffer=nl.sbuf)

@@ -470,6 +470,29 @@ def test_isa_max8_find_index8_match_replace8(target):
     assert_exact(rep, want_rep)
 
 
+def segment_runs(ids):
+    """Run starts and ends (one past) of a segment-id row; id 0 is padding (n, -1)."""
+    n = len(ids)
+    start, end = np.empty(n), np.empty(n)
+    for i in range(n):
+        start[i] = n if ids[i] == 0 else (start[i - 1] if i and ids[i] == ids[i - 1] else i)
+    for i in reversed(range(n)):
+        end[i] = -1 if ids[i] == 0 else (end[i + 1] if i + 1 < n and ids[i] == ids[i + 1] else i + 1)
+    return np.stack([start, end])
+
+
+def test_isa_sequence_bounds(target):
+    ids = np.array([[0, 4, 4, 1, 1, 1, 0, 0, 2, 4, 4]], np.float32)
+
+    def kernel(ids_in):
+        ix, iy, iz = nl.mgrid[0:1, 0:2, 0:ids_in.shape[1]]
+        out = nl.ndarray((1, 2, ids_in.shape[1]), dtype=ids_in.dtype, buffer=nl.sbuf)
+        out[ix, iy, iz] = nisa.sequence_bounds(segment_ids=nl.load(ids_in))
+        return store_new(out)
+
+    assert_exact(run(kernel, target, ids), segment_runs(ids[0])[None].astype(np.float32))
+
+
 @pytest.mark.parametrize("n", [1024, 768])
 def test_isa_bn_stats_bn_aggr(target, n):
     """layernorm v2: per-chunk nisa.bn_stats into [P, 6*n] (masked chunks),

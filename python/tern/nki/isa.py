@@ -445,12 +445,14 @@ def activation_reduce(dst, op, data, reduce_op, reduce_res, bias=None, scale=1.0
 def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False, engine=None,
                          name=None, **hints):
     """(data op0 operand0) op1 operand1 with a scalar/column operand0 and a
-    tensor operand1; tern issues it as two Vector instructions (timing: two)."""
-    tensor_scalar(dst=dst, data=data, op0=op0, operand0=operand0, reverse0=reverse0, engine=engine)
+    tensor operand1; tern issues it as two Vector instructions (timing: two),
+    the intermediate in an FP32 scratch tile (operand1 may be dst)."""
+    tmp = _scratch(data.shape)
+    tensor_scalar(dst=tmp, data=data, op0=op0, operand0=operand0, reverse0=reverse0, engine=engine)
     if reverse1:
-        tensor_tensor(dst=dst, data1=operand1, data2=dst, op=op1, engine=engine)
+        tensor_tensor(dst=dst, data1=operand1, data2=tmp, op=op1, engine=engine)
     else:
-        tensor_tensor(dst=dst, data1=dst, data2=operand1, op=op1, engine=engine)
+        tensor_tensor(dst=dst, data1=tmp, data2=operand1, op=op1, engine=engine)
 
 
 @_tracer.status("partial: issued as two Vector instructions (same values, the time of two)")
@@ -719,8 +721,14 @@ from tern.nki._isa_control import (core_barrier, register_alloc, register_load, 
                                    NkiScalar, VirtualRegister)
 
 
-for _name in ("rng", "rand2", "rand_set_state", "rand_get_state", "set_rng_seed", "activate2",
-              "sequence_bounds"):
+def sequence_bounds(dst, segment_ids, name=None):
+    """dst [1, 2, N]: for each of the N segment ids, the first index of its
+    run of equal ids and one past its last (padding, id 0: N and -1), on the
+    GpSimd engine."""
+    _emit("sequence_bounds", _core.Engine.gpsimd, [_flat2(dst), _flat2(segment_ids)])
+
+
+for _name in ("rng", "rand2", "rand_set_state", "rand_get_state", "set_rng_seed", "activate2"):
     globals()[_name] = _tracer.not_yet(f"nisa.{_name}")
 
 for _name, _fn in list(globals().items()):

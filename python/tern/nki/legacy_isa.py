@@ -226,6 +226,15 @@ def affine_select(pred, on_true_tile, on_false_value, mask=None, dtype=None, **h
 
 
 # ------------------------------------------------ selection, search, scan
+def sequence_bounds(segment_ids, dtype=None, mask=None, **hints):
+    """A new [1, 2, N] tile: each segment id's run start and end (current
+    nisa.sequence_bounds)."""
+    n = segment_ids.shape[-1]
+    dst = _new((1, 2, n), dtype or segment_ids.dtype)
+    cur.sequence_bounds(dst=dst, segment_ids=segment_ids)
+    return dst
+
+
 def max8(src, mask=None, dtype=None, **hints):
     dst = _new((src.shape[0], 8), dtype or src.dtype)
     cur.max8(dst=dst, src=src)
@@ -279,5 +288,5 @@ def dropout(data, prob, mask=None, dtype=None, **hints):
     return dst
 
 
-for _name in ("sequence_bounds", "rng", "rand2", "set_rng_seed", "sendrecv", "core_barrier"):
+for _name in ("rng", "rand2", "set_rng_seed", "sendrecv", "core_barrier"):
     globals()[_name] = _tracer.not_yet(f"nisa.{_name}")
