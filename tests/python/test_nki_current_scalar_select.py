@@ -722,3 +722,39 @@ def test_sequence_bounds(target):
     ids = np.repeat(r.integers(0, 4, size=40), r.integers(1, 6, size=40))[None, :128].astype(np.int32)
     got = run(k_sequence_bounds, target, ids)
     assert np.array_equal(got, segment_runs(ids[0])[None].astype(np.int32))
+
+
+def k_activate2(x, col):
+    """Activation2: exp((x * col) - 0.5) with the row sums, and relu(2 - x) (reverse0)."""
+    t, c = load(x), load(col)
+    a = nl.ndarray(x.shape, nl.float32, buffer=nl.sbuf)
+    sums = nl.ndarray((P, 1), nl.float32, buffer=nl.sbuf)
+    nisa.activate2(dst=a, op=nl.exp, data=t, imm0=c, imm1=0.5, op0=nl.multiply, op1=nl.subtract,
+                   reduce_op=nl.add, reduce_res=sums, reduce_cmd=nisa.reduce_cmd.reset_reduce)
+    b = nl.ndarray(x.shape, nl.float32, buffer=nl.sbuf)
+    nisa.activate2(dst=b, op=nl.relu, data=t, imm0=2.0, imm1=0.0, op0=nl.subtract, op1=nl.bypass, reverse0=True)
+    return store(a), store(sums), store(b)
+
+
+def test_activate2_on_trn3():
+    x, col = normal((P, 32), 267), normal((P, 1), 268)
+    a, sums, b = run(k_activate2, "trn3", x, col)
+    pre = x * col - np.float32(0.5)
+    np.testing.assert_allclose(a, np.exp(pre), rtol=2e-6)
+    np.testing.assert_allclose(sums[:, 0], a.sum(axis=1), rtol=1e-5)
+    assert np.array_equal(b, np.maximum(np.float32(2) - x, 0))
+    with pytest.raises(ValueError, match="NeuronCore-v4"):
+        run(k_activate2, "trn2", x, col)
+
+
+def k_gather_flattened(data, idx):
+    return store(nl.gather_flattened(load(data), load(idx)))
+
+
+@pytest.mark.parametrize("target", V2)
+def test_gather_flattened(target):
+    data = normal((P, 4, 16), 269)
+    idx = rng(270).integers(0, 64, size=(P, 2, 8)).astype(np.uint32)
+    got = run(k_gather_flattened, target, data, idx)
+    want = np.take_along_axis(data.reshape(P, -1), idx.reshape(P, -1).astype(np.int64), axis=1)
+    assert np.array_equal(got, want.reshape(idx.shape))

@@ -12,7 +12,8 @@ CURRENT_ISA = """activation activation_reduce activate2 affine_select bn_aggr bn
 dma_transpose dropout exponential get_nc_version iota local_gather max8 memset nc_find_index8 nc_match_replace8
 nc_matmul nc_matmul_mx nc_n_gather nc_stream_shuffle nc_transpose nonzero_with_count quantize_mx rand2
 rand_get_state rand_set_state range_select reciprocal register_alloc register_load register_move register_store
-rng scalar_tensor_tensor select_reduce sendrecv sequence_bounds set_rng_seed tensor_copy tensor_copy_predicated
+rng scalar_load scalar_store scalar_tensor_tensor select_reduce sendrecv sequence_bounds set_rng_seed
+tensor_copy tensor_copy_predicated
 tensor_partition_reduce tensor_reduce tensor_scalar tensor_scalar_cumulative tensor_scalar_reduce tensor_tensor
 tensor_tensor_scan""".split()
 LANGUAGE = """ndarray zeros ones full empty_like zeros_like ones_like full_like load store copy load_transpose2d
@@ -22,7 +23,7 @@ par_dim spmd_dim nc device_print NKIObject finfo static_cast dropout rand random
 gather_flattened exp log tanh sigmoid gelu gelu_apprx_tanh gelu_apprx_sigmoid gelu_dx gelu_apprx_sigmoid_dx silu
 silu_dx relu rsqrt sqrt square reciprocal sin cos arctan erf erf_dx softplus mish sign abs negative invert
 add subtract multiply divide maximum minimum equal not_equal greater greater_equal less less_equal power
-bitwise_and bitwise_or bitwise_xor left_shift right_shift logical_and logical_or logical_xor logical_not
+bitwise_and bitwise_or bitwise_xor left_shift right_shift logical_and logical_or logical_xor logical_not bypass
 max min sum prod all any""".split()
 TOP = "jit simulate cpu_simulate simulate_kernel baremetal benchmark profile install".split()
 

@@ -45,7 +45,7 @@ BINARY = {n: _binary(n, a) for n, a in (
     ("greater", "is_gt"), ("greater_equal", "is_ge"), ("less", "is_lt"), ("less_equal", "is_le"),
     ("power", "pow"), ("bitwise_and", "bitwise_and"), ("bitwise_or", "bitwise_or"),
     ("bitwise_xor", "bitwise_xor"), ("left_shift", "shift_left"), ("right_shift", "shift_right"),
-    ("abs_max", "abs_max"),
+    ("abs_max", "abs_max"), ("bypass", "bypass"),  # bypass: the first operand (no operation)
     # Booleans as 0 / 1: and = product, or = max, xor = not_equal.
     ("logical_and", "multiply"), ("logical_or", "max"), ("logical_xor", "not_equal"))}
 

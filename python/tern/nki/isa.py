@@ -728,7 +728,35 @@ def sequence_bounds(dst, segment_ids, name=None):
     _emit("sequence_bounds", _core.Engine.gpsimd, [_flat2(dst), _flat2(segment_ids)])
 
 
-for _name in ("rng", "rand2", "rand_set_state", "rand_get_state", "set_rng_seed", "activate2"):
+_ACTIVATE2_PAIRS = {("multiply", "add"), ("multiply", "subtract"), ("multiply", None), ("add", None),
+                    ("subtract", None), (None, None)}
+
+
+@_tracer.status("partial: issued as a Vector tensor_scalar (FP32) then a Scalar activation; reduce_op nl.add "
+                "only; relu_param 0 only")
+def activate2(dst, op, data, imm0, imm1, op0, op1, relu_param=0.0, reverse0=False, reverse1=False,
+              reduce_op=None, reduce_res=None, reduce_cmd=reduce_cmd.idle, engine=None, name=None, **hints):
+    """dst = op((data op0 imm0) op1 imm1) on NeuronCore-v4's Activation2
+    (imm0 / imm1 scalars or [P, 1] columns; nl.bypass / None skips an op);
+    reduce_res / reduce_cmd as nisa.activation."""
+    if _tracer.current().chip.core_version < 4:
+        raise ValueError(f"activate2 needs NeuronCore-v4 (trn3) ({_tracer.kernel_location()})")
+    names = tuple(None if o is None or _ops.resolve(o).alu in (None, "bypass") else _ops.resolve(o).alu
+                  for o in (op0, op1))
+    names = tuple({"mult": "multiply"}.get(n, n) for n in names)
+    if names not in _ACTIVATE2_PAIRS:
+        raise ValueError(f"activate2(op0={op0!r}, op1={op1!r}): the pairs are (multiply, add / subtract / "
+                         f"bypass), (add / subtract, bypass), (bypass, bypass) ({_tracer.kernel_location()})")
+    if _is_tile(relu_param) or float(relu_param) != 0.0:
+        raise NotImplementedError("not supported: activate2(relu_param=...) other than 0.0")
+    tmp = _scratch(data.shape)
+    tensor_scalar(dst=tmp, data=data, op0=op0 if names[0] else nl.add, operand0=imm0 if names[0] else 0.0,
+                  reverse0=reverse0, op1=op1 if names[1] else None, operand1=imm1 if names[1] else None,
+                  reverse1=reverse1)
+    activation(dst=dst, op=op, data=tmp, reduce_op=reduce_op, reduce_res=reduce_res, reduce_cmd=reduce_cmd)
+
+
+for _name in ("rng", "rand2", "rand_set_state", "rand_get_state", "set_rng_seed"):
     globals()[_name] = _tracer.not_yet(f"nisa.{_name}")
 
 for _name, _fn in list(globals().items()):

@@ -551,7 +551,18 @@ def softmax(x, axis, dtype=None, compute_dtype=None, mask=None, **hints):
     return ops["divide"](e, ops["sum"](e, axis=axis, keepdims=True), dtype=dtype or x.dtype)
 
 
-for _name in ("rand", "random_seed", "all_reduce", "gather_flattened"):
+def gather_flattened(data, indices, axis=0, dtype=None, mask=None, **hints):
+    """A new tile of indices' shape: each partition's values of data (its
+    free dims flattened) at that partition's indices (uint32; GpSimd)."""
+    if int(axis) != 0:
+        raise NotImplementedError(f"not supported: gather_flattened(axis={axis}); axis=0 gathers along the "
+                                  "flattened free dims")
+    out = ndarray(indices.shape, dtype or data.dtype, buffer=sbuf)
+    _isa().nc_n_gather(dst=out, data=data, indices=indices)
+    return out
+
+
+for _name in ("rand", "random_seed", "all_reduce"):
     globals()[_name] = _tracer.not_yet(f"nl.{_name}")
 
 # Names that shadow Python builtins inside this module are bound last.
