@@ -64,7 +64,9 @@ constexpr std::array<std::string_view, static_cast<std::size_t>(Opcode::count_)>
     "stream_shuffle",
     "local_gather",
     "core_sync",
-    "sequence_bounds"};
+    "sequence_bounds",
+    "rng",
+    "rng_state"};
 constexpr std::array<std::string_view, static_cast<std::size_t>(AluOp::count_)> kAluNames = {
     "bypass",  "add",         "subtract",   "multiply",    "divide",     "max",         "min",
     "abs_max", "pow",         "is_equal",   "not_equal",   "is_gt",      "is_ge",       "is_lt",

@@ -90,6 +90,16 @@ enum class Opcode : std::uint8_t {
   sequence_bounds,  // gpsimd: for each element of a [1, N] segment-id row, the first index of
                     // its run of equal ids and one past its last (id 0: N and -1); dst
                     // [1, 2N] holds the N starts then the N ends (dst, segment ids)
+  // vector / gpsimd: random numbers from the engine's per-partition XORWOW
+  // states, element by element in free order (sub-state i % k of a lane
+  // with k states). imm2 = 0: the 32-bit outputs' low bits into an integer
+  // dst; imm2 = 1: uniform FP32 in [lo, hi) (imm0 / imm1, or [P, 1] columns
+  // with col0 / col1) rounded to dst's type (dst, [lo], [hi]).
+  rng,
+  // vector / gpsimd: the engine's XORWOW states; imm2 = 0 set from a
+  // [P, 6k] uint32 tile, 1 get into one, 2 seed every lane from the 32-bit
+  // value of a [1, 1] tile (operand: the tile).
+  rng_state,
   count_,
 };
 std::string_view opcode_name(Opcode op);

@@ -282,7 +282,7 @@ PYBIND11_MODULE(_core, m) {
           "emit_op",
           [](Builder& b, const std::string& op, isa::Engine e, const std::vector<Tensor>& operands,
              int alu0, int alu1, float imm0, float imm1, float imm2, float imm3, bool acc,
-             bool col0, bool rev0, bool rev1, std::vector<std::int32_t> table, int func,
+             bool col0, bool col1, bool rev0, bool rev1, std::vector<std::int32_t> table, int func,
              float scale) {
             isa::Instruction in;
             in.func = static_cast<isa::ActFunc>(func);
@@ -298,6 +298,7 @@ PYBIND11_MODULE(_core, m) {
             in.imm3 = imm3;
             in.accumulate = acc;
             in.col0 = col0;
+            in.col1 = col1;
             in.reverse0 = rev0;
             in.reverse1 = rev1;
             in.table = std::move(table);
@@ -306,9 +307,9 @@ PYBIND11_MODULE(_core, m) {
           py::arg("op"), py::arg("engine"), py::arg("operands"), py::arg("alu0") = 0,
           py::arg("alu1") = 0, py::arg("imm0") = 0.0f, py::arg("imm1") = 0.0f,
           py::arg("imm2") = 0.0f, py::arg("imm3") = 0.0f, py::arg("acc") = false,
-          py::arg("col0") = false, py::arg("rev0") = false, py::arg("rev1") = false,
-          py::arg("table") = std::vector<std::int32_t>{}, py::arg("func") = 0,
-          py::arg("scale") = 1.0f)
+          py::arg("col0") = false, py::arg("col1") = false, py::arg("rev0") = false,
+          py::arg("rev1") = false, py::arg("table") = std::vector<std::int32_t>{},
+          py::arg("func") = 0, py::arg("scale") = 1.0f)
       .def("core_sync", [](Builder& b, isa::Engine e, const std::vector<Tensor>& writes,
                            const std::vector<Tensor>& reads) { b.core_sync(e, writes, reads); })
       .def("sync_point", &Builder::sync_point)

@@ -34,6 +34,8 @@ bool engine_allowed(Opcode op, Engine e) {
       return e == Engine::tensor || e == Engine::vector;
     case Opcode::tensor_tensor:
     case Opcode::memset:
+    case Opcode::rng:
+    case Opcode::rng_state:
       return e == Engine::vector || e == Engine::gpsimd;
     case Opcode::tensor_scalar:
     case Opcode::tensor_copy:
@@ -98,7 +100,10 @@ Arity arity(Opcode op) {
     case Opcode::tensor_reduce:
       return {2, 2};
     case Opcode::memset:
+    case Opcode::rng_state:
       return {1, 1};
+    case Opcode::rng:
+      return {1, 3};  // dst, [lo column], [hi column]
     case Opcode::activation:
       return {2, 4};  // dst, src, [bias [P,1]], [row sums [P,1] if acc]
     case Opcode::iota:

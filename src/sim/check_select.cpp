@@ -148,6 +148,36 @@ std::string select_rules(const arch::ChipSpec& chip, const isa::Instruction& in)
       if (d.dtype != src.dtype) return "local_gather keeps the source dtype";
       return {};
     }
+    case Opcode::rng: {
+      const bool uniform = in.imm2 != 0.0f;
+      if (!uniform && (isa::is_float(d.dtype) || isa::size_bytes(d.dtype) > 4))
+        return fmt::format("rng writes 8-, 16- or 32-bit integers, not {}", isa::name(d.dtype));
+      if (in.engine == isa::Engine::gpsimd && chip.core_version < 3)
+        return "rng on the GpSimd engine needs NeuronCore-v3 or later";
+      if (in.engine == isa::Engine::gpsimd && d.mem != isa::Mem::sbuf)
+        return "the GpSimd engine writes its random numbers to SBUF";
+      for (int i = 1; i < nops; ++i)
+        if (auto e = column(in.operands[i], d.rows(), "a range bound"); !e.empty()) return e;
+      if (nops != 1 + (in.col0 ? 1 : 0) + (in.col1 ? 1 : 0))
+        return "rng's bound columns go with col0 / col1";
+      return {};
+    }
+    case Opcode::rng_state: {
+      if (in.imm2 == 2.0f) {  // set_rng_seed: the Vector engine's seed, every version
+        if (d.rows() != 1 || d.free_size() != 1 || isa::size_bytes(d.dtype) != 4)
+          return "the seed is a [1, 1] tile of one 32-bit value";
+        return {};
+      }
+      if (chip.core_version < 3) return "the rand state instructions need NeuronCore-v3 or later";
+      const int words = 6 * (in.engine == isa::Engine::vector && chip.core_version >= 4 ? 4 : 1);
+      if (d.dtype != DType::uint32 || d.free_size() != words)
+        return fmt::format("the {} engine's rand state is [P, {}] uint32, got [{}, {}] {}",
+                           isa::engine_name(in.engine), words, d.rows(), d.free_size(),
+                           isa::name(d.dtype));
+      if (in.engine == isa::Engine::gpsimd && d.mem != isa::Mem::sbuf)
+        return "the GpSimd engine's rand state moves through SBUF";
+      return {};
+    }
     case Opcode::sequence_bounds: {
       const auto& ids = in.operands[1];
       auto fp32_or_int32 = [](DType t) { return t == DType::fp32 || t == DType::int32; };

@@ -76,6 +76,10 @@ double CostModel::cycles(const isa::Instruction& in, bool dependent) const {
       c = (half ? ns / 2.0 : ns) * penalty;
       break;
     }
+    case Opcode::rng:  // one element per lane and cycle, as a memset
+    case Opcode::rng_state:
+      c = std::max(min_ii, n * penalty);
+      break;
     case Opcode::memset: {
       const bool half = in.imm0 == 0.0f && isa::size_bytes(d.dtype) == 2;
       c = std::max(min_ii, (half ? n / 2.0 : n) * penalty);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -15,6 +16,7 @@
 #include <fmt/format.h>
 #include <omp.h>
 
+#include "num/xorwow.h"
 #include "sim/memory.h"
 #include "sim/simulator.h"
 #include "sim/walk.h"
@@ -69,10 +71,29 @@ struct Simulator::Impl {
   };
   std::vector<Stationary> stationary;
   // Per core: the Scalar engine's reduce registers (activation reduce_cmd).
-  std::map<int, std::vector<float>> act_regs;
+  std::vector<std::vector<float>> act_regs;
   // Per core: the Vector engine's accumulators (select_reduce, range_select,
   // exponential reduce_cmd), shared by those instructions as on the hardware.
-  std::map<int, std::vector<float>> vec_regs;
+  std::vector<std::vector<float>> vec_regs;
+  // Per core, for the Vector [0] and GpSimd [1] engines: each lane's XORWOW
+  // states (lane-major; empty until first used: seed 0).
+  std::vector<std::array<std::vector<num::Xorwow>, 2>> rng_states;
+
+  // Per-core state for `n` cores (sized before a run: replays run cores on
+  // threads of their own, so nothing is inserted while they run).
+  void set_cores(int n) {
+    const auto u = static_cast<std::size_t>(n);
+    stationary.resize(u);
+    act_regs.resize(u);
+    vec_regs.resize(u);
+    rng_states.resize(u);
+  }
+  // Sub-states per lane: four on NeuronCore-v4's Vector engine (its 24-word
+  // rand state), one elsewhere (6 words).
+  int rng_substates(isa::Engine e) const {
+    return e == isa::Engine::vector && s.chip_.core_version >= 4 ? 4 : 1;
+  }
+  std::vector<num::Xorwow>& rng_lanes(int core, isa::Engine e);
 
   // Applies reduce command `cmd` (imm2: 0 this instruction's values, 1 reset
   // to `reset`, 2 combine with `combine`, 3 keep, 4 load `init` then combine)
@@ -262,6 +283,8 @@ struct Simulator::Impl {
   void tensor_state(int core, const Instruction& in);
   void check_pairing(const Stationary& st, const AccessPattern& mv);
   void execute_select(int core, const Instruction& in);
+  void execute_rng(int core, const Instruction& in);
+  void execute_rng_state(int core, const Instruction& in);
   void tensor_scalar_reversed(int core, const Instruction& in);
 
   void op_dma_copy(int core, const Instruction& in);

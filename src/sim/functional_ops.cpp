@@ -100,6 +100,8 @@ void Simulator::Impl::execute(int core, const Instruction& in) {
     case Opcode::stream_shuffle:
     case Opcode::local_gather:
     case Opcode::sequence_bounds:
+    case Opcode::rng:
+    case Opcode::rng_state:
       execute_select(core, in);
       break;
     case Opcode::dma_gather:

@@ -156,6 +156,12 @@ void Simulator::Impl::execute_select(int core, const Instruction& in) {
       write(core, d, out);
       break;
     }
+    case Opcode::rng:
+      execute_rng(core, in);
+      break;
+    case Opcode::rng_state:
+      execute_rng_state(core, in);
+      break;
     case Opcode::sequence_bounds: {
       const Floats ids = read(core, ops[1], "the segment ids");
       Floats out(2 * ids.size());
@@ -166,6 +172,78 @@ void Simulator::Impl::execute_select(int core, const Instruction& in) {
     default:
       break;
   }
+}
+
+std::vector<num::Xorwow>& Simulator::Impl::rng_lanes(int core, isa::Engine e) {
+  auto& lanes = rng_states[static_cast<std::size_t>(core)][e == isa::Engine::vector ? 0 : 1];
+  if (lanes.empty()) {
+    const int k = rng_substates(e);
+    for (int p = 0; p < s.chip_.sbuf_partitions; ++p)
+      for (int j = 0; j < k; ++j)
+        lanes.push_back(
+            num::Xorwow::seeded(0, static_cast<std::uint32_t>(p), static_cast<std::uint32_t>(j)));
+  }
+  return lanes;
+}
+
+// Random numbers: partition r of dst draws from lane start + r, element i
+// from that lane's sub-state i % k.
+void Simulator::Impl::execute_rng(int core, const Instruction& in) {
+  const auto& ops = in.operands;
+  const AccessPattern& d = ops[0];
+  auto& lanes = rng_lanes(core, in.engine);
+  const std::size_t k = static_cast<std::size_t>(rng_substates(in.engine));
+  const std::size_t f = static_cast<std::size_t>(d.free_size());
+  const bool uniform = in.imm2 != 0.0f;
+  std::size_t next = 1;
+  const Floats lo = uniform && in.col0 ? read(core, ops[next++], "the minimum") : Floats{};
+  const Floats hi = uniform && in.col1 ? read(core, ops[next++], "the maximum") : Floats{};
+  Floats v(uniform ? static_cast<std::size_t>(d.rows()) * f : 0);
+  std::vector<std::int64_t> bits(uniform ? 0 : static_cast<std::size_t>(d.rows()) * f);
+  for (std::size_t r = 0; r < static_cast<std::size_t>(d.rows()); ++r) {
+    num::Xorwow* lane = &lanes[(static_cast<std::size_t>(d.start_partition) + r) * k];
+    const float a = in.col0 ? lo[r] : in.imm0, b = in.col1 ? hi[r] : in.imm1;
+    for (std::size_t i = 0; i < f; ++i) {
+      const std::uint32_t x = lane[i % k].next();
+      if (uniform)
+        v[r * f + i] = a + num::unit_float(x) * (b - a);
+      else
+        bits[r * f + i] = x;
+    }
+  }
+  if (uniform)
+    write(core, d, v);
+  else
+    write_int(core, d, bits);
+}
+
+// The lanes' states as [P, 6k] uint32 words (set, get), or every lane
+// seeded from one 32-bit value.
+void Simulator::Impl::execute_rng_state(int core, const Instruction& in) {
+  const AccessPattern& t = in.operands[0];
+  auto& lanes = rng_lanes(core, in.engine);
+  const std::size_t k = static_cast<std::size_t>(rng_substates(in.engine));
+  const int mode = static_cast<int>(in.imm2);
+  if (mode == 2) {
+    const auto seed = static_cast<std::uint32_t>(read_int(core, t, "the seed")[0]);
+    for (std::size_t p = 0; p < lanes.size() / k; ++p)
+      for (std::size_t j = 0; j < k; ++j)
+        lanes[p * k + j] =
+            num::Xorwow::seeded(seed, static_cast<std::uint32_t>(p), static_cast<std::uint32_t>(j));
+    return;
+  }
+  const std::size_t words = 6 * k, p0 = static_cast<std::size_t>(t.start_partition);
+  if (mode == 0) {
+    const auto w = read_int(core, t, "the rand state");
+    for (std::size_t r = 0; r < static_cast<std::size_t>(t.rows()); ++r)
+      for (std::size_t i = 0; i < words; ++i)
+        lanes[(p0 + r) * k + i / 6].s[i % 6] = static_cast<std::uint32_t>(w[r * words + i]);
+    return;
+  }
+  std::vector<std::int64_t> w(static_cast<std::size_t>(t.rows()) * words);
+  for (std::size_t r = 0; r < static_cast<std::size_t>(t.rows()); ++r)
+    for (std::size_t i = 0; i < words; ++i) w[r * words + i] = lanes[(p0 + r) * k + i / 6].s[i % 6];
+  write_int(core, t, w);
 }
 
 }  // namespace tern::sim

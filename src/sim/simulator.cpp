@@ -283,7 +283,7 @@ RunStats Simulator::replay(const Recording& rec, const Options& opt) {
   if (t <= 1) {
     Impl impl(*this, opt);
     impl.sram_flags = rec.data_dependent_writes;
-    impl.stationary.resize(static_cast<std::size_t>(ncores));
+    impl.set_cores(ncores);
     std::uint64_t serial = 0;
     std::exception_ptr error;
     run_steps(impl, rec.steps, serial, error);
@@ -300,7 +300,7 @@ RunStats Simulator::replay(const Recording& rec, const Options& opt) {
   {
     Impl impl(*this, opt);
     impl.sram_flags = rec.data_dependent_writes;
-    impl.stationary.resize(static_cast<std::size_t>(ncores));
+    impl.set_cores(ncores);
 #pragma omp for schedule(dynamic, 1)
     for (std::size_t i = 0; i < busy.size(); ++i)
       run_steps(impl, rec.per_core[static_cast<std::size_t>(busy[i])], serials[i], errors[i]);
@@ -352,7 +352,7 @@ RunStats Simulator::run(const Options& opt) {
   std::vector<Ranges> hbm_writes(static_cast<std::size_t>(ncores)),
       hbm_reads(static_cast<std::size_t>(ncores));
   Impl impl(*this, opt);
-  impl.stationary.resize(ncores);
+  impl.set_cores(static_cast<int>(ncores));
   RunStats& st = impl.stats;
   st.engines.resize(ncores);
 

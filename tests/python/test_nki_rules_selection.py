@@ -136,16 +136,6 @@ def test_dropout_at_rates_zero_and_one(rate):
     assert np.array_equal(k(a), a * (1.0 - rate))
 
 
-def test_dropout_at_other_rates_says_not_supported():
-    @nki.jit
-    def k(a):
-        t = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
-        nisa.dropout(dst=t, data=t, prob=0.5)
-
-    with pytest.raises(NotImplementedError, match="not supported: nisa.dropout"):
-        k(np.zeros((128, 4), dtype=np.float32))
-
-
 def test_integer_immediates_beyond_float32_on_float_data_say_not_supported():
     @nki.jit
     def k(a):

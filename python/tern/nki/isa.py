@@ -701,20 +701,9 @@ def local_gather(dst, src_buffer, index, num_elem_per_idx=1, num_valid_indices=N
           imm0=float(num_elem_per_idx), imm1=float(valid))
 
 
-@_tracer.status("partial: prob 0.0 (a copy) and 1.0 (zeros) only: tern has no model of the hardware's random "
-                "numbers")
-def dropout(dst, data, prob, name=None):
-    """dst = data with each element zeroed with probability prob."""
-    p = None if _is_tile(prob) else float(prob)
-    if p == 0.0:
-        tensor_copy(dst=dst, src=data)
-    elif p == 1.0:
-        memset(dst=dst, value=0.0)
-    else:
-        raise NotImplementedError(f"not supported: nisa.dropout(prob={prob!r}): tern has no model of the "
-                                  "hardware's random numbers (prob 0.0 and 1.0 work)")
-
-
+# Random numbers live in _isa_random.
+from tern.nki._isa_random import (dropout, rand2, rand_get_state, rand_set_state, rng,  # noqa: E402,F401
+                                  set_rng_seed)
 # Cross-core synchronization and sequencer registers live in _isa_control.
 from tern.nki._isa_control import (core_barrier, register_alloc, register_load,  # noqa: E402,F401
                                    register_move, register_store, scalar_load, scalar_store, sendrecv,
@@ -756,8 +745,6 @@ def activate2(dst, op, data, imm0, imm1, op0, op1, relu_param=0.0, reverse0=Fals
     activation(dst=dst, op=op, data=tmp, reduce_op=reduce_op, reduce_res=reduce_res, reduce_cmd=reduce_cmd)
 
 
-for _name in ("rng", "rand2", "rand_set_state", "rand_get_state", "set_rng_seed"):
-    globals()[_name] = _tracer.not_yet(f"nisa.{_name}")
 
 for _name, _fn in list(globals().items()):
     if callable(_fn) and not _name.startswith("_") and getattr(_fn, "__module__", None) == __name__ \

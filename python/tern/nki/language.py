@@ -562,7 +562,31 @@ def gather_flattened(data, indices, axis=0, dtype=None, mask=None, **hints):
     return out
 
 
-for _name in ("rand", "random_seed", "all_reduce"):
+_RANDOM = ("partial: XORWOW per partition on the Vector engine; seeding and float conversion are tern's "
+           "(reproducible, not the hardware's bits)")
+
+
+@_tracer.status(_RANDOM)
+def rand(shape, dtype=float32, buffer=None, name="", **hints):
+    """A new tile of uniform random values in [0, 1)."""
+    from tern.nki import _isa_random
+    t = ndarray(shape, dtype, buffer=buffer or sbuf)
+    _isa_random.uniform(t, 0.0, 1.0)
+    return t
+
+
+@_tracer.status(_RANDOM)
+def random_seed(seed, mask=None, **hints):
+    """Seeds rand() (the Vector engine's generator) from a [1, 1] tile or a
+    32-bit int."""
+    if not isinstance(seed, NkiTensor):
+        value = int(seed)
+        seed = ndarray((1, 1), uint32, buffer=sbuf)
+        _isa().memset(dst=seed, value=value)
+    _isa().set_rng_seed(seed)
+
+
+for _name in ("all_reduce",):
     globals()[_name] = _tracer.not_yet(f"nl.{_name}")
 
 # Names that shadow Python builtins inside this module are bound last.
