@@ -139,7 +139,7 @@ Tensor Builder::alloc(Mem mem, int partitions, std::int64_t free, DType dtype,
     at = std::max(at, a.hi);
   }
   if (!found) at = place(at);
-  if (!found && cap - at < bytes) {
+  if (!found && cap - at < bytes && !overcommit_) {
     throw Error(
         fmt::format("{}: {} allocation of {} bytes per partition does not fit: {} of {} bytes "
                     "per partition are in use (capacity)",

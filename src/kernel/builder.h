@@ -65,6 +65,10 @@ class Builder {
   // PSUM tiles of at most a bank share banks (each stays inside one),
   // as NKI's allocator places them; off: every PSUM tile starts a bank.
   void set_psum_packing(bool on) { psum_packing_ = on; }
+  // With overcommit, SBUF / PSUM allocations past the capacity succeed (at
+  // addresses beyond it): a trace that only measures tiles' lifetimes, never
+  // run (the program's rule checks refuse those addresses).
+  void set_overcommit(bool on) { overcommit_ = on; }
   int core() const { return core_; }
 
   // ---- instructions (each records the caller's source location)
@@ -232,6 +236,7 @@ class Builder {
   std::vector<std::vector<std::vector<std::int64_t>>> known_;  // [core][engine][sem] waited
   int next_queue_ = 0;
   bool psum_packing_ = false;
+  bool overcommit_ = false;
   struct SyncWait {
     int core, engine;
     std::size_t index;

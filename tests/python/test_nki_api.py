@@ -244,3 +244,49 @@ def test_as_nki_one_liner_runs_an_unmodified_kernel(tmp_path):
     out = subprocess.run([sys.executable, "-c", f"import tern.nki.as_nki; exec(open(r'{kernel}').read())"],
                          capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "ok"
+
+
+@nki.jit
+def holds_dead_psum(x):
+    """A PSUM tile used once and still bound while the kernel asks for all eight banks: the NKI
+    compiler allocates by liveness, so this fits."""
+    out = nl.ndarray((128, 512), nl.float32, buffer=nl.shared_hbm)
+    xs = nl.ndarray((128, 128), nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=xs, src=x)
+    early = nl.ndarray((128, 128), nl.float32, buffer=nl.psum)
+    nisa.nc_transpose(dst=early, data=xs)
+    ys = nl.ndarray((128, 128), nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=ys, src=early)
+    banks = [nl.ndarray((128, 512), nl.float32, buffer=nl.psum) for _ in range(8)]
+    acc = nl.ndarray((128, 512), nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=acc, value=0.0)
+    for i, b in enumerate(banks):
+        nisa.memset(dst=b, value=float(i))
+        nisa.tensor_tensor(dst=acc, data1=acc, data2=b, op=nl.add)
+    nisa.tensor_tensor(dst=acc[:, 0:128], data1=acc[:, 0:128], data2=ys, op=nl.add)
+    nisa.dma_copy(dst=out, src=acc)
+    return out
+
+
+@nki.jit
+def nine_live_banks(x):
+    """Nine PSUM banks all used at the end: no allocation can fit them."""
+    out = nl.ndarray((128, 512), nl.float32, buffer=nl.shared_hbm)
+    banks = [nl.ndarray((128, 512), nl.float32, buffer=nl.psum) for _ in range(9)]
+    acc = nl.ndarray((128, 512), nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=acc, value=0.0)
+    for b in banks:
+        nisa.memset(dst=b, value=1.0)
+    for b in banks:
+        nisa.tensor_tensor(dst=acc, data1=acc, data2=b, op=nl.add)
+    nisa.dma_copy(dst=out, src=acc)
+    return out
+
+
+def test_tiles_free_after_their_last_use_when_memory_is_full():
+    x = np.random.default_rng(5).standard_normal((128, 128)).astype(np.float32)
+    got = holds_dead_psum(x)
+    assert np.array_equal(got[:, 128:], np.full((128, 384), 28.0, np.float32))
+    assert np.array_equal(got[:, :128], np.float32(28.0) + x.T)
+    with pytest.raises(nki.TernError, match="psum allocation of 2048 bytes per partition does not fit"):
+        nine_live_banks(x)

@@ -142,12 +142,28 @@ class Kernel:
         """Traces the kernel for one rank: (trace, result, [Input]); a
         register_load is resolved by simulating the kernel up to it, then
         tracing again with its value known (_registers.py)."""
-        known = []
+        known, lifetimes = [], None
         while True:
             try:
-                return self._trace_once(chip, rank, ranks, args, kwargs, known)
+                return self._trace_once(chip, rank, ranks, args, kwargs, known, lifetimes)
             except _registers.NeedValue as need:
                 known.append(self._register_value(chip, need))
+            except _core.TernError as e:
+                # SBUF / PSUM full while the kernel still holds tiles it will
+                # not use again: the NKI compiler allocates by liveness, so
+                # tern measures every tile's last use in a trace that may
+                # overcommit, then traces again freeing tiles after it.
+                if lifetimes is not None or "does not fit" not in str(e):
+                    raise
+                lifetimes = self._lifetimes(chip, rank, ranks, args, kwargs, known)
+                if lifetimes is None:
+                    raise
+
+    def _lifetimes(self, chip, rank, ranks, args, kwargs, known):
+        try:
+            return self._trace_once(chip, rank, ranks, args, kwargs, known, None, overcommit=True)
+        except (_registers.NeedValue, _core.TernError):
+            return None
 
     def _register_value(self, chip, need):
         if self.mode == "timing":
@@ -167,9 +183,11 @@ class Kernel:
         value = _io.decode(sim.read_bytes(need.name), need.dtype, (1,), False)
         return int(_io.to_float32(value)[0]) if isinstance(value, _io.Bits) else int(value[0])
 
-    def _trace_once(self, chip, rank, ranks, args, kwargs, known):
+    def _trace_once(self, chip, rank, ranks, args, kwargs, known, lifetimes, overcommit=False):
         tr = _tracer.Trace(chip, self.grid, rank, ranks)
-        tr.register_values = known
+        tr.register_values, tr.lifetimes = known, lifetimes
+        if overcommit:
+            tr.set_overcommit()
         inputs = []
         with tr:
             bound = self._bind(args, kwargs)
@@ -194,6 +212,8 @@ class Kernel:
             except _registers.NeedValue as need:
                 need.trace, need.inputs = tr, inputs + self._constants(tr)
                 raise
+            if overcommit:
+                return tr.recorded
             tr.finish()
         inputs += self._constants(tr)
         names = {i.name for i in inputs}

@@ -326,6 +326,7 @@ class NkiTensor:
         """The C++ view handed to the builder (Empty when it has no elements)."""
         if self._alloc is not None:
             self._alloc.check_live()
+            self._alloc.trace.note_use(self._alloc)
         elif self.name is not None and self.is_hbm:
             _tracer.current().touched[-1].add(self.name)  # a collective's part waits for it
         if self._np == 0 or any(c == 0 for _, c in self._free):

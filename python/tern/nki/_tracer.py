@@ -2,6 +2,7 @@
 import math
 import os
 import sys
+import weakref
 
 from tern import _core
 
@@ -64,6 +65,18 @@ class Allocation:
         self.trace, self.base, self.free = trace, base, free  # free: elements per partition
         self.builder = trace.builder  # a collective starts a new one (Trace.cut)
         self.matmul_written = set()  # views of this PSUM tile a matmul already wrote
+        self.seq = trace.alloc_seq  # creation order: the same in every trace of the kernel
+        trace.alloc_seq += 1
+        self.core = trace.program_id % max(trace.cores, 1)
+        self.released = False
+        trace.note_use(self)
+        if trace.lifetimes is not None:
+            trace.live.append(weakref.ref(self))
+
+    def release(self):
+        if not self.released:
+            self.released = True
+            self.builder.release(self.base)
 
     def check_live(self):
         """SBUF and PSUM do not survive a collective: tern runs a kernel's parts
@@ -76,7 +89,7 @@ class Allocation:
 
     def __del__(self):
         if _current is self.trace and self.trace.open and self.builder is self.trace.builder:
-            self.trace.builder.release(self.base)
+            self.release()
 
 
 class Trace:
@@ -91,6 +104,7 @@ class Trace:
         # Programs beyond the chip's cores run one after another on the cores
         # they share (program i on core i mod cores).
         self.cores = min(self.programs, chip.cores)
+        self.overcommit = False  # set_overcommit(): a lifetimes-only trace
         self.builder = _core.Builder(chip, self.cores, 1)
         self.builder.set_psum_packing(True)
         self.rank, self.ranks = rank, ranks
@@ -109,6 +123,16 @@ class Trace:
         self.constants = []  # (hidden HBM input, array, dtype) of nl.shared_constant
         self.register_values = []  # register_load results known so far (_registers.py)
         self.register_loads = 0
+        # Tiles' lifetimes, as the NKI compiler allocates by liveness: each
+        # at() is an event; an allocation's last use is the event of the last
+        # instruction naming it. A trace that recorded them (recorded: seq ->
+        # event) lets the next one free a tile after its last use even while
+        # the kernel still holds it (lifetimes; live: weakrefs).
+        self.at_count = 0
+        self.alloc_seq = 0
+        self.recorded = {}
+        self.lifetimes = None
+        self.live = []
 
     def __enter__(self):
         global _current
@@ -125,8 +149,35 @@ class Trace:
 
     def at(self):
         """Points the builder at the kernel line making the current call."""
+        self.at_count += 1
         self.builder.set_location(kernel_location())
         return self.builder
+
+    def set_overcommit(self):
+        self.overcommit = True
+        self.builder.set_overcommit(True)
+
+    def note_use(self, alloc):
+        self.recorded[alloc.seq] = self.at_count
+
+    def free_dead(self):
+        """Releases the tiles whose last use (in the recorded lifetimes) is an
+        instruction already emitted: the one before the current event at the
+        latest (the current one may still be naming its operands)."""
+        if self.lifetimes is None:
+            return
+        core = self.program_id % max(self.cores, 1)
+        keep = []
+        for ref in self.live:
+            a = ref()
+            if a is None or a.released:
+                continue
+            last = self.lifetimes.get(a.seq)
+            if a.core == core and a.builder is self.builder and last is not None and last <= self.at_count - 2:
+                a.release()
+            else:
+                keep.append(ref)
+        self.live = keep
 
     def declare_hbm(self, name, shape, dtype, output):
         """A named HBM tensor of the kernel (it carries over collectives)."""
@@ -152,6 +203,7 @@ class Trace:
         self.touched.append(set())
         self.builder = _core.Builder(self.chip, self.cores, 1)
         self.builder.set_psum_packing(True)
+        self.builder.set_overcommit(self.overcommit)
         self.builder.set_core(0)
         for name, shape, dtype, output, base in self.hbm_decls:
             again = self.builder.hbm(name, list(shape), dtype, output)

@@ -134,6 +134,7 @@ def ndarray(shape, dtype=None, buffer=None, name=None, address=None, **hints):
         t = NkiTensor(base, buffer, dtype, 0, shape[0], 0, _row_major(shape), name, 0,
                       _tracer.Allocation(tr, base, free))
         return t
+    tr.free_dead()
     base = b.sbuf(shape[0], free, dtype) if buffer is sbuf else b.psum(shape[0], free, dtype)
     return NkiTensor(base, buffer, dtype, 0, shape[0], 0, _row_major(shape), name, 0,
                      _tracer.Allocation(tr, base, free))
