@@ -1,5 +1,5 @@
-// Graph compiler benchmark (issue 6, acceptance 3: compiling the 12-layer
-// GPT-2-small training step takes under 10 s on the development machine).
+// Graph compiler benchmark (goal: compiling the 12-layer GPT-2-small
+// training step takes under 10 s on the development machine).
 //
 //   ./build/bench/bench_compile
 //

@@ -1,4 +1,4 @@
-"""Tracing overhead of tern.nki (issue 4): trace + simulate, timing only, an
+"""Tracing overhead of tern.nki: trace + simulate, timing only, an
 NKI kernel of about 10^4 instructions; goal < 1 s on the development machine.
 
     PYTHONPATH=build/python /usr/bin/python3 bench/nki_trace_bench.py

@@ -1,4 +1,4 @@
-// Array conversion throughput (issue 2): FP32 -> BF16, FP32 -> E4M3 and
+// Array conversion throughput: FP32 -> BF16, FP32 -> E4M3 and
 // MXFP8 quantization, each as a ratio to memcpy of the same input bytes
 // measured in the same run (ratio 1.0 = as fast as copying the input).
 //

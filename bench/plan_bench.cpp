@@ -1,4 +1,4 @@
-// Planner speed: layouts evaluated per second (issue 8's goal: >= 100,000),
+// Planner speed: layouts evaluated per second (goal: >= 100,000),
 // measured as the search for a 70B Llama-style model on 1024 Trainium3
 // chips (trn3-ultraserver-gen1 x 16), and one layout's estimate alone.
 // The baseline in the same run is one fabric::best() call, the planner's

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Regenerates bench/RESULTS.md: the kernel library's targets (issue #5) on
+"""Regenerates bench/RESULTS.md: the kernel library's targets on
 simulated trn3, measured by `tern bench kernel` (timing mode) in one run.
 
 Usage: /usr/bin/python3 bench/results.py [--tern build/tern] [--out bench/RESULTS.md]
@@ -97,7 +97,7 @@ trn3 chip unless the kernel's defaults say otherwise; flash attention's
 defaults: batch 1, 8 heads, 8 cores). Percentages: useful FLOPs over the
 Tensor-engine peak of the kernel's dtype, or HBM bytes over the chip's
 4.9 TB/s. Engine busy: core 0, Tensor / Vector / Scalar / GpSimd %.
-Targets from issue #5; {met} met, {missed} missed (the reasons for each miss
+Kernel-library targets: {met} met, {missed} missed (the reasons for each miss
 are in the section below the table).
 
 | kernel | command | latency (us) | result | target | | busy T/V/S/G % |

@@ -1,4 +1,4 @@
-// Simulator benchmarks (issue 3). Each figure is a ratio to a baseline
+// Simulator benchmarks. Each figure is a ratio to a baseline
 // measured in the same run, or a simulated-time ratio to an analytic bound.
 //
 //   ./build/bench/bench_sim            # all measurements, a table at the end

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """tern train against PyTorch on the CPU, and the simulated MFU of a GPT-2
-small step (issue 7, acceptance 4). Writes bench/TRAIN.md.
+small step. Writes bench/TRAIN.md.
 
 1. Wall time per step of the README's default model (GPT-2 style, 2 layers,
    dim 128, 2 heads, char vocab 65, batch 8 x 128, AdamW, clipping) in
@@ -146,7 +146,7 @@ def main():
     mx_med, mx_best = next(ms for name, ms, _ in rows if name == "tern mxfp8")
     r_med, r_best = mx_med / torch_ms[0], mx_best / torch_ms[1]
     verdict = lambda r: "met" if r <= 2.0 else "missed"
-    lines += ["", "Goal (issue 7): tern mxfp8 <= 2x PyTorch fp32. By the median step: %.2fx, %s; "
+    lines += ["", "Goal: tern mxfp8 <= 2x PyTorch fp32. By the median step: %.2fx, %s; "
               "by the best step: %.2fx, %s. PyTorch's median on 2 threads carries its "
               "scheduling spikes on this host (its best steps match its steady 1-thread speed), "
               "so both are shown. tern's step is about 200 kernel launches of simulated "

@@ -74,7 +74,7 @@ graph::Model build(const Args& a) {
 }
 
 void run(Args a) {
-  if (a.report) a.estimate = true;  // the report includes the time estimate (issue 6)
+  if (a.report) a.estimate = true;  // the report includes the time estimate
   const bool is_recipe = a.autocast == "bf16" || a.autocast == "fp8-hybrid" ||
                          a.autocast == "mxfp8" || a.autocast == "mxfp4";
   graph::AutocastOptions ac = is_recipe ? graph::recipe(a.autocast, a.mx_policy)

@@ -1,5 +1,5 @@
 // tern data: tokenizes a text file into token shards (llm.c .bin format)
-// for `tern train` (issue 7).
+// for `tern train`.
 #include <cstdio>
 #include <filesystem>
 #include <memory>

@@ -48,9 +48,8 @@ class Lowerer {
   int out(int n) const { return node(n).outputs[0]; }
 
   [[noreturn]] void unsupported(int n, const std::string& why = {}) const {
-    throw NotSupported(fmt::format("lowering {} %{}{} (graph lowering is in progress, issue 6)",
-                                   op_name(node(n).op), val(out(n)).name,
-                                   why.empty() ? "" : ": " + why));
+    throw NotSupported(fmt::format("lowering {} %{}{} (not lowered yet)", op_name(node(n).op),
+                                   val(out(n)).name, why.empty() ? "" : ": " + why));
   }
 
   // The group's nodes other than views.

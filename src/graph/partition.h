@@ -1,4 +1,4 @@
-// Parts of a graph: what a pipeline stage runs (issue 9).
+// Parts of a graph: what a pipeline stage runs.
 #pragma once
 
 #include <string>

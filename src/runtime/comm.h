@@ -1,4 +1,4 @@
-// The host processes a simulation spreads over (issue 9): one process, or
+// The host processes a simulation spreads over: one process, or
 // the ranks of `mpirun -np R` (OpenMPI). Each rank simulates a subset of the
 // chips; the real bytes of a collective's inputs travel between ranks over
 // MPI so that every rank can compute the collective's result in the

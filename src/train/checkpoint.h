@@ -1,4 +1,4 @@
-// Training checkpoints (issue 7): one file per checkpoint holding the run's
+// Training checkpoints: one file per checkpoint holding the run's
 // whole state (weights, optimizer moments and masters, data position, step,
 // recipe state), written atomically and checked on load.
 //

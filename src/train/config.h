@@ -1,4 +1,4 @@
-// What `tern train` trains and how (issue 7): the model, the data, the
+// What `tern train` trains and how: the model, the data, the
 // optimizer, the precision recipe, the numeric-health policies, checkpoints
 // and the faults injected for tests. Every field has a default (the README's
 // main job); a TOML file (`tern train --config FILE`) sets any of them by

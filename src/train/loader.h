@@ -1,4 +1,4 @@
-// Batches from a token stream for training (issue 7). An epoch visits every
+// Batches from a token stream for training. An epoch visits every
 // window of seq + 1 tokens starting at a multiple of seq (inputs are the
 // first seq tokens, targets the next token of each), in an order shuffled
 // per epoch from the seed; batches take the next `batch` windows of that

@@ -1,4 +1,4 @@
-// Character-level tokenizer (issue 7): the vocabulary is the sorted set of
+// Character-level tokenizer: the vocabulary is the sorted set of
 // distinct bytes of a corpus (nanoGPT's char-level Shakespeare: 65 symbols),
 // token i is the i-th byte of that set. Saved as JSON beside the shards.
 #pragma once

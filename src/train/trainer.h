@@ -1,4 +1,4 @@
-// The training loop (issue 7): a GPT-2- or Llama-style model on char-level
+// The training loop: a GPT-2- or Llama-style model on char-level
 // text, trained on a simulated chip under a precision recipe.
 //
 // A step is two compiled programs on two runtime Sessions, as a framework

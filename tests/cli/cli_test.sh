@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# End-to-end checks of the `tern` CLI: the acceptance answers of issue 2,
+# End-to-end checks of the `tern` CLI: the number formats,
 # --help everywhere, and one-line errors with a non-zero exit for bad input.
 # Usage: cli_test.sh path/to/tern path/to/data
 set -u
@@ -132,7 +132,7 @@ printf '[chip\nname = 1\n' >"$tmp/syntax.toml"
 expect_err "TOML syntax error" info --arch "$tmp/syntax.toml"
 expect_err "no such hardware description file" info --arch "$tmp/absent.toml"
 
-# Issue 3: tern bench matmul and tern run
+# tern bench matmul and tern run
 for cmd in run bench "bench matmul"; do
   # shellcheck disable=SC2086
   expect_ok "Usage|Options" $cmd --help
@@ -173,7 +173,7 @@ expect_err "expected NAME=FILE" run "$tmp/mm.tern" --input b
 expect_err "not supported: matmul with int8 inputs" bench matmul --dtype int8 --m 8 --n 8 --k 8
 expect_err "float8_e4m3fn is not a trn2 (NeuronCore-v3) data type" bench matmul --arch trn2 --dtype fp8_e4m3 --m 8 --n 8 --k 8
 expect_err "M, N, K must be >= 1" bench matmul --m 0
-# Issue 5 (part): fused epilogues, checked and timed against the unfused chain.
+# Fused epilogues, checked and timed against the unfused chain.
 expect_json 'j["check"]["bit_exact"] and j["kernel"]["epilogue"] == "bias,gelu" and j["unfused"]["fused_speedup"] > 1.2 and len(j["unfused"]["kernels"]) == 3' bench matmul --m 512 --n 512 --k 512 --epilogue bias,gelu --compare-unfused --json
 expect_json 'j["check"]["bit_exact"]' bench matmul --m 130 --n 300 --k 256 --dtype mxfp8 --out bf16 --epilogue scale=0.25,bias,silu,residual --json
 expect_ok "fused is [0-9.]+x faster" bench matmul --m 256 --n 256 --k 256 --epilogue gelu_tanh --compare-unfused
@@ -215,7 +215,7 @@ expect_err "unknown dtype 'bf17'" bench matmul --dtype bf17
 expect_err "--check 'maybe'" bench matmul --check maybe --m 8 --n 8 --k 8
 expect_err "a kernel for 9 cores, but trn3 has 8" bench matmul --cores 9 --m 8 --n 8 --k 8
 
-# tern compile: fusion report, HBM plan, fit check, graph errors (issue 6)
+# tern compile: fusion report, HBM plan, fit check, graph errors
 EX=$(cd "$(dirname "$0")/../../examples" && pwd)
 expect_ok "Usage|Options" compile --help
 expect_ok "^graph gpt2: 930 ops in 323 kernels, fusion rate 0.759; 124475904 parameters" compile --model gpt2 --train
@@ -256,7 +256,7 @@ printf 'graph noloss {\n  %%x = param : [2, 3] float32\n  %%y = relu %%x : [2, 3
 expect_err "--train: graph noloss has no scalar output" compile "$tmp/noloss.tgraph" --train
 expect_err "cannot read $tmp/missing.tgraph" compile "$tmp/missing.tgraph"
 
-# tern data: a text file into llm.c token shards (issue 7)
+# tern data: a text file into llm.c token shards
 expect_ok "Usage|Options" data --help
 printf 'to be, or not to be: that is the question\n' >"$tmp/t.txt"
 expect_json 'j["vocab"] == 16 and j["train_tokens"] == 37 and j["val_tokens"] == 5' data "$tmp/t.txt" --out "$tmp/tshards" --json
@@ -267,7 +267,7 @@ expect_err "not supported: tokenizer 'gpt2' without --bpe-dir" data "$tmp/t.txt"
 expect_err "--tokenizer 'bpe': expected char or gpt2" data "$tmp/t.txt" --tokenizer bpe
 expect_err "--val-fraction must be in [0, 1), got 1.5" data "$tmp/t.txt" --val-fraction 1.5
 
-# tern train: the loop on TinyShakespeare (issue 7, first part)
+# tern train: the loop on TinyShakespeare
 DATA=$(cd "$(dirname "$0")/../../data" && pwd)
 expect_ok "Usage|Options" train --help
 expect_ok "step +2/2 \| loss 4\.[0-9]+" train --text "$DATA/tinyshakespeare.txt" --steps 2 --layers 1 --batch 2 --seq 64 --recipe bf16
@@ -282,7 +282,7 @@ printf 'layers = 1\nbatch = 2\nseq = 64\nrecipe = "bf16"\nsteps = 9\n' >"$tmp/t.
 expect_ok "model: gpt2, 1 layers.*batch 2 x 64 x 1 accum x 1 dp; recipe bf16" train --text "$DATA/tinyshakespeare.txt" --config "$tmp/t.toml" --steps 2
 printf 'layers = "one"\n' >"$tmp/bad.toml"
 expect_err "$tmp/bad.toml: 'layers' must be a number" train --config "$tmp/bad.toml"
-# Several chips (issue 9): the layout line, comm on the progress line, the
+# Several chips: the layout line, comm on the progress line, the
 # trace with one process per chip, and layouts that cannot run.
 small=(--text "$DATA/tinyshakespeare.txt" --steps 1 --layers 2 --batch 2 --seq 64 --recipe bf16 --eval-batches 1)
 expect_ok "^layout: dp 2 x tp 1 x pp 2 on 4 chips of trn3-ultraserver-gen1 \(1F1B, optimizer by stage\)" train "${small[@]}" --dp 2 --pp 2
@@ -363,7 +363,7 @@ expect_err "checkpoint $tmp/t.toml: not a tern checkpoint" sample --ckpt "$tmp/t
 # shellcheck disable=SC2086
 expect_ok "^step 3: 1 non-finite gradient elements .*skipped the update" train ${tt% --json} --inject nan@3
 
-# ---- the cluster planner (issue 8)
+# ---- the cluster planner
 for cmd in "plan" "plan search" "plan compare" "plan validate"; do
   # shellcheck disable=SC2086
   expect_ok "Usage|Options" $cmd --help

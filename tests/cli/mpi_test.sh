@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Data-parallel training spread over MPI ranks (issue 9): `mpirun -np 2`
+# Data-parallel training spread over MPI ranks: `mpirun -np 2`
 # and `-np 4` run the same dp-4 training as one process, with identical
 # losses, norms and validation, also with the optimizer state sharded
 # (ZeRO-1), with pipeline stages and with tensor-parallel shards; a checkpoint written under 2 ranks resumes under 4 ranks and in

@@ -1,4 +1,4 @@
-// Data-parallel training over simulated chips (issue 9): dp replicas, each
+// Data-parallel training over simulated chips: dp replicas, each
 // on its own chip, all-reduce their FP32 gradient accumulators in replica
 // order, so a step is bit-identical to one chip accumulating the same
 // micro-batches (accum = dp); the all-reduce takes the fabric's time; a

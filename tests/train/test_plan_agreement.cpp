@@ -1,4 +1,4 @@
-// The planner against the simulator (issue 9, acceptance 4): the simulated
+// The planner against the simulator: the simulated
 // step time of data-, pipeline- and tensor-parallel training agrees with
 // `tern plan`'s prediction for the same model and layout within 15 %. The table in
 // docs/multichip.md is this test's output:
