@@ -1,5 +1,7 @@
 #include "num/xorwow.h"
 
+#include "num/encode_params.h"
+
 namespace tern::num {
 
 std::uint32_t Xorwow::next() {
@@ -15,25 +17,13 @@ std::uint32_t Xorwow::next() {
   return s[4] + s[5];
 }
 
-namespace {
-// splitmix32 finalizer (the 32-bit variant of Steele et al.'s SplitMix
-// mixing function, constants of the MurmurHash3 fmix32).
-std::uint32_t mix(std::uint32_t h) {
-  h ^= h >> 16;
-  h *= 0x85ebca6bu;
-  h ^= h >> 13;
-  h *= 0xc2b2ae35u;
-  h ^= h >> 16;
-  return h;
-}
-}  // namespace
-
 Xorwow Xorwow::seeded(std::uint32_t seed, std::uint32_t lane, std::uint32_t sub) {
   Xorwow g;
-  std::uint32_t h = mix(seed ^ 0x9e3779b9u) ^ mix(lane * 0x632be5abu + sub * 0x85157af5u + 1u);
+  std::uint32_t h = detail::fmix32(seed ^ 0x9e3779b9u) ^
+                    detail::fmix32(lane * 0x632be5abu + sub * 0x85157af5u + 1u);
   for (auto& w : g.s) {
     h += 0x9e3779b9u;
-    w = mix(h);
+    w = detail::fmix32(h);
   }
   if ((g.s[0] | g.s[1] | g.s[2] | g.s[3] | g.s[4]) == 0) g.s[0] = 0x6c078965u;
   return g;

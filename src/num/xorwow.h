@@ -20,8 +20,8 @@ struct Xorwow {
   std::uint32_t next();
 
   // The state tern gives lane `lane`, sub-state `sub` for a 32-bit seed:
-  // each word a splitmix32 hash of (seed, lane, sub, word), an all-zero
-  // xorshift part replaced by a fixed non-zero word.
+  // each word MurmurHash3's fmix32 of a Weyl sequence started from (seed,
+  // lane, sub), an all-zero xorshift part replaced by a fixed non-zero word.
   static Xorwow seeded(std::uint32_t seed, std::uint32_t lane, std::uint32_t sub);
 };
 

@@ -21,13 +21,6 @@
 
 namespace tern::sim {
 
-using isa::AccessPattern;
-using isa::DType;
-using isa::Engine;
-using isa::Instruction;
-using isa::Mem;
-using isa::Opcode;
-
 Mode parse_mode(std::string_view s) {
   if (s == "both") return Mode::both;
   if (s == "functional") return Mode::functional;

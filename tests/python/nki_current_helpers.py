@@ -56,3 +56,14 @@ def evacuate(ps):
     sb = nl.ndarray(ps.shape, ps.dtype, buffer=nl.sbuf)
     nisa.tensor_copy(dst=sb, src=ps)
     return store(sb)
+
+
+def segment_runs(ids):
+    """Run starts and ends (one past) of a segment-id row; id 0 is padding (n, -1)."""
+    n = len(ids)
+    start, end = np.empty(n), np.empty(n)
+    for i in range(n):
+        start[i] = n if ids[i] == 0 else (start[i - 1] if i and ids[i] == ids[i - 1] else i)
+    for i in reversed(range(n)):
+        end[i] = -1 if ids[i] == 0 else (end[i + 1] if i + 1 < n and ids[i] == ids[i + 1] else i + 1)
+    return np.stack([start, end])

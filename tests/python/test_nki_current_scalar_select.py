@@ -699,17 +699,6 @@ def test_language_softmax(target):
     np.testing.assert_allclose(run(k_softmax, target, x), e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-7)
 
 
-def segment_runs(ids):
-    """Run starts and ends (one past) of a segment-id row; id 0 is padding (n, -1)."""
-    n = len(ids)
-    start, end = np.empty(n), np.empty(n)
-    for i in range(n):
-        start[i] = n if ids[i] == 0 else (start[i - 1] if i and ids[i] == ids[i - 1] else i)
-    for i in reversed(range(n)):
-        end[i] = -1 if ids[i] == 0 else (end[i + 1] if i + 1 < n and ids[i] == ids[i + 1] else i + 1)
-    return np.stack([start, end])
-
-
 def k_sequence_bounds(ids):
     out = nl.ndarray((1, 2, ids.shape[1]), nl.int32, buffer=nl.sbuf)
     nisa.sequence_bounds(dst=out, segment_ids=load(ids))

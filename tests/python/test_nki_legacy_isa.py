@@ -14,6 +14,7 @@ import neuronxcc.nki.isa as nisa  # noqa: E402
 import neuronxcc.nki.language as nl  # noqa: E402
 import neuronxcc.nki.typing as nt  # noqa: E402
 from nki_legacy_helpers import *  # noqa: F401,F403
+from nki_current_helpers import segment_runs  # noqa: E402
 
 
 # =====================================================================
@@ -468,17 +469,6 @@ def test_isa_max8_find_index8_match_replace8(target):
     want_rep = a.copy()
     np.put_along_axis(want_rep, order, -1000.0, axis=1)
     assert_exact(rep, want_rep)
-
-
-def segment_runs(ids):
-    """Run starts and ends (one past) of a segment-id row; id 0 is padding (n, -1)."""
-    n = len(ids)
-    start, end = np.empty(n), np.empty(n)
-    for i in range(n):
-        start[i] = n if ids[i] == 0 else (start[i - 1] if i and ids[i] == ids[i - 1] else i)
-    for i in reversed(range(n)):
-        end[i] = -1 if ids[i] == 0 else (end[i + 1] if i + 1 < n and ids[i] == ids[i + 1] else i + 1)
-    return np.stack([start, end])
 
 
 def test_isa_sequence_bounds(target):
