@@ -547,3 +547,60 @@ def test_shared_constant_and_identity(target):
     out, ib = run(k_shared_constant, target, x)
     assert np.array_equal(out, np.arange(P * 8, dtype=np.float32).reshape(P, 8) + x)
     assert np.array_equal(ib, np.eye(P, dtype=np.float32))
+
+
+def k_fills_and_logic(x, n):
+    """The *_like constructors, nl.no_reorder, bitwise / logical negation and the prod / all / any
+    reductions."""
+    t, m = load(x), load(n)
+    out = nl.ndarray((P, 7), nl.float32, buffer=nl.sbuf)
+    with nl.no_reorder():
+        ones = nl.ones_like(t)
+        sevens = nl.full_like(t, 7.0)
+        scratch = nl.empty_like(t)
+        nisa.tensor_tensor(dst=scratch, data1=ones, data2=sevens, op=nl.add)  # 8
+    nisa.tensor_copy(dst=out[:, 0:1], src=nl.sum(scratch, axis=1, keepdims=True))
+    nisa.tensor_copy(dst=out[:, 1:2], src=nl.prod(t[:, 0:4], axis=1, keepdims=True))
+    nisa.tensor_copy(dst=out[:, 2:3], src=nl.all(t, axis=1, keepdims=True))
+    nisa.tensor_copy(dst=out[:, 3:4], src=nl.any(t, axis=1, keepdims=True))
+    nisa.tensor_copy(dst=out[:, 4:5], src=nl.logical_not(t[:, 0:1]))
+    inv = nl.invert(m)
+    nisa.tensor_copy(dst=out[:, 5:6], src=inv[:, 0:1])
+    nisa.tensor_copy(dst=out[:, 6:7], src=nl.negative(t[:, 1:2]))
+    return store(out)
+
+
+@pytest.mark.parametrize("target", V2)
+def test_fills_negation_and_boolean_reductions(target):
+    x = rng(271).integers(0, 3, size=(P, 16)).astype(np.float32)
+    n = rng(272).integers(-1000, 1000, size=(P, 2)).astype(np.int32)
+    got = run(k_fills_and_logic, target, x, n)
+    assert np.array_equal(got[:, 0], np.full(P, 8.0 * 16))
+    assert np.array_equal(got[:, 1], x[:, :4].prod(axis=1))
+    assert np.array_equal(got[:, 2], (x != 0).all(axis=1).astype(np.float32))
+    assert np.array_equal(got[:, 3], (x != 0).any(axis=1).astype(np.float32))
+    assert np.array_equal(got[:, 4], (x[:, 0] == 0).astype(np.float32))
+    assert np.array_equal(got[:, 5], (~n[:, 0]).astype(np.float32))
+    assert np.array_equal(got[:, 6], -x[:, 1])
+
+
+def test_finfo_and_static_cast():
+    for dt, ref in ((nl.float32, np.float32), (nl.float16, np.float16)):
+        info, want = nl.finfo(dt), np.finfo(ref)
+        assert (info.max, info.min, info.eps, info.tiny) == (float(want.max), float(want.min), float(want.eps),
+                                                           float(want.tiny))
+    assert nl.finfo(nl.bfloat16).eps == 2.0**-7 and nl.finfo(nl.float8_e4m3fn).max == 448.0
+    cast = nl.static_cast(np.array([1.7, -2.2]), nl.int32)
+    assert cast.dtype == np.int32 and list(cast) == [1, -2]
+
+
+def k_language_dropout(x):
+    return store(nl.dropout(load(x), 0.25))
+
+
+@pytest.mark.parametrize("target", V2)
+def test_language_dropout(target):
+    x = rng(273).uniform(1.0, 2.0, size=(P, 256)).astype(np.float32)
+    got = run(k_language_dropout, target, x)
+    kept = got != 0
+    assert abs(1 - kept.mean() - 0.25) < 0.01 and np.array_equal(got[kept], x[kept])

@@ -401,6 +401,9 @@ def reduce(op, x, axis, dtype=None, keepdims=False, mask=None, negate=False, dst
     (axis 0 alone: tensor_partition_reduce on GpSimd)."""
     isa = _isa()
     op = _as_op(op)
+    if op.name in ("all", "any"):  # whether all / any elements are non-zero: 0 / 1 before min / max
+        from tern.nki import language as nl
+        x = binary(nl.not_equal, x, 0.0, dtype="float32", mask=mask)
     axes = _axes(axis, x.ndim)
     boxes = mask_boxes(mask)
     if len(boxes) > 1 and 0 not in axes:
