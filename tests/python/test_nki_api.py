@@ -70,12 +70,14 @@ def test_rule_violations_name_the_rule_and_the_line(kernel, rule, line):
 
 
 def test_unimplemented_calls_say_so():
-    @nki.jit
-    def uses_all_reduce(x):
-        nl.all_reduce(x, op=nl.add, program_axes=0)
+    import tern.nki.collectives as cc
 
-    with pytest.raises(NotImplementedError, match="not supported: nl.all_reduce"):
-        uses_all_reduce(np.zeros(4, dtype=np.float32))
+    @nki.jit
+    def uses_all_to_all_v(x):
+        cc.all_to_all_v(x)
+
+    with pytest.raises(NotImplementedError, match="not supported: nki.collectives.all_to_all_v"):
+        uses_all_to_all_v(np.zeros(4, dtype=np.float32))
 
 
 def test_unknown_target(monkeypatch):

@@ -362,3 +362,22 @@ def test_layernorm_tutorial(target, rows):
     var = x64.var(axis=1, keepdims=True)
     want = (x64 - mu) / np.sqrt(var + 1e-5) * gamma + beta
     np.testing.assert_allclose(run(kernel, target, x, 1e-5, gamma, beta), want, rtol=1e-4, atol=1e-4)
+
+
+def test_all_reduce_over_a_grid_axis(target):
+    """nl.all_reduce: the programs along one launch-grid axis sum their tiles; each gets the sum."""
+    rows = 2 if target != "trn1" else 1  # trn1 has two cores: one program each
+    x = exact((rows, 2, 128, 16), seed=95)
+
+    def kernel(x_in):
+        i, j = nl.program_id(0), nl.program_id(1)
+        total = nl.all_reduce(nl.load(x_in[i, j]), op=np.add, program_axes=1)
+        out = nl.ndarray(x_in.shape, dtype=x_in.dtype, buffer=nl.shared_hbm)
+        nl.store(out[i, j], total)
+        return out
+
+    got = run(kernel, target, x, grid=(rows, 2))
+    assert_exact(got, np.broadcast_to(x.sum(axis=1, keepdims=True), x.shape))
+    if target == "trn1":
+        with pytest.raises(NotImplementedError, match="programs sharing a core"):
+            run(kernel, target, exact((2, 2, 128, 16), seed=95), grid=(2, 2))

@@ -587,8 +587,36 @@ def random_seed(seed, mask=None, **hints):
     _isa().set_rng_seed(seed)
 
 
-for _name in ("all_reduce",):
-    globals()[_name] = _tracer.not_yet(f"nl.{_name}")
+@_tracer.status("partial: programs exchange through an HBM scratch tensor and a core barrier (each program "
+                "its own core: a launch grid no larger than the chip's cores); reduced in program order")
+def all_reduce(x, op, program_axes, dtype=None, mask=None, parallel_reduce=True, asynchronous=False, **hints):
+    """The reduction of x (a tile) over the programs along `program_axes`
+    of the launch grid; every one of them gets the result."""
+    tr = _tracer.current()
+    grid = tuple(tr.grid) or (1,)
+    axes = sorted({program_axes} if isinstance(program_axes, int) else set(program_axes))
+    if builtins.any(not 0 <= a < len(grid) for a in axes):
+        raise ValueError(f"all_reduce(program_axes={program_axes}): the launch grid {list(grid)} has "
+                         f"{len(grid)} axes ({_tracer.kernel_location()})")
+    if tr.programs > tr.cores:
+        raise NotImplementedError(f"not supported: all_reduce in a launch grid of {tr.programs} programs on "
+                                  f"{tr.cores} cores (programs sharing a core cannot wait for each other)")
+    me = [program_id(a) for a in builtins.range(len(grid))]
+    group = []
+    for flat in builtins.range(tr.programs):  # the programs that differ from this one only along `axes`
+        idx, rest = [], flat
+        for extent in reversed(grid):
+            idx.insert(0, rest % extent)
+            rest //= extent
+        if builtins.all(idx[a] == me[a] for a in builtins.range(len(grid)) if a not in axes):
+            group.append(flat)
+    slots = ndarray((tr.programs,) + tuple(x.shape), x.dtype, buffer=shared_hbm)
+    store(slots[tr.program_id], x)
+    _isa().core_barrier(slots, cores=group)
+    acc = load(slots[group[0]], dtype=dtype or x.dtype)
+    for q in group[1:]:
+        acc = _ops.resolve(op)(acc, load(slots[q]), dtype=dtype or x.dtype)
+    return acc
 
 # Names that shadow Python builtins inside this module are bound last.
 globals()["range"] = range_
