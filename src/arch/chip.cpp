@@ -53,8 +53,9 @@ ChipSpec load_chip_file(const std::filesystem::path& file) {
       "chip", r.table("chip"),
       {"name", "display_name", "core_generation", "core_version", "cores", "collective_cores"});
   r.check_keys("hbm", r.table("hbm"), {"capacity_gib", "bandwidth_gbps"});
-  r.check_keys("sbuf", r.table("sbuf"), {"partitions", "partition_kib"});
-  r.check_keys("psum", r.table("psum"), {"partitions", "partition_kib", "banks"});
+  r.check_keys("sbuf", r.table("sbuf"), {"partitions", "partition_kib", "min_align_bytes"});
+  r.check_keys("psum", r.table("psum"),
+               {"partitions", "partition_kib", "banks", "min_align_bytes"});
   r.check_keys("tensor", r.table("tensor"),
                {"clock_ghz", "rows", "cols", "stationary_fmax", "moving_fmax",
                 "moving_fmax_v4_fp32", "moving_fmax_v4_bf16", "rate"});
@@ -96,6 +97,8 @@ ChipSpec load_chip_file(const std::filesystem::path& file) {
   c.psum_partitions = static_cast<int>(r.integer("psum.partitions", 1, 1024));
   c.psum_partition_bytes = Bytes(r.integer("psum.partition_kib", 1, 1 << 20) * kKiB);
   c.psum_banks = static_cast<int>(r.integer("psum.banks", 1, 1024));
+  c.sbuf_min_align = Bytes(r.integer("sbuf.min_align_bytes", 1, 4096));
+  c.psum_min_align = Bytes(r.integer("psum.min_align_bytes", 1, 4096));
   if (c.psum_partition_bytes.value() % c.psum_banks != 0) {
     throw Error(fmt::format("{}: key 'psum.banks': {} banks do not divide a {} KiB partition",
                             file.string(), c.psum_banks, c.psum_partition_bytes.value() / kKiB));

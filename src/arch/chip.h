@@ -77,6 +77,8 @@ struct ChipSpec {
   int psum_partitions = 0;
   Bytes psum_partition_bytes;
   int psum_banks = 0;
+  Bytes sbuf_min_align;  // an SBUF / PSUM tile's byte offset in a partition is
+  Bytes psum_min_align;  // a multiple of these (nl.tile_size.*_min_align)
 
   TensorSpec tensor;
   EngineSpec vector, scalar, gpsimd;

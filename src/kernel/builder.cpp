@@ -117,7 +117,8 @@ Tensor Builder::alloc(Mem mem, int partitions, std::int64_t free, DType dtype,
   // accumulators share a bank) anywhere a tile of at most a bank stays
   // inside one.
   const bool pack = ps && psum_packing_ && bytes <= bank;
-  const std::int64_t align = ps && !pack ? bank : 64;
+  const std::int64_t align =
+      ps ? (pack ? chip_.psum_min_align.value() : bank) : chip_.sbuf_min_align.value();
   bytes = (bytes + align - 1) / align * align;
   auto place = [&](std::int64_t start) {
     start = (start + align - 1) / align * align;

@@ -73,6 +73,10 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("psum_partition_bytes",
                              [](const arch::ChipSpec& c) { return c.psum_partition_bytes.value(); })
       .def_property_readonly("psum_banks", [](const arch::ChipSpec& c) { return c.psum_banks; })
+      .def_property_readonly("sbuf_min_align",
+                             [](const arch::ChipSpec& c) { return c.sbuf_min_align.value(); })
+      .def_property_readonly("psum_min_align",
+                             [](const arch::ChipSpec& c) { return c.psum_min_align.value(); })
       .def_property_readonly("psum_bank_bytes",
                              [](const arch::ChipSpec& c) { return c.psum_bank_bytes().value(); })
       .def_property_readonly("stationary_fmax",

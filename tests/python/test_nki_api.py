@@ -138,13 +138,24 @@ def test_iota_and_affine_select():
     assert np.array_equal(got[:, :16].reshape(64, 2, 8), 5 + 100 * c + 24 * w + 3 * z)
     keep = 3 + c - 8 * w - z >= 0
     assert np.array_equal(got[:, 16:].reshape(64, 2, 8), np.where(keep, x, -1.0))
+
+    @nki.jit
+    def skewed(x):
+        """Steps that do not nest (5 is not 3 * 8): one iota per index of the shorter dim."""
+        t = nl.ndarray((64, 2, 8), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.iota(dst=t, pattern=[[5, 2], [3, 8]], offset=1, channel_multiplier=2)
+        out = nl.ndarray((64, 2, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(out, value=t)
+        return out
+
+    assert np.array_equal(skewed(x), 1 + 2 * c + 5 * w + 3 * z)
     with pytest.raises(NotImplementedError, match="not linear"):
         @nki.jit
-        def skewed(x):
-            t = nl.ndarray((64, 2, 8), dtype=nl.float32, buffer=nl.sbuf)
-            nisa.iota(dst=t, pattern=[[5, 2], [3, 8]], offset=0)
+        def skewed_mask(x):
+            t = nl.ndarray((64, 16), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.affine_select(dst=t, pattern=[[5, 2], [3, 8]], offset=0, on_true_tile=t, on_false_value=0.0)
 
-        skewed(x)
+        skewed_mask(x)
 
 
 def test_device_print(capsys):

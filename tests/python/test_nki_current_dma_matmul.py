@@ -423,3 +423,57 @@ def k_nc_transpose_vector(x):
 def test_nc_transpose_vector_engine(target, shape):
     x = normal(shape, 16)
     assert np.array_equal(run(k_nc_transpose_vector, target, x), x.T)
+
+
+def k_transpose_index_columns(src, idx):
+    """A gather-transpose of 128 * n rows from a [128, n] index tile (row c * 128 + i is idx[i, c])."""
+    R, V = src.shape
+    n = idx.shape[1]
+    i = load(idx)
+    t = nl.ndarray((V, 1, 1, 128 * n), src.dtype, buffer=nl.sbuf)
+    nisa.dma_transpose(dst=t, src=src.reshape((R, 1, 1, V)).ap([[V, 128 * n], [1, 1], [1, 1], [1, V]],
+                                                              vector_offset=i), axes=(3, 1, 2, 0))
+    return store(t)
+
+
+@pytest.mark.parametrize("target", V3)
+def test_dma_transpose_with_an_index_tile_of_several_columns(target):
+    src = normal((400, 32), 14).astype(np.float16)
+    perm = rng(15).permutation(400)[:256].astype(np.uint32)
+    got = run(k_transpose_index_columns, target, src, perm.reshape(2, 128).T.copy())
+    assert np.array_equal(got[:, 0, 0, :], src[perm].T)
+
+
+def k_matmul_partial_then_whole(a, b):
+    """accumulate=None per PSUM location: a matmul into columns 0:4, then one into all 16 columns
+    (accumulating onto 0:4, writing 4:16), as padded convolutions do."""
+    sa, sb = load(a), load(b)
+    ps = nl.ndarray((a.shape[1], 16), nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=ps[:, 0:4], stationary=sa, moving=sb[:, 0:4])
+    nisa.nc_matmul(dst=ps, stationary=sa, moving=sb)
+    nisa.nc_matmul(dst=ps, stationary=sa, moving=sb)
+    return evacuate(ps)
+
+
+@pytest.mark.parametrize("target", V2)
+def test_matmul_accumulates_per_psum_location(target):
+    a, b = ints_as_f32((P, 32), -3, 3, 16), ints_as_f32((P, 16), -3, 3, 17)
+    got = run(k_matmul_partial_then_whole, target, a, b)
+    want = 2 * (a.T @ b)
+    want[:, 0:4] += a.T @ b[:, 0:4]
+    assert np.array_equal(got, want)
+
+
+def k_matmul_into_strided_view(a, b):
+    """The output is every other column of a [M, 2, 8] PSUM tile (a 3-D strided view)."""
+    ps = nl.ndarray((a.shape[1], 8, 2), nl.float32, buffer=nl.psum)
+    nisa.memset(dst=ps, value=0.0)
+    nisa.nc_matmul(dst=ps[:, :, 1], stationary=load(a), moving=load(b), accumulate=False)
+    return evacuate(ps)
+
+
+@pytest.mark.parametrize("target", V3)
+def test_matmul_into_a_strided_psum_view(target):
+    a, b = ints_as_f32((P, 16), -3, 3, 18), ints_as_f32((P, 8), -3, 3, 19)
+    got = run(k_matmul_into_strided_view, target, a, b)
+    assert np.array_equal(got[:, :, 1], a.T @ b) and not got[:, :, 0].any()

@@ -549,6 +549,56 @@ def test_shared_constant_and_identity(target):
     assert np.array_equal(ib, np.eye(P, dtype=np.float32))
 
 
+def k_identity_in_sbuf(x):
+    """nl.shared_identity_matrix is an SBUF tile: engines read it directly; it keeps clear of a tile the
+    kernel places at a low address; a second call returns the same tile."""
+    placed = nl.ndarray((P, 64), nl.float32, buffer=nl.sbuf, address=(0, 0))
+    nisa.memset(dst=placed, value=0.0)
+    ident = nl.shared_identity_matrix(n=P, dtype=nl.float32)
+    assert ident is nl.shared_identity_matrix(P, nl.float32) and ident.buffer is nl.sbuf
+    r = nl.ndarray((P, P), nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=r, data=ident, op0=nl.multiply, operand0=3.0)
+    ps = nl.ndarray((P, 8), nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=ps, stationary=r, moving=load(x))
+    return evacuate(ps)
+
+
+@pytest.mark.parametrize("target", V2)
+def test_shared_identity_matrix_is_an_sbuf_tile(target):
+    x = ints_as_f32((P, 8), -50, 50, 214)
+    assert np.array_equal(run(k_identity_in_sbuf, target, x), 3 * x)
+
+
+def test_tile_size_alignments():
+    assert nl.tile_size.sbuf_min_align == 64 and nl.tile_size.psum_min_align == 64
+
+
+def k_private_hbm_result(x):
+    """Outputs allocated in nl.hbm, one returned as a whole-tensor view of another dtype."""
+    out = nl.ndarray(x.shape, nl.float32, buffer=nl.hbm)
+    nisa.dma_copy(dst=out, src=load(x))
+    bits = nl.ndarray(x.shape, nl.uint32, buffer=nl.hbm)
+    nisa.dma_copy(dst=bits, src=load(x).view(nl.uint32))
+    return out, bits.view(nl.int32)
+
+
+@pytest.mark.parametrize("target", V3)
+def test_kernels_return_private_hbm_tensors_and_views(target):
+    x = normal((P, 8), 215)
+    out, bits = run(k_private_hbm_result, target, x)
+    assert np.array_equal(out, x) and bits.dtype == np.int32 and np.array_equal(bits, x.view(np.int32))
+
+
+def k_language_broadcast_to(row):
+    return store(nl.broadcast_to(load(row), (P, row.shape[1])))
+
+
+@pytest.mark.parametrize("target", V3)
+def test_language_broadcast_to(target):
+    row = normal((1, 16), 216)
+    assert np.array_equal(run(k_language_broadcast_to, target, row), np.repeat(row, P, axis=0))
+
+
 def k_fills_and_logic(x, n):
     """The *_like constructors, nl.no_reorder, bitwise / logical negation and the prod / all / any
     reductions."""

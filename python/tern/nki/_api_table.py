@@ -19,7 +19,7 @@ tensor_tensor_scan""".split()
 LANGUAGE = """ndarray zeros ones full empty_like zeros_like ones_like full_like load store copy load_transpose2d
 shared_constant shared_identity_matrix matmul transpose mean where loop_reduce program_id num_programs program_ndim
 affine_range sequential_range static_range dynamic_range range fori_loop while_loop no_reorder ds arange mgrid
-par_dim spmd_dim nc device_print NKIObject finfo static_cast dropout rand random_seed all_reduce softmax
+par_dim spmd_dim nc device_print NKIObject finfo static_cast dropout rand random_seed all_reduce softmax broadcast_to
 gather_flattened exp log tanh sigmoid gelu gelu_apprx_tanh gelu_apprx_sigmoid gelu_dx gelu_apprx_sigmoid_dx silu
 silu_dx relu rsqrt sqrt square reciprocal sin cos arctan erf erf_dx softplus mish sign abs negative invert
 add subtract multiply divide maximum minimum equal not_equal greater greater_equal less less_equal power

@@ -221,8 +221,6 @@ class Kernel:
             if not isinstance(o, nl.NkiTensor) or o.buffer not in (nl.shared_hbm, nl.hbm, nl.private_hbm):
                 raise TypeError(f"kernel {self.__name__} returns {o!r}: a kernel returns HBM tensors "
                                 "(nl.ndarray(..., buffer=nl.shared_hbm), or one of its inputs)")
-            if o.buffer is not nl.shared_hbm and o.name not in names:
-                raise TypeError(f"kernel {self.__name__} returns {o!r}: an output lives in nl.shared_hbm")
         return tr, result, inputs
 
     def _constants(self, tr):
@@ -265,11 +263,13 @@ def write_inputs(sim, inputs):
 
 def _output_array(sim, tr, o, as_torch):
     shape, dtype = tr.hbm_shape(o.name)
-    whole = o._p0 == 0 and o._off == 0 and math.prod(o.shape) == math.prod(shape)
+    nbytes = math.prod(shape) * _core.dtype_size(dtype)
+    whole = o._p0 == 0 and o._off == 0 and math.prod(o.shape) * _core.dtype_size(o.dtype) == nbytes
     if not whole:
         raise NotImplementedError(f"not supported: returning a part of HBM tensor {o.name} "
                                   f"(shape {o.shape} of {shape}); return the whole tensor")
-    return _io.decode(sim.read_bytes(o.name), dtype, o.shape, as_torch)
+    # A whole-tensor view (a reshape, or .view(dtype)) comes back as the view.
+    return _io.decode(sim.read_bytes(o.name), o.dtype, o.shape, as_torch)
 
 
 def results(sim, tr, result, inputs):

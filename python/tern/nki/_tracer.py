@@ -61,8 +61,10 @@ class Allocation:
     scope), the memory returns to the builder, which orders its next users
     after every use of this one."""
 
-    def __init__(self, trace, base, free=0):
+    def __init__(self, trace, base, free=0, dtype=None):
         self.trace, self.base, self.free = trace, base, free  # free: elements per partition
+        self.dtype = dtype
+        self.matmul_mask = None  # [partitions, free] elements a matmul wrote (PSUM)
         self.builder = trace.builder  # a collective starts a new one (Trace.cut)
         self.matmul_written = set()  # views of this PSUM tile a matmul already wrote
         self.seq = trace.alloc_seq  # creation order: the same in every trace of the kernel

@@ -6,6 +6,8 @@ import enum
 import functools
 import itertools
 
+import numpy as np
+
 from tern import _core
 from tern.nki import _ops
 from tern.nki import _registers
@@ -68,15 +70,46 @@ def _noop_when_empty(fn):
 
 
 def _auto_accumulate(dst, view, accumulate):
-    """accumulate=None: overwrite on the first matmul into this region of the
-    PSUM tile, accumulate on the later ones (tracked per allocation, so a
-    fresh tile at a reused address starts over)."""
-    written = dst._alloc.matmul_written if dst._alloc is not None else _tracer.current().matmul_targets
-    key = repr(view)
+    """accumulate=None: a matmul overwrites the PSUM locations no earlier
+    matmul of the kernel wrote and accumulates onto those one did (tracked
+    per element of the allocation, so a fresh tile at a reused address
+    starts over). One instruction accumulates or not: where it covers both,
+    tern first zeroes the unwritten columns (a Vector memset)."""
+    alloc = dst._alloc
+    if alloc is None or alloc.dtype is None or _core.dtype_size(dst.dtype) != _core.dtype_size(alloc.dtype):
+        written = alloc.matmul_written if alloc is not None else _tracer.current().matmul_targets
+        key = repr(view)
+        if accumulate is None:
+            accumulate = key in written
+        written.add(key)
+        return bool(accumulate)
+    if alloc.matmul_mask is None:
+        alloc.matmul_mask = np.zeros((max(128, dst._p0 + dst._np), alloc.free), bool)
+    cols = (dst._off + sum(np.ix_(*[np.arange(c) * s for s, c in dst._free]))).reshape(-1) if dst._free \
+        else np.array([dst._off])
+    rows = slice(dst._p0, dst._p0 + dst._np)
+    seen = alloc.matmul_mask[rows][:, cols]
     if accumulate is None:
-        accumulate = key in written
-    written.add(key)
+        accumulate = bool(seen.any())
+        if accumulate and not seen.all():
+            _zero_unwritten(dst, seen)
+    alloc.matmul_mask[rows, cols] = True
     return bool(accumulate)
+
+
+def _zero_unwritten(dst, seen):
+    """Zeroes the columns (flat free index) of dst no matmul wrote yet."""
+    if not (seen == seen[0:1]).all():
+        raise NotImplementedError("not supported: a matmul onto PSUM rows written in part by earlier matmuls "
+                                  f"(partitions differ; {_tracer.kernel_location()})")
+    todo = np.flatnonzero(~seen[0])
+    start = 0
+    while start < len(todo):  # runs of consecutive unwritten columns
+        end = start
+        while end + 1 < len(todo) and todo[end + 1] == todo[end] + 1:
+            end += 1
+        memset(dst=_flat2(dst)[:, int(todo[start]):int(todo[end]) + 1], value=0.0)
+        start = end + 1
 
 
 def _column(col, like, what="a tensor operand"):
@@ -184,6 +217,10 @@ def dma_transpose(dst, src, axes=None, dge_mode=dge_mode.unknown, oob_mode=oob_m
     if dge_mode == constants.dge_mode.hwdge and _core.dtype_size(src.dtype) != 2:
         raise ValueError(f"dma_transpose(dge_mode=hwdge) moves 2-byte types, not {src.dtype} "
                          f"({_tracer.kernel_location()})")
+    if _indirect(src) and _indirect(src)[1] is not None and _indirect(src)[1].ndim == 2 \
+            and _indirect(src)[1].shape[1] > 1:
+        _transpose_index_columns(dst, src, axes, dge_mode, oob_mode)
+        return
     if _indirect(src):
         # The indirect form (a software-DGE dma_gather_transpose): tern
         # gathers the indexed rows into SBUF, then transposes them.
@@ -201,6 +238,21 @@ def dma_transpose(dst, src, axes=None, dge_mode=dge_mode.unknown, oob_mode=oob_m
     b = _tracer.current().at()
     for mid in itertools.product(*(range(n) for n in src.shape[1:-1])):
         b.dma_transpose(_t(_plane(dst, mid), "dst"), _t(_plane(src, mid), "src"))
+
+
+def _transpose_index_columns(dst, src, axes, dge_mode, oob_mode):
+    """An indirect transpose with a [P, n] index tile: source row c * P + i
+    is index [i, c]; one gather-transpose of P rows per index column."""
+    _, vector, k, strides = src._indirect
+    parts, n = vector.shape
+    if src.shape[0] != parts * n:
+        raise ValueError(f"dma_transpose: {src.shape[0]} indirect rows with a {list(vector.shape)} index tile "
+                         f"({_tracer.kernel_location()})")
+    for c in range(n):
+        part = src._like(src._p0, parts, src._off, src._free, src._row_stride)
+        part._indirect = (None, vector[:, c:c + 1], k, strides)
+        cols = (slice(None),) * (dst.ndim - 1) + (slice(c * parts, (c + 1) * parts),)
+        dma_transpose(dst=dst[cols], src=part, axes=axes, dge_mode=dge_mode, oob_mode=oob_mode)
 
 
 def _plane(x, mid):
@@ -224,7 +276,7 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     the values are the same (timing as a whole-array matmul)."""
     tr = _tracer.current()
     st, mv = _flat2(stationary), _flat2(moving)
-    d = dst if dst.ndim == 2 else dst.reshape((dst.shape[0], dst.size // dst.shape[0]))
+    d = _flat2(dst)
     if is_transpose:
         tr.at().transpose(_t(d, "dst"), _t(st, "stationary"), _core.Engine.tensor)
         return
@@ -545,7 +597,19 @@ def _linear_step(pattern, dst, call):
     return step
 
 
-@_tracer.status("partial: patterns linear in the flat free index")
+def _iota_planes(dst, dims, offset, channel_multiplier):
+    """A pattern whose steps do not nest: one iota along its longest dim for
+    each index of the others, into strided views of dst."""
+    keep = max(range(len(dims)), key=lambda d: dims[d][1])
+    view = _flat2(dst)
+    view = view.reshape((view.shape[0],) + tuple(n for _, n in dims))
+    for idx in itertools.product(*(range(n) if d != keep else (None,) for d, (_, n) in enumerate(dims))):
+        sub = view[(slice(None),) + tuple(slice(None) if i is None else i for i in idx)]
+        off = offset + sum(dims[d][0] * i for d, i in enumerate(idx) if i is not None)
+        iota(dst=sub, pattern=[list(dims[keep])], offset=off, channel_multiplier=channel_multiplier)
+
+
+@_tracer.status("partial: a pattern whose steps do not nest is issued as one iota per index of its other dims")
 def iota(dst, pattern, offset=0, channel_multiplier=0, name=None, **hints):
     """dst[c, i...] = offset + c * channel_multiplier + sum(step_d * i_d) on GpSimd.
     A pattern with zero steps (values repeating along a dim) is an iota of
@@ -556,7 +620,8 @@ def iota(dst, pattern, offset=0, channel_multiplier=0, name=None, **hints):
     except NotImplementedError:
         moving = [(s, n) for s, n in dims if s != 0 and n != 1]
         if not moving or len(moving) == len([d for d in dims if d[1] != 1]):
-            raise
+            _iota_planes(dst, dims, offset, channel_multiplier)
+            return
         tmp = _scratch((dst.shape[0], _prod(n for _, n in moving)), dst.dtype)
         iota(dst=tmp, pattern=moving, offset=offset, channel_multiplier=channel_multiplier)
         strides, acc = {}, 1

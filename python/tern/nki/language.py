@@ -132,12 +132,12 @@ def ndarray(shape, dtype=None, buffer=None, name=None, address=None, **hints):
         p0, byte = (0, int(address)) if isinstance(address, int) else (int(address[0]), int(address[1]))
         base = b.place("sbuf" if buffer is sbuf else "psum", p0, byte, shape[0], free, dtype)
         t = NkiTensor(base, buffer, dtype, 0, shape[0], 0, _row_major(shape), name, 0,
-                      _tracer.Allocation(tr, base, free))
+                      _tracer.Allocation(tr, base, free, dtype))
         return t
     tr.free_dead()
     base = b.sbuf(shape[0], free, dtype) if buffer is sbuf else b.psum(shape[0], free, dtype)
     return NkiTensor(base, buffer, dtype, 0, shape[0], 0, _row_major(shape), name, 0,
-                     _tracer.Allocation(tr, base, free))
+                     _tracer.Allocation(tr, base, free, dtype))
 
 
 def _dtype_name(dtype):
@@ -163,6 +163,16 @@ class _TileSize:
     @property
     def pmax(self):
         return self._chip().sbuf_partitions
+
+    @property
+    def sbuf_min_align(self):
+        """Byte alignment of a tile's start in an SBUF partition."""
+        return self._chip().sbuf_min_align
+
+    @property
+    def psum_min_align(self):
+        """Byte alignment of a tile's start in a PSUM partition."""
+        return self._chip().psum_min_align
 
     @property
     def psum_fmax(self):
@@ -471,9 +481,23 @@ def shared_constant(constant, dtype=None, **hints):
 
 
 def shared_identity_matrix(n, dtype=None, **hints):
-    """The n x n identity in HBM (a matmul operand for transposes)."""
+    """The n x n identity as an SBUF tile (a matmul operand for transposes),
+    one per program, size and dtype. It sits at the top of each partition,
+    clear of the low addresses kernels that place their own tiles use."""
     import numpy as np
-    return shared_constant(np.eye(int(n), dtype=np.float32), dtype or float32)
+    tr = _tracer.current()
+    n, dt = int(n), _dtype_name(dtype or float32)
+    cache = tr.__dict__.setdefault("identities", {})
+    key = (n, dt, tr.program_id)
+    if key not in cache:
+        align = tr.chip.sbuf_min_align
+        row = -(-n * _core.dtype_size(dt) // align) * align
+        below = builtins.sum(t.extent for k, t in cache.items() if k[2] == tr.program_id)
+        t = ndarray((n, n), dt, buffer=sbuf, address=(0, tr.chip.sbuf_partition_bytes - below - row))
+        t.extent = row
+        _isa().dma_copy(dst=t, src=shared_constant(np.eye(n, dtype=np.float32), dt))
+        cache[key] = t
+    return cache[key]
 
 
 class _FP32:
@@ -541,6 +565,12 @@ def dropout(x, rate, dtype=None, mask=None, **hints):
     t = ndarray(x.shape, dtype or x.dtype, buffer=sbuf)
     _isa().dropout(dst=t, data=x, prob=rate)
     return t
+
+
+def broadcast_to(src, shape=None, **hints):
+    """A new SBUF tile: src broadcast to `shape` by numpy's rules (size-1
+    dims repeated; a 1-partition tile onto every partition)."""
+    return src.broadcast_to(shape if shape is not None else hints["shape"])
 
 
 @_tracer.status("partial: issued as max, subtract, exp, sum and divide (the same values, their time)")
