@@ -94,6 +94,27 @@ class Allocation:
             self.release()
 
 
+class _Emitting:
+    """The builder as at() hands it out while tiles' lifetimes matter: a call
+    that emits an instruction marks the tiles named for it as used then."""
+    _QUIET = frozenset(("sbuf", "psum", "place", "hbm", "release", "set_location", "set_core", "finish",
+                        "sync_point", "sync_operand"))
+
+    def __init__(self, trace):
+        self._trace, self._builder = trace, trace.builder
+
+    def __getattr__(self, name):
+        attr = getattr(self._builder, name)
+        if name in self._QUIET or not callable(attr):
+            return attr
+
+        def call(*args, **kwargs):
+            result = attr(*args, **kwargs)
+            self._trace.emitted()
+            return result
+        return call
+
+
 class Trace:
     """One rank's kernel as it is traced. Collectives cut it into parts
     (`segments`): each part is a program of its own, `collectives[k]` runs
@@ -135,6 +156,8 @@ class Trace:
         self.recorded = {}
         self.lifetimes = None
         self.live = []
+        self.pending = set()  # seqs named since the last emitted instruction
+        self.done = 0  # the event of the last emitted instruction
 
     def __enter__(self):
         global _current
@@ -153,19 +176,28 @@ class Trace:
         """Points the builder at the kernel line making the current call."""
         self.at_count += 1
         self.builder.set_location(kernel_location())
-        return self.builder
+        return _Emitting(self) if self.lifetimes is not None or self.overcommit else self.builder
 
     def set_overcommit(self):
         self.overcommit = True
         self.builder.set_overcommit(True)
 
     def note_use(self, alloc):
+        """A tile named by an instruction being built: its use counts once
+        an instruction is emitted (_Emitting), so a tile converted for an
+        instruction is never freed before it."""
         self.recorded[alloc.seq] = self.at_count
+        self.pending.add(alloc.seq)
+
+    def emitted(self):
+        for seq in self.pending:
+            self.recorded[seq] = self.at_count
+        self.pending.clear()
+        self.done = self.at_count
 
     def free_dead(self):
         """Releases the tiles whose last use (in the recorded lifetimes) is an
-        instruction already emitted: the one before the current event at the
-        latest (the current one may still be naming its operands)."""
+        instruction already emitted and that no instruction being built names."""
         if self.lifetimes is None:
             return
         core = self.program_id % max(self.cores, 1)
@@ -175,7 +207,8 @@ class Trace:
             if a is None or a.released:
                 continue
             last = self.lifetimes.get(a.seq)
-            if a.core == core and a.builder is self.builder and last is not None and last <= self.at_count - 2:
+            if a.core == core and a.builder is self.builder and last is not None and last <= self.done \
+                    and a.seq not in self.pending:
                 a.release()
             else:
                 keep.append(ref)

@@ -83,10 +83,19 @@ def _auto_accumulate(dst, view, accumulate):
             accumulate = key in written
         written.add(key)
         return bool(accumulate)
-    if alloc.matmul_mask is None:
+    # Fast paths: the first matmul into the tile, and a view written before.
+    key = (dst._p0, dst._np, dst._off, tuple(dst._free))
+    views = alloc.matmul_written
+    if not views or key in views:
+        if accumulate is None:
+            accumulate = bool(views)
+        views.add(key)
+        return bool(accumulate)
+    if alloc.matmul_mask is None:  # element by element from here on
         alloc.matmul_mask = np.zeros((max(128, dst._p0 + dst._np), alloc.free), bool)
-    cols = (dst._off + sum(np.ix_(*[np.arange(c) * s for s, c in dst._free]))).reshape(-1) if dst._free \
-        else np.array([dst._off])
+        for p0, n, off, free in views:
+            alloc.matmul_mask[p0:p0 + n, _columns(off, free)] = True
+    cols = _columns(dst._off, dst._free)
     rows = slice(dst._p0, dst._p0 + dst._np)
     seen = alloc.matmul_mask[rows][:, cols]
     if accumulate is None:
@@ -94,7 +103,15 @@ def _auto_accumulate(dst, view, accumulate):
         if accumulate and not seen.all():
             _zero_unwritten(dst, seen)
     alloc.matmul_mask[rows, cols] = True
+    views.add(key)
     return bool(accumulate)
+
+
+def _columns(off, free):
+    """The element offsets (in a partition) of a view's free pattern, flat."""
+    if not free:
+        return np.array([off])
+    return (off + sum(np.ix_(*[np.arange(c) * s for s, c in free]))).reshape(-1)
 
 
 def _zero_unwritten(dst, seen):
