@@ -625,3 +625,17 @@ def test_iota_zero_step_repeat(target):
     d = run(k_iota_repeat, target, np.zeros((1, n), np.float32))
     want = np.broadcast_to(1 + 3 * np.arange(n // 2), (P, 1, 2, n // 2))
     assert np.array_equal(d, want)
+
+
+def k_long_row(x):
+    """A partition of 65,600 elements: longer than one access-pattern dim counts, split in two."""
+    t = nl.ndarray(x.shape, nl.bfloat16, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    nisa.tensor_scalar(dst=t, data=t, op0=nl.multiply, operand0=2.0)
+    return store(t, nl.float32)
+
+
+@pytest.mark.parametrize("target", V3)
+def test_rows_longer_than_an_access_pattern_dim(target):
+    x = (np.arange(65600) % 200).astype(np.float32).reshape(1, 65600)
+    assert np.array_equal(run(k_long_row, target, x), 2 * x)

@@ -262,13 +262,15 @@ def _transpose_index_columns(dst, src, axes, dge_mode, oob_mode):
     is index [i, c]; one gather-transpose of P rows per index column."""
     _, vector, k, strides = src._indirect
     parts, n = vector.shape
-    if src.shape[0] != parts * n:
-        raise ValueError(f"dma_transpose: {src.shape[0]} indirect rows with a {list(vector.shape)} index tile "
+    rows = src.shape[0]
+    if rows > parts * n:  # nki.isa.dma_transpose: indices.shape[0] * indices.shape[1] >= src.shape[0]
+        raise ValueError(f"dma_transpose: {rows} indirect rows with a {list(vector.shape)} index tile "
                          f"({_tracer.kernel_location()})")
-    for c in range(n):
-        part = src._like(src._p0, parts, src._off, src._free, src._row_stride)
-        part._indirect = (None, vector[:, c:c + 1], k, strides)
-        cols = (slice(None),) * (dst.ndim - 1) + (slice(c * parts, (c + 1) * parts),)
+    for c in range(-(-rows // parts)):
+        m = min(parts, rows - c * parts)
+        part = src._like(src._p0, m, src._off, src._free, src._row_stride)
+        part._indirect = (None, vector[0:m, c:c + 1], k, strides)
+        cols = (slice(None),) * (dst.ndim - 1) + (slice(c * parts, c * parts + m),)
         dma_transpose(dst=dst[cols], src=part, axes=axes, dge_mode=dge_mode, oob_mode=oob_mode)
 
 
