@@ -477,3 +477,22 @@ def test_matmul_into_a_strided_psum_view(target):
     a, b = ints_as_f32((P, 16), -3, 3, 18), ints_as_f32((P, 8), -3, 3, 19)
     got = run(k_matmul_into_strided_view, target, a, b)
     assert np.array_equal(got[:, :, 1], a.T @ b) and not got[:, :, 0].any()
+
+
+def k_matmul_strided_partial(a, b):
+    """conv3d's padded taps: a matmul into a strided [M, 2, 3] window of a [M, 2, 4] PSUM tile, then
+    one into the whole tile (accumulating onto the window, writing the rest)."""
+    sa, sb = load(a), load(b)
+    ps = nl.ndarray((a.shape[1], 2, 4), nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=ps[:, :, 1:4], stationary=sa, moving=sb[:, 0:6])
+    nisa.nc_matmul(dst=ps, stationary=sa, moving=sb)
+    return evacuate(ps)
+
+
+@pytest.mark.parametrize("target", V3)
+def test_matmul_accumulates_onto_a_strided_window(target):
+    a, b = ints_as_f32((P, 32), -3, 3, 20), ints_as_f32((P, 8), -3, 3, 21)
+    got = run(k_matmul_strided_partial, target, a, b).reshape(32, 2, 4)
+    want = (a.T @ b).reshape(32, 2, 4)
+    want[:, :, 1:4] += (a.T @ b[:, 0:6]).reshape(32, 2, 3)
+    assert np.array_equal(got, want)
