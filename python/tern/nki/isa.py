@@ -58,6 +58,9 @@ def _engine(e, default):
     return _CORE_ENGINE[engine(e)]
 
 
+from tern.nki._psum_accumulate import auto_accumulate as _auto_accumulate  # noqa: E402
+
+
 def _noop_when_empty(fn):
     """An operand with no elements (an empty slice): the call does nothing."""
     @functools.wraps(fn)
@@ -67,69 +70,6 @@ def _noop_when_empty(fn):
         except T.Empty:
             return None
     return call
-
-
-def _auto_accumulate(dst, view, accumulate):
-    """accumulate=None: a matmul overwrites the PSUM locations no earlier
-    matmul of the kernel wrote and accumulates onto those one did (tracked
-    per element of the allocation, so a fresh tile at a reused address
-    starts over). One instruction accumulates or not: where it covers both,
-    tern first zeroes the unwritten columns (a Vector memset)."""
-    alloc = dst._alloc
-    if alloc is None or alloc.dtype is None or _core.dtype_size(dst.dtype) != _core.dtype_size(alloc.dtype):
-        written = alloc.matmul_written if alloc is not None else _tracer.current().matmul_targets
-        key = repr(view)
-        if accumulate is None:
-            accumulate = key in written
-        written.add(key)
-        return bool(accumulate)
-    # Fast paths: the first matmul into the tile, and a view written before.
-    key = (dst._p0, dst._np, dst._off, tuple(dst._free))
-    views = alloc.matmul_written
-    if not views or key in views:
-        if accumulate is None:
-            accumulate = bool(views)
-        views.add(key)
-        return bool(accumulate)
-    if alloc.matmul_mask is None:  # element by element from here on
-        alloc.matmul_mask = np.zeros((max(128, dst._p0 + dst._np), alloc.free), bool)
-        for p0, n, off, free in views:
-            alloc.matmul_mask[p0:p0 + n, _columns(off, free)] = True
-    cols = _columns(dst._off, dst._free)
-    rows = slice(dst._p0, dst._p0 + dst._np)
-    seen = alloc.matmul_mask[rows][:, cols]
-    if accumulate is None:
-        accumulate = bool(seen.any())
-        if accumulate and not seen.all():
-            _zero_unwritten(dst, seen)
-    alloc.matmul_mask[rows, cols] = True
-    views.add(key)
-    return bool(accumulate)
-
-
-def _columns(off, free):
-    """The element offsets (in a partition) of a view's free pattern, flat."""
-    if not free:
-        return np.array([off])
-    return (off + sum(np.ix_(*[np.arange(c) * s for s, c in free]))).reshape(-1)
-
-
-def _zero_unwritten(dst, seen):
-    """Zeroes the columns (flat free index) of dst no matmul wrote yet."""
-    if not (seen == seen[0:1]).all():
-        raise NotImplementedError("not supported: a matmul onto PSUM rows written in part by earlier matmuls "
-                                  f"(partitions differ; {_tracer.kernel_location()})")
-    counts = [c for _, c in dst._free] or [1]
-    todo = np.flatnonzero(~seen[0])
-    start = 0
-    while start < len(todo):  # runs of consecutive unwritten elements along the last free dim
-        end = start
-        while end + 1 < len(todo) and todo[end + 1] == todo[end] + 1 and todo[end + 1] % counts[-1] != 0:
-            end += 1
-        first = np.unravel_index(int(todo[start]), counts)
-        key = (slice(None),) + tuple(int(i) for i in first[:-1]) + (slice(int(first[-1]), int(first[-1]) + end - start + 1),)
-        memset(dst=dst[key] if dst._free else dst, value=0.0)
-        start = end + 1
 
 
 def _column(col, like, what="a tensor operand"):
@@ -222,68 +162,8 @@ def dma_compute(dst, srcs, reduce_op, scales=None, name=None):
         b.dma_copy(d, _t(x, "srcs"), -1, True, _core.Engine.sync)
 
 
-@_tracer.status("partial: a 3-D / 4-D transpose whose middle dims are not 1 is timed as one DMA transpose per "
-                "middle index; the indirect form as a gather then a transpose")
-def dma_transpose(dst, src, axes=None, dge_mode=dge_mode.unknown, oob_mode=oob_mode.error, name=None):
-    """dst = src transposed by the DMA engine: [A, B] -> [B, A], [A, B, C] ->
-    [C, B, A] (axes (2, 1, 0)), [A, B, C, D] -> [D, B, C, A] (axes (3, 1, 2,
-    0)); the bytes move unchanged. dge_mode=hwdge (the hardware DGE) moves
-    2-byte types only."""
-    want = tuple(range(src.ndim))[::-1] if src.ndim < 4 else (3, 1, 2, 0)
-    if src.ndim > 4 or (axes is not None and tuple(axes) != want):
-        raise NotImplementedError(f"not supported: dma_transpose of a {src.ndim}-D tile with axes="
-                                  f"{None if axes is None else tuple(axes)} (NKI's are (1, 0), (2, 1, 0), "
-                                  f"(3, 1, 2, 0))")
-    if dge_mode == constants.dge_mode.hwdge and _core.dtype_size(src.dtype) != 2:
-        raise ValueError(f"dma_transpose(dge_mode=hwdge) moves 2-byte types, not {src.dtype} "
-                         f"({_tracer.kernel_location()})")
-    if _indirect(src) and _indirect(src)[1] is not None and _indirect(src)[1].ndim == 2 \
-            and _indirect(src)[1].shape[1] > 1:
-        _transpose_index_columns(dst, src, axes, dge_mode, oob_mode)
-        return
-    if _indirect(src):
-        # The indirect form (a software-DGE dma_gather_transpose): tern
-        # gathers the indexed rows into SBUF, then transposes them.
-        staged = _scratch(src.shape, src.dtype)
-        from tern.nki import _indirect as ind
-        ind.dma(staged, src, False, int(oob_mode) == int(constants.oob_mode.skip), _core.Engine.sync)
-        src = staged
-    if src.ndim <= 2:
-        _tracer.current().at().dma_transpose(_t(_flat2(dst), "dst"), _t(_flat2(src), "src"))
-        return
-    if dst.ndim != src.ndim or tuple(dst.shape) != tuple(src.shape[i] for i in want):
-        raise ValueError(f"dma_transpose: dst {tuple(dst.shape)} is not src {tuple(src.shape)} permuted by "
-                         f"{want} ({_tracer.kernel_location()})")
-    # One [A, D] -> [D, A] transpose per index of the middle dims.
-    b = _tracer.current().at()
-    for mid in itertools.product(*(range(n) for n in src.shape[1:-1])):
-        b.dma_transpose(_t(_plane(dst, mid), "dst"), _t(_plane(src, mid), "src"))
-
-
-def _transpose_index_columns(dst, src, axes, dge_mode, oob_mode):
-    """An indirect transpose with a [P, n] index tile: source row c * P + i
-    is index [i, c]; one gather-transpose of P rows per index column."""
-    _, vector, k, strides = src._indirect
-    parts, n = vector.shape
-    rows = src.shape[0]
-    if rows > parts * n:  # nki.isa.dma_transpose: indices.shape[0] * indices.shape[1] >= src.shape[0]
-        raise ValueError(f"dma_transpose: {rows} indirect rows with a {list(vector.shape)} index tile "
-                         f"({_tracer.kernel_location()})")
-    for c in range(-(-rows // parts)):
-        m = min(parts, rows - c * parts)
-        part = src._like(src._p0, m, src._off, src._free, src._row_stride)
-        part._indirect = (None, vector[0:m, c:c + 1], k, strides)
-        cols = (slice(None),) * (dst.ndim - 1) + (slice(c * parts, c * parts + m),)
-        dma_transpose(dst=dst[cols], src=part, axes=axes, dge_mode=dge_mode, oob_mode=oob_mode)
-
-
-def _plane(x, mid):
-    """The 2-D view x[:, mid..., :] of a tile or HBM tensor."""
-    dims = x._dims()
-    off = x._off + sum(i * dims[k + 1][0] for k, i in enumerate(mid))
-    if x.is_hbm:
-        return x._like(0, dims[0][1], off + x._p0 * x._row_stride, [dims[-1]], dims[0][0])
-    return x._like(x._p0, x._np, off, [dims[-1]])
+# dma_transpose lives in _isa_transpose.
+from tern.nki._isa_transpose import dma_transpose  # noqa: E402,F401
 
 
 # ----------------------------------------------------------------- tensor
@@ -833,8 +713,9 @@ def activate2(dst, op, data, imm0, imm1, op0, op1, relu_param=0.0, reverse0=Fals
 
 
 
+_HERE = (__name__, "tern.nki._isa_transpose", "tern.nki._isa_control", "tern.nki._isa_random")
 for _name, _fn in list(globals().items()):
-    if callable(_fn) and not _name.startswith("_") and getattr(_fn, "__module__", None) == __name__ \
-            and not isinstance(_fn, type) and _name != "get_nc_version":
+    if callable(_fn) and not _name.startswith("_") and getattr(_fn, "__module__", None) in _HERE \
+            and not isinstance(_fn, type) and _name not in ("get_nc_version", "register_alloc", "scalar_load"):
         globals()[_name] = _noop_when_empty(_fn)
 del enum
