@@ -7,6 +7,8 @@
 #include <memory>
 #include <string>
 
+#include <unistd.h>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -142,9 +144,11 @@ void run(Args a) {
     sim::Simulator s(chip);
     sim::Options so;
     so.mode = sim::Mode::timing;
+    // A progress line only on a terminal (a log gets no carriage returns).
+    const bool progress = a.progress && !a.json && ::isatty(2);
     for (std::size_t i = 0; i < exe.launches.size(); ++i) {
       const graph::Launch& l = exe.launches[i];
-      if (a.progress && !a.json)
+      if (progress)
         std::fprintf(stderr, "\rsimulating kernel %zu of %zu", i + 1, exe.launches.size());
       s.load(l.program);
       const double ns = s.run(so).latency_ns;
@@ -159,7 +163,7 @@ void run(Args a) {
       if (kg.detail.empty() && l.kernel == kg.kernel) est.back().detail = l.detail;
       est_total += ns;
     }
-    if (a.progress && !a.json) std::fprintf(stderr, "\r%40s\r", "");
+    if (progress) std::fprintf(stderr, "\r%40s\r", "");
     unlowered = exe.unlowered;
     plan.temp_peak = exe.plan.temp_peak, plan.temps_counted = true;
   }

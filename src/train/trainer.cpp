@@ -43,6 +43,18 @@ double learning_rate(const TrainConfig& c, std::int64_t step) {
 }
 
 namespace {
+// The text file to train on: as given (relative to the working directory),
+// except the built-in default's corpus, which is found in tern's data
+// directory when the working directory has no data/ of its own.
+std::filesystem::path corpus_path(const std::string& text) {
+  const std::filesystem::path given(text);
+  if (text == TrainConfig{}.text && !std::filesystem::exists(given))
+    return arch::data_dir() / given.filename();
+  return given;
+}
+}  // namespace
+
+namespace {
 
 std::int64_t llama_ffn(const TrainConfig& c) {
   if (c.ffn > 0) return c.ffn;
@@ -169,7 +181,7 @@ Trainer::Trainer(const TrainConfig& c, runtime::Comm* comm) : c_(c), comm_(comm)
           throw Error(fmt::format("{}: token {} is past the tokenizer's vocabulary of {}", c_.data,
                                   x, tok_->vocab()));
   } else {
-    const std::string text = read_file(c_.text);
+    const std::string text = read_file(corpus_path(c_.text));
     auto ct = std::make_unique<CharTokenizer>(CharTokenizer::from_text(text));
     const auto tokens = ct->encode(text);
     tok_ = std::move(ct);

@@ -231,6 +231,16 @@ expect_err "autocast 'mxfp9': expected none, matmult or all (or a recipe: bf16, 
 expect_err "autocast type float8_e5m2: expected bf16, fp16 or fp8_e4m3" compile --model gpt2 --autocast matmult --autocast-type fp8_e5m2
 expect_err "unknown MX scale policy 'round'" compile --model gpt2 --autocast mxfp8 --mx-policy round
 expect_err "mxfp8_e4m3 operands need K to be a multiple of 32, got K = 100" compile --model gpt2 --dim 100 --heads 1 --autocast mxfp8
+# Progress lines only on a terminal: stderr to a file gets no carriage returns.
+run compile --model gpt2 --layers 1 --dim 128 --heads 2 --vocab 97 --seq 64 --batch 2 --train --estimate
+if [ $rc -eq 0 ] && ! grep -q $'\r' "$tmp/err"; then ok; else bad "compile --estimate wrote carriage returns to a file"; fi
+# The built-in default finds its corpus from any working directory.
+mkdir -p "$tmp/elsewhere"
+if (cd "$tmp/elsewhere" && "$TERN" train --steps 2 >"$tmp/out" 2>"$tmp/err") && grep -q "over 2 steps" "$tmp/out"; then
+  ok
+else
+  bad "tern train from another directory: $(cat "$tmp/err")"
+fi
 # The precision recipes lower completely: quantize launches before the matmuls.
 small="--model gpt2 --layers 1 --dim 128 --heads 2 --vocab 97 --seq 64 --batch 2 --train --estimate --no-progress"
 expect_ok "by launched kernel" compile $small --autocast mxfp8
