@@ -63,13 +63,12 @@ def _zero_unwritten(dst, seen):
         raise NotImplementedError("not supported: a matmul onto PSUM rows written in part by earlier matmuls "
                                   f"(partitions differ; {_tracer.kernel_location()})")
     counts = [c for _, c in dst._free] or [1]
-    todo = np.flatnonzero(~seen[0])
-    start = 0
-    while start < len(todo):  # runs of consecutive unwritten elements along the last free dim
-        end = start
-        while end + 1 < len(todo) and todo[end + 1] == todo[end] + 1 and todo[end + 1] % counts[-1] != 0:
-            end += 1
-        first = np.unravel_index(int(todo[start]), counts)
-        key = (slice(None),) + tuple(int(i) for i in first[:-1]) + (slice(int(first[-1]), int(first[-1]) + end - start + 1),)
+    unwritten = np.flatnonzero(~seen[0])
+    # Runs of consecutive unwritten elements, each within one row of the
+    # last free dim: one memset per run.
+    breaks = np.flatnonzero((np.diff(unwritten) != 1) | (unwritten[1:] % counts[-1] == 0)) + 1
+    for run in np.split(unwritten, breaks):
+        first = np.unravel_index(int(run[0]), counts)
+        lead = tuple(int(i) for i in first[:-1])
+        key = (slice(None),) + lead + (slice(int(first[-1]), int(first[-1]) + len(run)),)
         _isa().memset(dst=dst[key] if dst._free else dst, value=0.0)
-        start = end + 1

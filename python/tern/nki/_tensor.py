@@ -5,6 +5,7 @@ an element offset and a (stride, count) per free dim; nothing here emits an
 instruction."""
 import math
 
+from tern.nki import _ap_fields
 from tern.nki import _tracer
 
 
@@ -333,7 +334,7 @@ class NkiTensor:
             raise Empty()
         if self._limits:
             raise IndexError(next(iter(self._limits.values()))[2])
-        free = _split_long_dims(self._free) if self._free else [(1, 1)]
+        free = _ap_fields.split_long_dims(self._free) if self._free else [(1, 1)]
         return self._base.view(self._p0, self._np, self._off, free, self._row_stride)
 
     # ---------------------------------------------------------- indexing
@@ -744,27 +745,6 @@ class IndirectView(NkiTensor):
                               self.name, self._row_stride, self._alloc)
             isa.local_gather(dst=whole, src_buffer=data, index=index, num_elem_per_idx=1, num_valid_indices=n)
         return super()._tensor()
-
-
-# An access-pattern dim counts at most this many elements, with a stride of
-# at most this magnitude (the ISA's 16-bit fields; sim/check.cpp enforces them).
-_MAX_COUNT, _MAX_STRIDE = 65535, 32767
-
-
-def _split_long_dims(free):
-    """Dims longer than an access-pattern field holds, split in two (outer x
-    inner, the same elements in the same order), as the compiler lowers
-    them; one with no such factors stays (the rule check names it)."""
-    out = []
-    for s, c in free:
-        if c > _MAX_COUNT:
-            inner = next((k for k in range(min(_MAX_COUNT, _MAX_STRIDE // max(abs(s), 1)), 1, -1)
-                          if c % k == 0 and c // k <= _MAX_COUNT), None)
-            if inner is not None:
-                out += [(s * inner, c // inner), (s, inner)]
-                continue
-        out.append((s, c))
-    return out
 
 
 def _free_contiguous(free):
