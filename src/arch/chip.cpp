@@ -1,5 +1,7 @@
 #include "arch/chip.h"
 
+#include <dlfcn.h>
+
 #include <unistd.h>
 #include <algorithm>
 #include <cstdlib>
@@ -170,16 +172,33 @@ ChipSpec load_chip_file(const std::filesystem::path& file) {
   return c;
 }
 
+namespace {
+// The file this code was loaded from: the tern executable, or the Python
+// module tern/_core*.so when the library runs inside python3 (where
+// /proc/self/exe is the interpreter).
+std::filesystem::path own_binary() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&own_binary), &info) != 0 && info.dli_fname != nullptr &&
+      info.dli_fname[0] == '/')
+    return info.dli_fname;
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::filesystem::path() : exe;
+}
+}  // namespace
+
 std::filesystem::path data_dir() {
   namespace fs = std::filesystem;
   if (const char* env = std::getenv("TERN_DATA_DIR"); env && *env) return fs::path(env);
+  // Up from the binary's folder: the build tree (build/tern -> data/ in the
+  // source tree is compiled in below), an install prefix (bin/tern or
+  // lib/python3/dist-packages/tern/_core.so -> share/tern/data).
   std::error_code ec;
-  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec) {
-    for (const fs::path& cand : {exe.parent_path().parent_path() / "data",
-                                 exe.parent_path().parent_path() / "share" / "tern" / "data"}) {
-      if (fs::is_directory(cand / "arch", ec)) return cand;
-    }
+  fs::path dir = own_binary().parent_path();
+  for (int up = 0; up < 5 && !dir.empty(); ++up, dir = dir.parent_path()) {
+    for (const fs::path& cand : {dir / "share" / "tern" / "data", dir / "data"})
+      if (fs::is_regular_file(cand / "arch" / "trn3.toml", ec)) return cand;
+    if (dir == dir.root_path()) break;
   }
   return fs::path(TERN_SOURCE_DATA_DIR);
 }

@@ -122,8 +122,11 @@ ChipSpec load_chip_file(const std::filesystem::path& file);
 // A name from data/arch ("trn3") or a path to a .toml file.
 ChipSpec load_chip(std::string_view name_or_path);
 
-// The data directory: $TERN_DATA_DIR, else ../data beside the executable's
-// folder, else the source tree's data/ (compiled in).
+// The data directory (arch/, plan/, the default corpus): $TERN_DATA_DIR;
+// else the first share/tern/data or data/ holding arch/trn3.toml in the
+// folder of the binary this code runs from (the tern executable or the
+// Python module) or up to four folders above it: an install prefix or the
+// source tree of a build; else the source tree's data/ (compiled in).
 std::filesystem::path data_dir();
 // Names of the chip descriptions and system descriptions found in data/arch.
 std::vector<std::string> list_chips();

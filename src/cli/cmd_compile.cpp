@@ -14,6 +14,7 @@
 
 #include "arch/chip.h"
 #include "cli/commands.h"
+#include "cli/options.h"
 #include "graph/autocast.h"
 #include "graph/autodiff.h"
 #include "graph/fusion.h"
@@ -272,60 +273,92 @@ void add_compile_command(CLI::App& app) {
       "compile",
       "Compile a graph: autodiff (--train), operator fusion and the HBM plan, with reports");
   cmd->add_option("graph", a->file, "Graph file (.tgraph text form; docs/graph.md)");
-  cmd->add_option("--model", a->model, "A built-in model instead of a file: gpt2 or llama");
-  cmd->add_option("--layers", a->layers, "Built-in model: layers")->capture_default_str();
-  cmd->add_option("--dim", a->dim, "Built-in model: hidden size")->capture_default_str();
-  cmd->add_option("--heads", a->heads, "Built-in model: attention heads")->capture_default_str();
-  cmd->add_option("--kv-heads", a->kv_heads, "llama: kv heads (default: --heads)");
-  cmd->add_option("--ffn", a->ffn, "llama: feed-forward size (default: 4 x --dim)");
-  cmd->add_option("--vocab", a->vocab, "Built-in model: vocabulary")->capture_default_str();
-  cmd->add_option("--seq", a->seq, "Built-in model: sequence length")->capture_default_str();
-  cmd->add_option("--batch", a->batch, "Built-in model: micro-batch")->capture_default_str();
+  one_of(cmd->add_option("--model", a->model, "A built-in model instead of a file: gpt2 or llama"),
+         {"gpt2", "llama"});
+  int_range(cmd->add_option("--layers", a->layers, "Built-in model: layers")->capture_default_str(),
+            1, 4096);
+  int_range(cmd->add_option("--dim", a->dim, "Built-in model: hidden size")->capture_default_str(),
+            1, 1 << 20);
+  int_range(cmd->add_option("--heads", a->heads, "Built-in model: attention heads")
+                ->capture_default_str(),
+            1, 4096);
+  int_range(cmd->add_option("--kv-heads", a->kv_heads, "llama: kv heads (default: --heads)"), 0,
+            4096);
+  int_range(cmd->add_option("--ffn", a->ffn, "llama: feed-forward size (default: 4 x --dim)"), 0,
+            1 << 22);
+  int_range(
+      cmd->add_option("--vocab", a->vocab, "Built-in model: vocabulary")->capture_default_str(), 1,
+      1 << 24);
+  int_range(
+      cmd->add_option("--seq", a->seq, "Built-in model: sequence length")->capture_default_str(), 1,
+      1 << 24);
+  int_range(
+      cmd->add_option("--batch", a->batch, "Built-in model: micro-batch")->capture_default_str(), 1,
+      1 << 20);
   cmd->add_option("--dtype", a->dtype, "Built-in model: weights and activations dtype")
       ->capture_default_str();
   cmd->add_flag("--train", a->train,
                 "Add the backward pass: gradients of the scalar output for every param");
-  cmd->add_option("--optimizer", a->optimizer,
-                  "With --train: adamw (the AdamW step in the graph: FP32 masters and moments "
-                  "as inputs, updates carried into them) or none (forward and backward only)")
-      ->capture_default_str();
-  cmd->add_option("--optimizer-bytes", a->optimizer_bytes,
-                  "Extra optimizer state per parameter in the fit check (default 0; 12 with "
-                  "--train --optimizer none: AdamW's FP32 master, m, v)");
-  cmd->add_option("--autocast", a->autocast,
-                  "Precision policy: none, matmult (matmuls and attention in --autocast-type), "
-                  "all (all but norms, softmax, cross-entropy, embedding), or a recipe: bf16, "
-                  "fp8-hybrid (E4M3 forward, E5M2 gradients, per-tensor current scaling), mxfp8 "
-                  "(MX blocks of 32, --mx-policy scales), mxfp4 (MXFP4 weights, MXFP8 the rest); "
-                  "recipes keep the LM head, norms, softmax and embeddings in BF16")
-      ->capture_default_str();
-  cmd->add_option("--autocast-type", a->autocast_type,
-                  "With matmult / all: bf16, fp16 or fp8_e4m3 (matmul operands per-tensor E4M3, "
-                  "current scaling)")
-      ->capture_default_str();
-  cmd->add_option("--fp8-scaling", a->fp8_scaling,
-                  "Per-tensor FP8 scales (fp8-hybrid, fp8_e4m3): current (from this step's amax) "
-                  "or delayed (from an amax history of earlier steps, kept by the runtime)")
-      ->capture_default_str();
-  cmd->add_option("--amax-history", a->amax_history, "Delayed scaling's amax history length")
-      ->capture_default_str();
-  cmd->add_option("--mx-policy", a->mx_policy,
-                  "MX scale policy of the mx recipes: rceil, trn3 "
-                  "(QuantizeMX on chip) or ocp-floor")
-      ->capture_default_str();
-  cmd->add_option("--recompute", a->recompute,
-                  "Activation recomputation with --train: none or selective (cheap ops "
-                  "recomputed before the backward reads them)")
-      ->capture_default_str();
+  one_of(
+      cmd->add_option("--optimizer", a->optimizer,
+                      "With --train: adamw (the AdamW step in the graph: FP32 masters and moments "
+                      "as inputs, updates carried into them) or none (forward and backward only)")
+          ->capture_default_str(),
+      {"adamw", "none"});
+  int_range(
+      cmd->add_option("--optimizer-bytes", a->optimizer_bytes,
+                      "Extra optimizer state per parameter in the fit check (default 0; 12 with "
+                      "--train --optimizer none: AdamW's FP32 master, m, v)"),
+      0, 1024);
+  one_of(cmd->add_option(
+                "--autocast", a->autocast,
+                "Precision policy: none, matmult (matmuls and attention in --autocast-type), "
+                "all (all but norms, softmax, cross-entropy, embedding), or a recipe: bf16, "
+                "fp8-hybrid (E4M3 forward, E5M2 gradients, per-tensor current scaling), mxfp8 "
+                "(MX blocks of 32, --mx-policy scales), mxfp4 (MXFP4 weights, MXFP8 the rest); "
+                "recipes keep the LM head, norms, softmax and embeddings in BF16")
+             ->capture_default_str(),
+         {"none", "matmult", "all", "bf16", "fp8-hybrid", "mxfp8", "mxfp4"});
+  one_of(cmd->add_option(
+                "--autocast-type", a->autocast_type,
+                "With matmult / all: bf16, fp16 or fp8_e4m3 (matmul operands per-tensor E4M3, "
+                "current scaling)")
+             ->capture_default_str(),
+         {"bf16", "fp16", "fp8_e4m3"});
+  one_of(cmd->add_option(
+                "--fp8-scaling", a->fp8_scaling,
+                "Per-tensor FP8 scales (fp8-hybrid, fp8_e4m3): current (from this step's amax) "
+                "or delayed (from an amax history of earlier steps, kept by the runtime)")
+             ->capture_default_str(),
+         {"current", "delayed"});
+  int_range(
+      cmd->add_option("--amax-history", a->amax_history, "Delayed scaling's amax history length")
+          ->capture_default_str(),
+      1, 1 << 20);
+  one_of(cmd->add_option("--mx-policy", a->mx_policy,
+                         "MX scale policy of the mx recipes: rceil, trn3 "
+                         "(QuantizeMX on chip) or ocp-floor")
+             ->capture_default_str(),
+         {"rceil", "trn3", "ocp-floor"});
+  one_of(cmd->add_option("--recompute", a->recompute,
+                         "Activation recomputation with --train: none or selective (cheap ops "
+                         "recomputed before the backward reads them)")
+             ->capture_default_str(),
+         {"none", "selective"});
   cmd->add_option("--arch", a->arch, "Chip whose HBM must hold the plan")->capture_default_str();
-  cmd->add_option("--cores", a->cores,
-                  "--estimate: physical NeuronCores each kernel uses (0: all of the chip's)")
-      ->capture_default_str();
-  cmd->add_option("--lnc", a->lnc,
-                  "--estimate: logical NeuronCore setting, 1 or 2 (2 pairs the cores for the "
-                  "matmuls; NeuronCore-v3+)")
-      ->capture_default_str();
-  cmd->add_option("--emit", a->emit, "Write the compiled graph's text form to this file");
+  int_range(
+      cmd->add_option("--cores", a->cores,
+                      "--estimate: physical NeuronCores each kernel uses (0: all of the chip's)")
+          ->capture_default_str(),
+      0, 1024);
+  int_range(
+      cmd->add_option("--lnc", a->lnc,
+                      "--estimate: logical NeuronCore setting, 1 or 2 (2 pairs the cores for the "
+                      "matmuls; NeuronCore-v3+)")
+          ->capture_default_str(),
+      1, 2);
+  output_file(
+      cmd->add_option("--emit", a->emit, "Write the compiled graph's text form to this file"));
   cmd->add_flag("--report", a->report,
                 "Print the fusion report (each op, its kernel, why an op runs alone), the largest "
                 "tensors and the per-kernel time estimate (--estimate)");

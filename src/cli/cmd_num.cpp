@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/options.h"
 #include "cli/table.h"
 #include "num/convert.h"
 #include "num/format.h"
@@ -122,10 +123,13 @@ struct CastArgs {
 };
 
 void add_cast_options(CLI::App* cmd, CastArgs& a) {
-  cmd->add_option("--round", a.round, "Rounding: rne (nearest, ties to even) or sr (stochastic)")
-      ->capture_default_str();
-  cmd->add_option("--seed", a.seed, "Seed of the stochastic rounding stream")
-      ->capture_default_str();
+  one_of(cmd->add_option("--round", a.round,
+                         "Rounding: rne (nearest, ties to even) or sr (stochastic)")
+             ->capture_default_str(),
+         {"rne", "sr"});
+  int_range(cmd->add_option("--seed", a.seed, "Seed of the stochastic rounding stream")
+                ->capture_default_str(),
+            0);
   cmd->add_flag("--json", a.json, "Print JSON");
 }
 
@@ -216,11 +220,13 @@ void mx_cmd(CLI::App& num) {
       num.add_subcommand("mx",
                          "Quantize one or more 32-value MX blocks: tern num mx --format mxfp8-e4m3 "
                          "--policy rceil v1 ... v32");
-  cmd->add_option("--format", a->fmt,
-                  "mxfp8-e4m3, mxfp8-e5m2, mxfp6-e3m2, mxfp6-e2m3, mxfp4, mxint8")
-      ->capture_default_str();
-  cmd->add_option("--policy", a->policy, "Scale policy: ocp-floor, rceil or trn3")
-      ->capture_default_str();
+  one_of(cmd->add_option("--format", a->fmt,
+                         "mxfp8-e4m3, mxfp8-e5m2, mxfp6-e3m2, mxfp6-e2m3, mxfp4, mxint8")
+             ->capture_default_str(),
+         {"mxfp8-e4m3", "mxfp8-e5m2", "mxfp6-e3m2", "mxfp6-e2m3", "mxfp4", "mxint8"});
+  one_of(cmd->add_option("--policy", a->policy, "Scale policy: ocp-floor, rceil or trn3")
+             ->capture_default_str(),
+         {"ocp-floor", "rceil", "trn3"});
   cmd->add_option("values", a->values,
                   "Values (a short last block is padded with zeros, which leaves amax unchanged)")
       ->required();

@@ -16,6 +16,7 @@
 
 #include "arch/system.h"
 #include "cli/commands.h"
+#include "cli/options.h"
 #include "cli/table.h"
 #include "fabric/network.h"
 #include "plan/estimate.h"
@@ -27,6 +28,7 @@ namespace tern::cli {
 
 using nlohmann::json;
 using plan::Estimate;
+using plan::kMaxChips;
 using plan::Layout;
 
 namespace {
@@ -60,27 +62,41 @@ void add_request_flags(CLI::App& c, PlanArgs& a, bool layout) {
       fmt::format("Model preset (data/plan/models) or a .toml file [default: {}]", kDefaultModel));
   c.add_option("--system", a.system,
                fmt::format("System (tern info --list) [default: {}]", kDefaultSystem));
-  c.add_option("--chips", a.chips, "Chips (default: one system)");
-  c.add_option("--global-batch", a.global_batch,
-               "Sequences per step (default: about 16M tokens, a power of two per chip)");
-  c.add_option("--micro-batch", a.micro_batch, "Sequences per micro-batch (default 1)");
-  c.add_option("--tokens", a.tokens, "Tokens to train, for time and cost to train (e.g. 1e12)");
-  c.add_option("--recipe", a.recipe, "GEMM precision: bf16, fp8, mxfp8 (default bf16)");
-  c.add_option("--attention", a.attention, "flash (default) or unfused (scores through HBM)");
-  c.add_option("--dp-overlap", a.dp_overlap,
-               "Fraction of the last backward that hides DP traffic (default 1)");
-  c.add_option("--tp-overlap", a.tp_overlap, "Fraction of TP traffic hidden (default 0)");
-  c.add_option("--price", a.price, "USD per chip-hour, for cost");
+  int_range(c.add_option("--chips", a.chips, "Chips (default: one system)"), 1, kMaxChips);
+  int_range(c.add_option("--global-batch", a.global_batch,
+                         "Sequences per step (default: about 16M tokens, a power of two per chip)"),
+            1, 1LL << 40);
+  int_range(c.add_option("--micro-batch", a.micro_batch, "Sequences per micro-batch (default 1)"),
+            1, 1 << 20);
+  number_range(
+      c.add_option("--tokens", a.tokens, "Tokens to train, for time and cost to train (e.g. 1e12)"),
+      0, 1e20);
+  one_of(c.add_option("--recipe", a.recipe, "GEMM precision: bf16, fp8, mxfp8 (default bf16)"),
+         {"bf16", "fp8", "mxfp8"});
+  one_of(
+      c.add_option("--attention", a.attention, "flash (default) or unfused (scores through HBM)"),
+      {"flash", "unfused"});
+  number_range(c.add_option("--dp-overlap", a.dp_overlap,
+                            "Fraction of the last backward that hides DP traffic (default 1)"),
+               0, 1);
+  number_range(
+      c.add_option("--tp-overlap", a.tp_overlap, "Fraction of TP traffic hidden (default 0)"), 0,
+      1);
+  number_range(c.add_option("--price", a.price, "USD per chip-hour, for cost"), 0, 1e9);
   if (layout) {
-    c.add_option("--dp", a.dp, "Data parallel (default: what the other dims leave)");
-    c.add_option("--tp", a.tp, "Tensor parallel");
-    c.add_option("--pp", a.pp, "Pipeline stages");
-    c.add_option("--vpp", a.vpp, "Interleaved model chunks per device");
-    c.add_option("--ep", a.ep, "Expert parallel (within dp)");
-    c.add_option("--cp", a.cp, "Context parallel");
-    c.add_option("--sp", a.sp, "Sequence parallel: true or false (default: true when tp > 1)");
-    c.add_option("--zero", a.zero, "ZeRO stage 0-3");
-    c.add_option("--recompute", a.recompute, "Activation recompute: none, selective, full");
+    int_range(c.add_option("--dp", a.dp, "Data parallel (default: what the other dims leave)"), 1,
+              kMaxChips);
+    int_range(c.add_option("--tp", a.tp, "Tensor parallel"), 1, kMaxChips);
+    int_range(c.add_option("--pp", a.pp, "Pipeline stages"), 1, kMaxChips);
+    int_range(c.add_option("--vpp", a.vpp, "Interleaved model chunks per device"), 1, 1024);
+    int_range(c.add_option("--ep", a.ep, "Expert parallel (within dp)"), 1, kMaxChips);
+    int_range(c.add_option("--cp", a.cp, "Context parallel"), 1, kMaxChips);
+    one_of(
+        c.add_option("--sp", a.sp, "Sequence parallel: true or false (default: true when tp > 1)"),
+        {"true", "false"});
+    int_range(c.add_option("--zero", a.zero, "ZeRO stage 0-3"), 0, 3);
+    one_of(c.add_option("--recompute", a.recompute, "Activation recompute: none, selective, full"),
+           {"none", "selective", "full"});
     c.add_option("--order", a.order, "Rank order, innermost first (default tp-cp-dp-pp)");
   }
   c.add_flag("--json", a.json, "Print JSON");
@@ -290,13 +306,14 @@ plan::Planner make_planner(const plan::Request& r) {
 // a part of one), at most `most`, largest first.
 std::vector<int> chip_counts(const arch::SystemSpec& s, double most) {
   std::vector<int> out;
+  most = std::min(most, static_cast<double>(kMaxChips));
   const double whole = std::floor(most / s.chips);
   if (s.scale_out) {
-    for (double k = std::min(whole, 1e6); k >= 1; --k) out.push_back(static_cast<int>(k) * s.chips);
+    for (double k = whole; k >= 1; --k) out.push_back(static_cast<int>(k) * s.chips);
   } else if (whole >= 1) {
     out.push_back(s.chips);
   }
-  for (int c = std::min(s.chips - 1, static_cast<int>(std::min(most, 1e6))); c >= 1; --c) {
+  for (int c = std::min(s.chips - 1, static_cast<int>(most)); c >= 1; --c) {
     try {
       fabric::Network::of(s, c);
       out.push_back(c);
@@ -371,12 +388,18 @@ void add_collective_command(CLI::App& plan_cmd) {
   };
   auto o = std::make_shared<Opts>();
   c->add_option("--system", o->system, "System (tern info --list)")->capture_default_str();
-  c->add_option("--chips", o->chips, "Chips of the network (default: one system)");
-  c->add_option("--op", o->op, "all-reduce, all-gather, reduce-scatter, all-to-all, send-recv")
-      ->capture_default_str();
-  c->add_option("--ranks", o->ranks, "Group size (default: every chip; send-recv: 2)");
-  c->add_option("--stride", o->stride, "Chips between consecutive ranks (1: a contiguous group)")
-      ->capture_default_str();
+  int_range(c->add_option("--chips", o->chips, "Chips of the network (default: one system)"), 1,
+            kMaxChips);
+  one_of(
+      c->add_option("--op", o->op, "all-reduce, all-gather, reduce-scatter, all-to-all, send-recv")
+          ->capture_default_str(),
+      {"all-reduce", "all-gather", "reduce-scatter", "all-to-all", "send-recv"});
+  int_range(c->add_option("--ranks", o->ranks, "Group size (default: every chip; send-recv: 2)"), 2,
+            kMaxChips);
+  int_range(c->add_option("--stride", o->stride,
+                          "Chips between consecutive ranks (1: a contiguous group)")
+                ->capture_default_str(),
+            1, kMaxChips);
   c->add_option("--bytes", o->bytes, "Sizes (all-reduce: the buffer; all-gather: the result; ...)")
       ->delimiter(',')
       ->capture_default_str();
@@ -506,7 +529,7 @@ void add_plan_command(CLI::App& app) {
   auto sa = std::make_shared<PlanArgs>();
   auto top = std::make_shared<int>(10);
   add_request_flags(*s, *sa, false);
-  s->add_option("--top", *top, "How many to list")->capture_default_str();
+  int_range(s->add_option("--top", *top, "How many to list")->capture_default_str(), 1, 1 << 20);
   s->callback([sa, top] {
     const auto r = build_request(*sa, false);
     const auto p = make_planner(r);
@@ -563,10 +586,14 @@ void add_plan_command(CLI::App& app) {
   auto budget = std::make_shared<double>(0);
   add_request_flags(*c, *ca, false);
   c->add_option("--systems", *systems, "Systems to compare")->delimiter(',')->capture_default_str();
-  c->add_option("--prices", *prices, "USD per chip-hour of each system, in order")->delimiter(',');
-  c->add_option(
-      "--budget", *budget,
-      "USD per hour: each system gets the most chips it can form for it (needs --prices)");
+  number_range(c->add_option("--prices", *prices, "USD per chip-hour of each system, in order")
+                   ->delimiter(','),
+               0.000001, 1e9);
+  number_range(
+      c->add_option(
+          "--budget", *budget,
+          "USD per hour: each system gets the most chips it can form for it (needs --prices)"),
+      0, 1e12);
   c->callback([ca, systems, prices, budget] {
     if (!prices->empty() && prices->size() != systems->size()) {
       throw Error(

@@ -10,6 +10,7 @@
 
 #include "arch/chip.h"
 #include "arch/system.h"
+#include "cli/options.h"
 #include "cli/table.h"
 #include "plan/estimate.h"
 #include "plan/request.h"
@@ -32,8 +33,9 @@ void add_validate_command(CLI::App& plan_cmd) {
                 "Validation set (default data/plan/validation/megatron-a100.toml)");
   v->add_flag("--markdown", o->markdown, "Print a Markdown table (docs/validation.md)");
   v->add_flag("--json", o->json, "Print JSON");
-  v->add_option("--max-mae", o->max_mae,
-                "Exit non-zero when the mean absolute error (%) exceeds this");
+  number_range(v->add_option("--max-mae", o->max_mae,
+                             "Exit non-zero when the mean absolute error (%) exceeds this"),
+               0, 1000);
   v->callback([o] {
     const std::string file =
         o->file.empty() ? (arch::data_dir() / "plan" / "validation" / "megatron-a100.toml").string()

@@ -18,6 +18,7 @@
 
 #include "arch/chip.h"
 #include "cli/commands.h"
+#include "cli/options.h"
 #include "isa/program.h"
 #include "kernel/kernels.h"
 #include "kernel/reference.h"
@@ -32,6 +33,11 @@ namespace tern::cli {
 namespace {
 
 using nlohmann::json;
+
+// The largest matrix dimension `bench matmul` takes: the kernel builder
+// counts tiles in 32-bit integers (whether the matrices fit in HBM is the
+// simulator's check).
+constexpr std::int64_t kMaxDim = INT32_MAX;
 
 std::vector<std::uint8_t> read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -111,16 +117,21 @@ void add_run(CLI::App& app) {
   cmd->add_option("program", a->program, "Program file")->required();
   cmd->add_option("--arch", a->arch,
                   "Chip to simulate (default: the one the program was built for)");
-  cmd->add_option("--mode", a->mode, "both (data and time), functional or timing (no data)")
-      ->capture_default_str();
-  cmd->add_option("--trace", a->trace, "Write a Perfetto / chrome://tracing trace (JSON)");
+  one_of(cmd->add_option("--mode", a->mode, "both (data and time), functional or timing (no data)")
+             ->capture_default_str(),
+         {"both", "functional", "timing"});
+  output_file(
+      cmd->add_option("--trace", a->trace, "Write a Perfetto / chrome://tracing trace (JSON)"));
   cmd->add_option("--input", a->inputs,
                   "NAME=FILE: raw bytes of an input tensor in its dtype (others: random)");
   cmd->add_option("--output", a->outputs, "NAME=FILE: write an output tensor's raw bytes");
-  cmd->add_option("--seed", a->seed, "Seed of the random inputs")->capture_default_str();
-  cmd->add_option("--threads", a->threads,
-                  "Host threads for the functional model (0: all cores; same bits for any)")
-      ->capture_default_str();
+  int_range(cmd->add_option("--seed", a->seed, "Seed of the random inputs")->capture_default_str(),
+            0);
+  int_range(
+      cmd->add_option("--threads", a->threads,
+                      "Host threads for the functional model (0: all cores; same bits for any)")
+          ->capture_default_str(),
+      0, 4096);
   cmd->add_flag("--json", a->json, "Print the summary as JSON");
   cmd->callback([a] {
     const isa::Program p = isa::load_program(a->program);
@@ -188,23 +199,29 @@ void add_bench(CLI::App& app) {
   auto* cmd = bench->add_subcommand("matmul",
                                     "C = A @ B on the simulated chip: latency, TFLOPS, % of peak");
   cmd->add_option("--arch", a->arch, "Chip")->capture_default_str();
-  cmd->add_option("--m", a->m, "Rows of A and C")->capture_default_str();
-  cmd->add_option("--n", a->n, "Columns of B and C")->capture_default_str();
-  cmd->add_option("--k", a->k, "Contraction size")->capture_default_str();
+  int_range(cmd->add_option("--m", a->m, "Rows of A and C")->capture_default_str(), 1, kMaxDim);
+  int_range(cmd->add_option("--n", a->n, "Columns of B and C")->capture_default_str(), 1, kMaxDim);
+  int_range(cmd->add_option("--k", a->k, "Contraction size")->capture_default_str(), 1, kMaxDim);
   cmd->add_option("--dtype", a->dtype,
                   "Input dtype: bf16, fp16, fp32, tf32, fp8_e4m3 (trn3), fp8_e5m2, fp8_e4m3_legacy "
                   "(trn1/2), "
                   "mxfp8 / mxfp8_e5m2 (trn3: BF16 inputs quantized on chip)")
       ->capture_default_str();
-  cmd->add_option("--out", a->out, "Output dtype: fp32 or bf16")->capture_default_str();
-  cmd->add_option("--cores", a->cores, "Logical NeuronCores to spread M over")
-      ->capture_default_str();
-  cmd->add_option("--lnc", a->lnc, "Physical cores per logical core: 1, or 2 (v3+)")
-      ->capture_default_str();
-  cmd->add_option("--mode", a->mode, "auto (data when small enough), both, functional or timing")
-      ->capture_default_str();
-  cmd->add_option("--check", a->check, "Check C against the host reference: auto, yes, no")
-      ->capture_default_str();
+  one_of(cmd->add_option("--out", a->out, "Output dtype: fp32 or bf16")->capture_default_str(),
+         {"fp32", "bf16"});
+  int_range(cmd->add_option("--cores", a->cores, "Logical NeuronCores to spread M over")
+                ->capture_default_str(),
+            1, 1024);
+  int_range(cmd->add_option("--lnc", a->lnc, "Physical cores per logical core: 1, or 2 (v3+)")
+                ->capture_default_str(),
+            1, 2);
+  one_of(cmd->add_option("--mode", a->mode,
+                         "auto (data when small enough), both, functional or timing")
+             ->capture_default_str(),
+         {"both", "functional", "timing", "auto"});
+  one_of(cmd->add_option("--check", a->check, "Check C against the host reference: auto, yes, no")
+             ->capture_default_str(),
+         {"auto", "yes", "no"});
   cmd->add_option("--epilogue", a->epilogue,
                   "Chain fused into the PSUM evacuation, in this order: scale=<x>, bias (input "
                   "'bias' [1, N] fp32), an activation (gelu, gelu_tanh, silu, relu, ...), residual "
@@ -212,8 +229,10 @@ void add_bench(CLI::App& app) {
   cmd->add_flag("--compare-unfused", a->compare_unfused,
                 "Also time the unfused chain: the plain matmul to FP32 then one kernel per "
                 "epilogue step, each through HBM");
-  cmd->add_option("--trace", a->trace, "Write a Perfetto / chrome://tracing trace (JSON)");
-  cmd->add_option("--save", a->save, "Save the generated program (.tern binary, .txt text)");
+  output_file(
+      cmd->add_option("--trace", a->trace, "Write a Perfetto / chrome://tracing trace (JSON)"));
+  output_file(
+      cmd->add_option("--save", a->save, "Save the generated program (.tern binary, .txt text)"));
   cmd->add_flag("--json", a->json, "Print JSON");
   cmd->callback([a] {
     const arch::ChipSpec chip = arch::load_chip(a->arch);
@@ -438,6 +457,43 @@ void bench_registered(const kernel::KernelEntry& e, const std::map<std::string, 
     std::printf("trace written to %s (open in https://ui.perfetto.dev)\n", c.trace.c_str());
 }
 
+// A registry parameter's type on the command line: checked when parsed,
+// its range or choices in --help.
+void typed_param(CLI::Option* o, const kernel::ParamDoc& d) {
+  switch (d.kind()) {
+    case kernel::ParamKind::integer:
+      int_range(o, d.min_integer());
+      break;
+    case kernel::ParamKind::number:
+      number_range(o, -1e300);
+      break;
+    case kernel::ParamKind::flag:
+      o->expected(0, 1);
+      one_of(o, {"true", "false", "1", "0"})->type_name("BOOL");
+      break;
+    case kernel::ParamKind::dtype:
+      // NKI or short names (the help lists the kernel's); parse_dtype's
+      // error names them all.
+      o->type_name("DTYPE")->check(CLI::Validator(
+          [](std::string& v) -> std::string {
+            try {
+              (void)isa::parse_dtype(v);
+              return "";
+            } catch (const Error& e) {
+              return e.what();
+            }
+          },
+          ""));
+      break;
+    case kernel::ParamKind::choice:
+      one_of(o, d.choices);
+      break;
+    case kernel::ParamKind::deduce:
+    case kernel::ParamKind::text:
+      break;
+  }
+}
+
 // `tern bench kernel NAME [--param value ...]`: one subcommand per kernel
 // of the registry, its options generated from the kernel's parameters.
 void add_bench_kernel(CLI::App& bench) {
@@ -470,18 +526,20 @@ void add_bench_kernel(CLI::App& bench) {
       auto* o = sub->add_option_function<std::string>(
           opt, [given, name](const std::string& v) { (*given)[name] = v.empty() ? "true" : v; },
           d.flag() ? d.help + " [default: " + d.default_value + "]" : d.help);
-      if (d.flag())
-        o->expected(0, 1);
-      else if (!d.default_value.empty())
-        o->default_str(d.default_value);
+      if (!d.flag() && !d.default_value.empty()) o->default_str(d.default_value);
+      typed_param(o, d);
     }
     sub->add_option("--arch", common->arch, "Chip")->capture_default_str();
-    sub->add_option("--mode", common->mode,
-                    "auto (data when small enough), both, functional or timing")
-        ->capture_default_str();
-    sub->add_option("--check", common->check, "Check against the host reference: auto, yes, no")
-        ->capture_default_str();
-    sub->add_option("--trace", common->trace, "Write a Perfetto / chrome://tracing trace (JSON)");
+    one_of(sub->add_option("--mode", common->mode,
+                           "auto (data when small enough), both, functional or timing")
+               ->capture_default_str(),
+           {"both", "functional", "timing", "auto"});
+    one_of(
+        sub->add_option("--check", common->check, "Check against the host reference: auto, yes, no")
+            ->capture_default_str(),
+        {"auto", "yes", "no"});
+    output_file(sub->add_option("--trace", common->trace,
+                                "Write a Perfetto / chrome://tracing trace (JSON)"));
     sub->add_flag("--json", common->json, "Print JSON");
     const kernel::KernelEntry* entry = &e;
     sub->callback([entry, given, common] { bench_registered(*entry, *given, *common); });

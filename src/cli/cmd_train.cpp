@@ -16,6 +16,7 @@
 
 #include "arch/chip.h"
 #include "cli/commands.h"
+#include "cli/options.h"
 #include "graph/lower.h"
 #include "profile/profile.h"
 #include "runtime/comm.h"
@@ -40,6 +41,7 @@ struct Options {
   std::string plot;                 // the loss curves as PNG at the end ("" none)
   std::string trace;                // the chips' timeline (Chrome trace JSON) at the end
   bool json = false;
+  bool progress = true;  // the "compiling" line on a terminal
 };
 
 void run(train::TrainConfig c, Options o) {
@@ -52,7 +54,7 @@ void run(train::TrainConfig c, Options o) {
     if (!std::freopen("/dev/null", "w", stdout)) throw Error("cannot silence stdout of rank");
     o.metrics.clear(), o.plot.clear(), o.trace.clear();
   }
-  const bool tty = !o.json && ::isatty(2) && world.rank() == 0;
+  const bool tty = o.progress && !o.json && ::isatty(2) && world.rank() == 0;
   if (tty)
     std::fprintf(stderr, "compiling the training step (%s, %s)...\r", c.recipe.c_str(),
                  c.arch.c_str());
@@ -311,111 +313,169 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--data", c->data,
                   "Train on token shards instead: a `tern data` directory (train.bin, val.bin, "
                   "tokenizer.json)");
-  cmd->add_option("--val-fraction", c->val_fraction, "The text's last fraction held out")
-      ->capture_default_str();
-  cmd->add_option("--model", c->model, "gpt2 or llama")->capture_default_str();
-  cmd->add_option("--layers", c->layers, "Transformer layers")->capture_default_str();
-  cmd->add_option("--dim", c->dim, "Model width (head dim dim / heads: 64 or 128)")
-      ->capture_default_str();
-  cmd->add_option("--heads", c->heads, "Attention heads")->capture_default_str();
-  cmd->add_option("--kv-heads", c->kv_heads, "Llama: key/value heads (0: heads)")
-      ->capture_default_str();
-  cmd->add_option("--ffn", c->ffn, "Llama: SwiGLU width (0: 8/3 dim rounded up to 64)")
-      ->capture_default_str();
-  cmd->add_option("--batch", c->batch, "Sequences a micro-batch")->capture_default_str();
-  cmd->add_option("--seq", c->seq, "Tokens a sequence")->capture_default_str();
-  cmd->add_option("--accum", c->accum, "Micro-batches a step (gradient accumulation)")
-      ->capture_default_str();
-  cmd->add_option("--recipe", c->recipe, "Precision: fp32, bf16, fp8-hybrid, mxfp8, mxfp4")
-      ->capture_default_str();
-  cmd->add_option("--mx-policy", c->mx_policy, "MX scale rule: trn3, rceil, ocp-floor")
-      ->capture_default_str();
+  number_range(
+      cmd->add_option("--val-fraction", c->val_fraction, "The text's last fraction held out")
+          ->capture_default_str(),
+      0, 1);
+  one_of(cmd->add_option("--model", c->model, "gpt2 or llama")->capture_default_str(),
+         {"gpt2", "llama"});
+  int_range(cmd->add_option("--layers", c->layers, "Transformer layers")->capture_default_str(), 1,
+            4096);
+  int_range(cmd->add_option("--dim", c->dim, "Model width (head dim dim / heads: 64 or 128)")
+                ->capture_default_str(),
+            1, 1 << 20);
+  int_range(cmd->add_option("--heads", c->heads, "Attention heads")->capture_default_str(), 1,
+            4096);
+  int_range(cmd->add_option("--kv-heads", c->kv_heads, "Llama: key/value heads (0: heads)")
+                ->capture_default_str(),
+            0, 4096);
+  int_range(cmd->add_option("--ffn", c->ffn, "Llama: SwiGLU width (0: 8/3 dim rounded up to 64)")
+                ->capture_default_str(),
+            0, 1 << 22);
+  int_range(cmd->add_option("--batch", c->batch, "Sequences a micro-batch")->capture_default_str(),
+            1, 1 << 20);
+  int_range(cmd->add_option("--seq", c->seq, "Tokens a sequence")->capture_default_str(), 1,
+            1 << 24);
+  int_range(cmd->add_option("--accum", c->accum, "Micro-batches a step (gradient accumulation)")
+                ->capture_default_str(),
+            1, 1 << 20);
+  one_of(cmd->add_option("--recipe", c->recipe, "Precision: fp32, bf16, fp8-hybrid, mxfp8, mxfp4")
+             ->capture_default_str(),
+         {"fp32", "bf16", "fp8-hybrid", "mxfp8", "mxfp4"});
+  one_of(cmd->add_option("--mx-policy", c->mx_policy, "MX scale rule: trn3, rceil, ocp-floor")
+             ->capture_default_str(),
+         {"trn3", "rceil", "ocp-floor"});
   cmd->add_flag("--stochastic-rounding", c->stochastic_rounding,
                 "Engines round their outputs stochastically (seeded)");
   cmd->add_option("--arch", c->arch, "Chip")->capture_default_str();
-  cmd->add_option("--cores", c->cores, "NeuronCores a kernel uses (0: all)")->capture_default_str();
-  cmd->add_option("--dp", c->dp,
-                  "Data-parallel replicas, each on its own simulated chip (docs/multichip.md)")
-      ->capture_default_str();
-  cmd->add_option("--tp", c->tp, "Tensor-parallel chips (Megatron-LM style; GPT-2)")
-      ->capture_default_str();
+  int_range(cmd->add_option("--cores", c->cores, "NeuronCores a kernel uses (0: all)")
+                ->capture_default_str(),
+            0, 1024);
+  int_range(
+      cmd->add_option("--dp", c->dp,
+                      "Data-parallel replicas, each on its own simulated chip (docs/multichip.md)")
+          ->capture_default_str(),
+      1, 1 << 16);
+  int_range(cmd->add_option("--tp", c->tp, "Tensor-parallel chips (Megatron-LM style; GPT-2)")
+                ->capture_default_str(),
+            1, 1024);
   cmd->add_flag("--sp", c->sp,
                 "With --tp: sequence parallelism (norms and residual adds on seq / tp positions "
                 "a rank; reduce-scatter and all-gather instead of all-reduce)");
-  cmd->add_option("--pp", c->pp, "Pipeline stages (1F1B over the --accum micro-batches)")
-      ->capture_default_str();
-  cmd->add_option("--zero", c->zero, "1: shard the optimizer state over the replicas (ZeRO-1)")
-      ->capture_default_str();
-  cmd->add_option("--bucket-mb", c->bucket_mb,
-                  "DP gradient all-reduce buckets (MiB), each launched when its gradients are "
-                  "final, overlapping the backward (zero 0, pp 1, tp 1); 0: one bucket after it")
-      ->capture_default_str();
+  int_range(cmd->add_option("--pp", c->pp, "Pipeline stages (1F1B over the --accum micro-batches)")
+                ->capture_default_str(),
+            1, 1024);
+  int_range(
+      cmd->add_option("--zero", c->zero, "1: shard the optimizer state over the replicas (ZeRO-1)")
+          ->capture_default_str(),
+      0, 1);
+  number_range(
+      cmd->add_option(
+             "--bucket-mb", c->bucket_mb,
+             "DP gradient all-reduce buckets (MiB), each launched when its gradients are "
+             "final, overlapping the backward (zero 0, pp 1, tp 1); 0: one bucket after it")
+          ->capture_default_str(),
+      0, 1 << 20);
   cmd->add_option("--system", c->system,
                   "The system whose fabric joins the chips (default: the smallest of --arch's "
                   "holding them)");
-  cmd->add_option("--threads", c->threads,
-                  "Host threads simulating this process's chips (0: one a chip, at most the "
-                  "cores)")
-      ->capture_default_str();
-  cmd->add_option("--steps", c->steps, "Optimizer steps (the schedule's length)")
-      ->capture_default_str();
-  cmd->add_option("--lr", c->lr, "Peak learning rate (AdamW)")->capture_default_str();
-  cmd->add_option("--min-lr", c->min_lr, "Final learning rate of the cosine decay")
-      ->capture_default_str();
-  cmd->add_option("--warmup", c->warmup, "Linear warmup steps")->capture_default_str();
-  cmd->add_option("--weight-decay", c->weight_decay, "AdamW weight decay")->capture_default_str();
-  cmd->add_option("--beta1", c->beta1, "AdamW beta1")->capture_default_str();
-  cmd->add_option("--beta2", c->beta2, "AdamW beta2")->capture_default_str();
-  cmd->add_option("--init-std", c->init_std, "Initial weights' standard deviation")
-      ->capture_default_str();
-  cmd->add_option("--clip", c->clip, "Clip the global gradient norm to this (0: off)")
-      ->capture_default_str();
-  cmd->add_option("--seed", c->seed, "Weights, batch order, rounding streams")
-      ->capture_default_str();
-  cmd->add_option("--nan-policy", c->nan_policy,
-                  "On NaN/Inf: skip, fallback-layer, fallback-global, rollback, stop")
-      ->capture_default_str();
-  cmd->add_option("--nan-rate", c->nan_rate,
-                  "Non-finite gradient elements tolerated (fraction; 0: none)")
-      ->capture_default_str();
-  cmd->add_option("--spike-z", c->spike_z, "Log a gradient-norm spike above this z-score (0: off)")
-      ->capture_default_str();
-  cmd->add_option("--spike-window", c->spike_window, "Steps the spike z-score looks back on")
-      ->capture_default_str();
-  cmd->add_option("--retries", c->retries, "Retries of a failed step before a rollback")
-      ->capture_default_str();
-  cmd->add_option("--monitor-every", c->monitor_every,
-                  "Per-matmul numeric monitors (saturation, underflow, NaN, scales) every N steps "
-                  "(0: off)")
-      ->capture_default_str();
-  cmd->add_option("--overflow-pct", c->overflow_pct,
-                  "A matmul operand saturating more than this % triggers --overflow-policy")
-      ->capture_default_str();
-  cmd->add_option("--overflow-policy", c->overflow_policy,
-                  "On overflow: warn, fallback-layer, fallback-global")
-      ->capture_default_str();
+  int_range(
+      cmd->add_option("--threads", c->threads,
+                      "Host threads simulating this process's chips (0: one a chip, at most the "
+                      "cores)")
+          ->capture_default_str(),
+      0, 4096);
+  int_range(cmd->add_option("--steps", c->steps, "Optimizer steps (the schedule's length)")
+                ->capture_default_str(),
+            0, 1LL << 40);
+  number_range(cmd->add_option("--lr", c->lr, "Peak learning rate (AdamW)")->capture_default_str(),
+               0, 1e6);
+  number_range(cmd->add_option("--min-lr", c->min_lr, "Final learning rate of the cosine decay")
+                   ->capture_default_str(),
+               0, 1e6);
+  int_range(cmd->add_option("--warmup", c->warmup, "Linear warmup steps")->capture_default_str(), 0,
+            1LL << 40);
+  number_range(cmd->add_option("--weight-decay", c->weight_decay, "AdamW weight decay")
+                   ->capture_default_str(),
+               0, 1e6);
+  number_range(cmd->add_option("--beta1", c->beta1, "AdamW beta1")->capture_default_str(), 0, 1);
+  number_range(cmd->add_option("--beta2", c->beta2, "AdamW beta2")->capture_default_str(), 0, 1);
+  number_range(cmd->add_option("--init-std", c->init_std, "Initial weights' standard deviation")
+                   ->capture_default_str(),
+               0, 1e6);
+  number_range(cmd->add_option("--clip", c->clip, "Clip the global gradient norm to this (0: off)")
+                   ->capture_default_str(),
+               0);
+  int_range(cmd->add_option("--seed", c->seed, "Weights, batch order, rounding streams")
+                ->capture_default_str(),
+            0);
+  one_of(cmd->add_option("--nan-policy", c->nan_policy,
+                         "On NaN/Inf: skip, fallback-layer, fallback-global, rollback, stop")
+             ->capture_default_str(),
+         {"skip", "fallback-layer", "fallback-global", "rollback", "stop"});
+  number_range(cmd->add_option("--nan-rate", c->nan_rate,
+                               "Non-finite gradient elements tolerated (fraction; 0: none)")
+                   ->capture_default_str(),
+               0, 1);
+  number_range(cmd->add_option("--spike-z", c->spike_z,
+                               "Log a gradient-norm spike above this z-score (0: off)")
+                   ->capture_default_str(),
+               0);
+  int_range(
+      cmd->add_option("--spike-window", c->spike_window, "Steps the spike z-score looks back on")
+          ->capture_default_str(),
+      1, 1 << 20);
+  int_range(cmd->add_option("--retries", c->retries, "Retries of a failed step before a rollback")
+                ->capture_default_str(),
+            0, 1000);
+  int_range(cmd->add_option(
+                   "--monitor-every", c->monitor_every,
+                   "Per-matmul numeric monitors (saturation, underflow, NaN, scales) every N steps "
+                   "(0: off)")
+                ->capture_default_str(),
+            0);
+  number_range(
+      cmd->add_option("--overflow-pct", c->overflow_pct,
+                      "A matmul operand saturating more than this % triggers --overflow-policy")
+          ->capture_default_str(),
+      0, 100);
+  one_of(cmd->add_option("--overflow-policy", c->overflow_policy,
+                         "On overflow: warn, fallback-layer, fallback-global")
+             ->capture_default_str(),
+         {"warn", "fallback-layer", "fallback-global"});
   cmd->add_option("--ckpt-dir", c->ckpt_dir, "Checkpoint directory");
-  cmd->add_option("--ckpt-every", c->ckpt_every, "Checkpoint every N steps (0: none)")
-      ->capture_default_str();
-  cmd->add_option("--keep-last", c->keep_last, "Checkpoints kept")->capture_default_str();
+  int_range(cmd->add_option("--ckpt-every", c->ckpt_every, "Checkpoint every N steps (0: none)")
+                ->capture_default_str(),
+            0);
+  int_range(cmd->add_option("--keep-last", c->keep_last, "Checkpoints kept")->capture_default_str(),
+            1, 1 << 20);
   cmd->add_option("--resume", c->resume,
                   "Continue from a checkpoint file, or a directory's newest good one");
   cmd->add_option("--inject", o->faults,
                   "Inject a fault (tests): nan@STEP[:PARAM], fail@STEP[xCOUNT], kill@STEP");
-  cmd->add_option("--eval-every", o->every, "Validation loss every N steps (0: at the end only)")
-      ->capture_default_str();
-  cmd->add_option("--eval-batches", o->batches, "Held-out batches a validation averages")
-      ->capture_default_str();
-  cmd->add_option("--log-every", o->log_every, "Progress line every N steps")
-      ->capture_default_str();
-  cmd->add_option("--metrics", o->metrics,
-                  "Write every step's metrics and validation losses to this file (JSONL; CSV if "
-                  "it ends in .csv)");
-  cmd->add_option("--plot", o->plot, "Write the loss curves (train, validation) to this PNG");
-  cmd->add_option("--trace", o->trace,
-                  "Write the chips' timeline (compute, collectives; one process per chip) as a "
-                  "Chrome trace JSON");
+  int_range(cmd->add_option("--eval-every", o->every,
+                            "Validation loss every N steps (0: at the end only)")
+                ->capture_default_str(),
+            0);
+  int_range(cmd->add_option("--eval-batches", o->batches, "Held-out batches a validation averages")
+                ->capture_default_str(),
+            1, 1 << 20);
+  int_range(cmd->add_option("--log-every", o->log_every, "Progress line every N steps")
+                ->capture_default_str(),
+            1);
+  output_file(cmd->add_option(
+      "--metrics", o->metrics,
+      "Write every step's metrics and validation losses to this file (JSONL; CSV if "
+      "it ends in .csv)"));
+  output_file(
+      cmd->add_option("--plot", o->plot, "Write the loss curves (train, validation) to this PNG"));
+  output_file(
+      cmd->add_option("--trace", o->trace,
+                      "Write the chips' timeline (compute, collectives; one process per chip) as a "
+                      "Chrome trace JSON"));
   cmd->add_flag("--json", o->json, "One JSON line a step");
+  cmd->add_flag("!--no-progress", o->progress,
+                "No progress line on stderr (there is none when stderr is not a terminal)");
   cmd->callback([c, o, cmd] {
     train::TrainConfig cfg = *c;
     if (!o->config.empty()) {
@@ -463,11 +523,14 @@ void add_sample_command(CLI::App& app) {
   cmd->add_option("--ckpt", o->ckpt, "A checkpoint file, or a directory (its newest good one)")
       ->required();
   cmd->add_option("--prompt", o->prompt, "Text to continue (default: a line break)");
-  cmd->add_option("--tokens", o->tokens, "Tokens (characters, for the char tokenizer) to generate")
-      ->capture_default_str();
-  cmd->add_option("--temperature", o->temperature, "Sampling temperature (0: greedy)")
-      ->capture_default_str();
-  cmd->add_option("--seed", o->seed, "Sampling seed")->capture_default_str();
+  int_range(cmd->add_option("--tokens", o->tokens,
+                            "Tokens (characters, for the char tokenizer) to generate")
+                ->capture_default_str(),
+            0, 1 << 24);
+  number_range(cmd->add_option("--temperature", o->temperature, "Sampling temperature (0: greedy)")
+                   ->capture_default_str(),
+               0, 1e6);
+  int_range(cmd->add_option("--seed", o->seed, "Sampling seed")->capture_default_str(), 0);
   cmd->add_flag("--json", o->json, "Print {prompt, text, step} as JSON");
   cmd->callback([o] {
     // The run's own config (model, data, recipe), resumed from the file.

@@ -59,11 +59,10 @@ Network Network::build(const arch::SystemSpec& s, int chips) {
   }
   if (chips >= s.chips) {
     if (chips % s.chips != 0) {
-      const int lo = chips / s.chips * s.chips;
-      throw Error(
-          fmt::format("{} holds {} chips; {} chips is not a whole number of systems "
-                      "(try {} or {})",
-                      s.name, s.chips, chips, lo, lo + s.chips));
+      const std::int64_t lo = chips / s.chips * s.chips, hi = lo + s.chips;
+      throw Error(fmt::format(
+          "{} holds {} chips; {} chips is not a whole number of systems (try {})", s.name, s.chips,
+          chips, hi <= INT32_MAX ? fmt::format("{} or {}", lo, hi) : fmt::format("{}", lo)));
     }
     if (chips > s.chips) {
       if (!s.scale_out) {

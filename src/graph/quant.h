@@ -1,5 +1,5 @@
 // Quantized matmul operands: how the FP8 and MX training recipes
-// (../shared/reference/numerics.md section 5) enter the IR. A matmul's
+// (docs/reference/numerics.md section 5) enter the IR. A matmul's
 // attributes say how each operand is quantized on its way into the Tensor
 // engine; the values in the graph stay in their dtype (BF16), and the
 // backward matmuls autodiff derives quantize their operands again from those

@@ -2,6 +2,7 @@
 
 #include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <optional>
 #include <random>
@@ -16,6 +17,24 @@
 #include "util/error.h"
 
 namespace tern::kernel {
+
+ParamKind ParamDoc::kind() const {
+  if (declared != ParamKind::deduce) return declared;
+  const std::string& d = default_value;
+  if (d == "true" || d == "false") return ParamKind::flag;
+  if (d.empty()) return ParamKind::text;
+  char* end = nullptr;
+  (void)std::strtoll(d.c_str(), &end, 10);
+  if (*end == '\0') return ParamKind::integer;
+  (void)std::strtod(d.c_str(), &end);
+  if (*end == '\0') return ParamKind::number;
+  try {
+    (void)isa::parse_dtype(d);
+    return ParamKind::dtype;
+  } catch (const Error&) {
+    return ParamKind::text;
+  }
+}
 
 Params::Params(std::string kernel, const std::vector<ParamDoc>& docs,
                const std::map<std::string, std::string>& given)
@@ -135,7 +154,8 @@ RmsNormSpec norm_spec(const Params& p, float default_eps) {
 
 // The forward norms' output options.
 std::vector<ParamDoc> with_quant_docs(std::vector<ParamDoc> d) {
-  d.push_back({"out", "", "Output dtype of y (default: dtype; fp8_e4m3 / fp8_e5m2 saturate)"});
+  d.push_back({"out", "", "Output dtype of y (default: dtype; fp8_e4m3 / fp8_e5m2 saturate)",
+               ParamKind::dtype});
   d.push_back({"qscale", "false", "Multiply y by the HBM input qscale [1, 1] before the cast"});
   d.push_back({"amax", "false", "Output amax [rows, 1]: max |y| per row before the scale"});
   d.push_back({"mxfp8", "false", "Also y MX-quantized along dim: y_q, y_scale (trn3)"});
@@ -154,7 +174,7 @@ std::vector<ParamDoc> norm_docs(const char* eps_default) {
   return {rows_doc(),
           dim_doc(),
           {"dtype", "bf16", "Tensor dtype: fp32, bf16 or fp16 (arithmetic in FP32)"},
-          {"eps", "", fmt::format("Epsilon (default {})", eps_default)},
+          {"eps", "", fmt::format("Epsilon (default {})", eps_default), ParamKind::number},
           {"residual", "false", "Fuse the residual add h = x + residual (outputs h too)"},
           cores_doc()};
 }
@@ -290,7 +310,7 @@ std::vector<ParamDoc> attention_docs() {
           // turned off from the command line (--causal 0 does).
           {"causal", "true",
            "Causal mask (top-left: query i sees keys j <= i); --causal false for none"},
-          {"scale", "", "Softmax scale (default 1/sqrt(head_dim))"},
+          {"scale", "", "Softmax scale (default 1/sqrt(head_dim))", ParamKind::number},
           {"dtype", "bf16", "q, k, v, o (and gradient) dtype: bf16, fp16 or fp32"},
           {"cores", "0", "NeuronCores (0: all of the chip's)"}};
 }
@@ -628,12 +648,13 @@ std::vector<KernelEntry> make_registry() {
     KernelEntry e;
     e.name = "cross_entropy";
     e.summary = "Cross-entropy loss fused with softmax: per-token loss and dlogits in one kernel";
-    e.params = {{"rows", "4096", "Tokens T (spread over the cores, 128 per tile)"},
-                {"vocab", "50304", "Vocabulary V (the logits' columns)"},
-                {"dtype", "bf16", "Logits and gradient dtype: fp32, bf16 or fp16"},
-                {"grad_scale", "", "Gradient scale (default 1 / T, the mean loss)"},
-                {"chunk", "2048", "Columns per chunk of the two passes"},
-                cores_doc()};
+    e.params = {
+        {"rows", "4096", "Tokens T (spread over the cores, 128 per tile)"},
+        {"vocab", "50304", "Vocabulary V (the logits' columns)"},
+        {"dtype", "bf16", "Logits and gradient dtype: fp32, bf16 or fp16"},
+        {"grad_scale", "", "Gradient scale (default 1 / T, the mean loss)", ParamKind::number},
+        {"chunk", "2048", "Columns per chunk of the two passes"},
+        cores_doc()};
     e.build = [](const arch::ChipSpec& c, const Params& p) {
       return cross_entropy_kernel(c, cross_entropy_spec(p));
     };
@@ -666,10 +687,13 @@ std::vector<KernelEntry> make_registry() {
         "their gradients (b * f'(a))";
     e.params = {rows_doc(),
                 {"dim", "4096", "Columns (any flattening of the tensors)"},
-                {"op", "add",
-                 "add, sub, mul, scale, gelu, gelu_tanh, silu, relu, gelu_backward, "
-                 "gelu_tanh_backward, silu_backward, relu_backward"},
-                {"alpha", "1", "The factor of scale"},
+                {"op",
+                 "add",
+                 "The operation (the activations' backward: b * f'(a))",
+                 ParamKind::choice,
+                 {"add", "sub", "mul", "scale", "gelu", "gelu_tanh", "silu", "relu",
+                  "gelu_backward", "gelu_tanh_backward", "silu_backward", "relu_backward"}},
+                {"alpha", "1", "The factor of scale", ParamKind::number},
                 {"b_row", "false", "add, sub, mul: b is one row [1, dim] for every row (a bias)"},
                 {"dtype", "bf16", "Tensor dtype: fp32, bf16 or fp16"},
                 cores_doc()};
@@ -696,7 +720,7 @@ std::vector<KernelEntry> make_registry() {
     e.summary = "Row reductions (sum, max, sum of squares) or per-core totals";
     e.params = {rows_doc(),
                 dim_doc("Columns (reduced)"),
-                {"op", "sum", "sum, max or sumsq"},
+                {"op", "sum", "The reduction", ParamKind::choice, {"sum", "max", "sumsq"}},
                 {"all", "false", "Reduce everything: one partial per core ([cores, 1])"},
                 {"dtype", "bf16", "Input dtype: fp32, bf16 or fp16"},
                 cores_doc()};
@@ -721,7 +745,7 @@ std::vector<KernelEntry> make_registry() {
     e.params = {rows_doc(),
                 dim_doc("Columns (the gradient viewed as [rows, dim])"),
                 {"parts", "8", "Partial sums of squares in sumsq_parts"},
-                {"max_norm", "1", "The norm to clip to"},
+                {"max_norm", "1", "The norm to clip to", ParamKind::number},
                 {"dtype", "fp32", "Gradient dtype: fp32, bf16 or fp16"},
                 cores_doc()};
     e.build = [](const arch::ChipSpec& c, const Params& p) { return clip_kernel(c, clip_spec(p)); };
@@ -748,7 +772,11 @@ std::vector<KernelEntry> make_registry() {
                          : "SwiGLU / GeGLU: out = act(gate) * up";
     e.params = {rows_doc(),
                 dim_doc("Columns (the FFN width)"),
-                {"act", "silu", "silu (SwiGLU), gelu or gelu_tanh (GeGLU)"},
+                {"act",
+                 "silu",
+                 "silu (SwiGLU), gelu or gelu_tanh (GeGLU)",
+                 ParamKind::choice,
+                 {"silu", "gelu", "gelu_tanh"}},
                 {"dtype", "bf16", "Tensor dtype: fp32, bf16 or fp16"},
                 cores_doc()};
     e.build = [backward](const arch::ChipSpec& c, const Params& p) {
@@ -871,8 +899,11 @@ std::vector<KernelEntry> make_registry() {
     e.params = {{"k", "4096", "Rows K (blocks of 32 along K)"},
                 {"dim", "4096", "Columns"},
                 {"elem", "fp8_e4m3_x4", "Element type: fp8_e4m3_x4, fp8_e5m2_x4 or fp4_e2m1_x4"},
-                {"policy", "trn3",
-                 "Scale policy: trn3 (QuantizeMX for MXFP8), ocp-floor or rceil (ALU ops)"},
+                {"policy",
+                 "trn3",
+                 "Scale policy: trn3 (QuantizeMX for MXFP8), ocp-floor or rceil (ALU ops)",
+                 ParamKind::choice,
+                 {"trn3", "ocp-floor", "rceil"}},
                 {"software", "false", "Use the ALU-op path even where QuantizeMX would do"},
                 cores_doc()};
     e.build = [](const arch::ChipSpec& c, const Params& p) {

@@ -16,11 +16,22 @@
 
 namespace tern::kernel {
 
+// What a parameter's text holds. `deduce`: from the default value (true or
+// false: flag; an integer: integer; a number: number; a dtype name: dtype;
+// anything else: text).
+enum class ParamKind { deduce, integer, number, flag, dtype, choice, text };
+
 struct ParamDoc {
   std::string name;           // lower_snake_case; the CLI option is --name with '-' for '_'
-  std::string default_value;  // text; "" for none; "false"/"true" marks a flag
+  std::string default_value;  // text; "" for none (the kernel picks; help says what)
   std::string help;
-  bool flag() const { return default_value == "false" || default_value == "true"; }
+  ParamKind declared = ParamKind::deduce;
+  std::vector<std::string> choices = {};  // ParamKind::choice: the accepted words
+  bool flag() const { return kind() == ParamKind::flag; }
+  ParamKind kind() const;
+  // The smallest value of an integer: 0 where 0 means "the default" (its
+  // default is 0), else 1 (sizes and counts).
+  std::int64_t min_integer() const { return default_value == "0" ? 0 : 1; }
 };
 
 // A kernel's parameters resolved against its ParamDocs: every documented

@@ -3,7 +3,7 @@
 // A Format says how a code of `bits` bits maps to a real number. All
 // formats tern needs are sign-magnitude binary floats (possibly without Inf
 // or NaN), the E8M0 power-of-two scale, or the MXINT8 fixed-point element;
-// see docs/numerics.md and ../shared/reference/numerics.md section 1.
+// see docs/numerics.md and docs/reference/numerics.md section 1.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,6 @@
 // OCP Microscaling (MX) block quantization: blocks of 32 elements share one
 // E8M0 scale X; value_i = X * P_i. The scale is a policy (they give
-// different bits; see ../shared/reference/numerics.md section 3 and
+// different bits; see docs/reference/numerics.md section 3 and
 // docs/numerics.md):
 //   ocp-floor  k = floor(log2 amax) - emax_elem, elements saturate (OCP 6.3)
 //   rceil      k = ceil(log2(amax / max_elem)), never saturates (NVIDIA, MXFP8 recipe)

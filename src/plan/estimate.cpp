@@ -1,4 +1,5 @@
 #include "plan/estimate.h"
+#include "plan/request.h"
 
 #include <algorithm>
 #include <cmath>
@@ -61,12 +62,20 @@ double ns(Nanoseconds t) {
 
 }  // namespace
 
+namespace {
+int checked_chips(int chips) {
+  if (chips < 1 || chips > kMaxChips)
+    throw Error(fmt::format("{} chips: a plan covers 1 to {} chips", chips, kMaxChips));
+  return chips;
+}
+}  // namespace
+
 Planner::Planner(const arch::SystemSpec& system, Model model, Training training, int chips)
     : system_(system),
       model_(std::move(model)),
       training_(std::move(training)),
       chips_(chips),
-      net_(fabric::Network::of(system, chips)),
+      net_(fabric::Network::of(system, checked_chips(chips))),
       compute_(ComputeModel::of(system)) {
   if (auto e = validate(model_); !e.empty()) throw Error("model: " + e);
   if (auto e = validate(training_); !e.empty()) throw Error("training: " + e);

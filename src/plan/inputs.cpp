@@ -1,6 +1,7 @@
 #include "plan/inputs.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include <fmt/format.h>
 
@@ -72,7 +73,10 @@ std::string validate(const Training& t) {
   if (t.grad_bytes != 2 && t.grad_bytes != 4) {
     add(e, fmt::format("training.grad_bytes must be 2 or 4 (got {})", t.grad_bytes));
   }
-  if (t.tokens < 0 || t.price_per_chip_hour < 0) add(e, "tokens and price must not be negative");
+  for (auto [name, v] : {std::pair{"tokens", t.tokens}, {"price", t.price_per_chip_hour}}) {
+    if (!(v >= 0) || !std::isfinite(v))
+      add(e, fmt::format("training.{} must be a finite number >= 0 (got {})", name, v));
+  }
   return e;
 }
 

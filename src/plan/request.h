@@ -19,6 +19,10 @@
 
 namespace tern::plan {
 
+// The most chips one plan covers (2^20): a bound on the searches (layouts
+// are divisors of the chip count), far above any cluster built so far.
+inline constexpr int kMaxChips = 1 << 20;
+
 struct Request {
   Model model;
   Training training;

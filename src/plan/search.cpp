@@ -1,6 +1,7 @@
 #include "plan/search.h"
 
 #include <algorithm>
+#include <cstdint>
 
 #include <fmt/format.h>
 
@@ -10,12 +11,16 @@ namespace tern::plan {
 
 namespace {
 
+// Ascending; O(sqrt n).
 std::vector<int> divisors(int n) {
-  std::vector<int> out;
-  for (int i = 1; i <= n; ++i) {
-    if (n % i == 0) out.push_back(i);
+  std::vector<int> low, high;
+  for (int i = 1; static_cast<std::int64_t>(i) * i <= n; ++i) {
+    if (n % i != 0) continue;
+    low.push_back(i);
+    if (i != n / i) high.push_back(n / i);
   }
-  return out;
+  low.insert(low.end(), high.rbegin(), high.rend());
+  return low;
 }
 
 }  // namespace

@@ -87,6 +87,9 @@ PYBIND11_MODULE(_core, m) {
         return c.tensor_peak_per_core(d).value();
       });
   m.def("load_chip", &arch::load_chip, py::arg("name"), "A chip description by name or path");
+  m.def(
+      "data_dir", [] { return arch::data_dir().string(); },
+      "The data directory tern reads (arch/, plan/, the default corpus)");
 
   py::class_<isa::Dim>(m, "Dim")
       .def(py::init([](std::int64_t stride, std::int64_t count) {

@@ -1,4 +1,4 @@
-// Format properties: the table of ../shared/reference/numerics.md section 1.
+// Format properties: the table of docs/reference/numerics.md section 1.
 #include <gtest/gtest.h>
 
 #include <cmath>

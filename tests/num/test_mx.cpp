@@ -1,5 +1,5 @@
 // MX block quantization: the worked examples and every edge case of
-// ../shared/reference/numerics.md section 3, the exact scale rules, and the
+// docs/reference/numerics.md section 3, the exact scale rules, and the
 // elements against MPFR.
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 """MX block quantization on chip (the mx_quantize kernel: every scale policy,
 MXFP8 E4M3 / E5M2 and MXFP4) against an independent numpy implementation
-written from the OCP MX v1.0 spec and ../shared/reference/numerics.md
+written from the OCP MX v1.0 spec and docs/reference/numerics.md
 section 3, not from tern::num. The dequantized values 2^k * P_i must be
 equal element for element (tolerance 0: both are exact), NaN where the
 block holds NaN or Inf."""
