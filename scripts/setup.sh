@@ -10,6 +10,8 @@ cd "$(dirname "$0")/.."
 
 packages=(
   build-essential cmake ninja-build ccache pkg-config git
+  clang-format       # the style test
+  dpkg-dev           # cpack -G DEB (dpkg-shlibdeps)
   libfmt-dev libcli11-dev nlohmann-json3-dev libtomlplusplus-dev libhwy-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev    # the baseline of the simulator's matmul benchmark

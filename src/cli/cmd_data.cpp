@@ -60,7 +60,7 @@ void run(const Args& a) {
   const std::filesystem::path in(a.input);
   const std::filesystem::path out =
       a.out.empty() ? in.parent_path() / in.stem() : std::filesystem::path(a.out);
-  std::filesystem::create_directories(out);
+  ensure_writable_dir(out, "--out");
   const std::span<const std::uint16_t> all(tokens);
   train::write_shard(out / "train.bin", all.first(n_train));
   train::write_shard(out / "val.bin", all.subspan(n_train));

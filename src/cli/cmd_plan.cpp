@@ -323,12 +323,15 @@ std::vector<int> chip_counts(const arch::SystemSpec& s, double most) {
   return out;
 }
 
+// The search's ranking; the last column names the layouts that are the
+// same plan (equal step time and memory) as the row's.
 Table ranking_table() {
-  Table t(
-      {"#", "layout", "step ms", "tokens/s", "MFU %", "memory GiB", "bubble %", "exposed comm %"});
+  Table t({"#", "layout", "step ms", "tokens/s", "MFU %", "memory GiB", "bubble %",
+           "exposed comm %", "same plan as"});
+  t.set_align_right({false, false, true, true, true, true, true, true, false});
   return t;
 }
-void ranking_row(Table& t, int i, const Estimate& e) {
+void ranking_row(Table& t, int i, const Estimate& e, const std::string& same) {
   const double step = e.time.step.value();
   const double comm =
       (e.time.tp_comm + e.time.cp_comm + e.time.ep_comm + e.time.pp_p2p + e.time.dp_exposed)
@@ -336,7 +339,7 @@ void ranking_row(Table& t, int i, const Estimate& e) {
   t.add({std::to_string(i), layout_text(e.layout), ms(e.time.step),
          fmt::format("{:.0f}", e.tokens_per_s), fmt::format("{:.1f}", 100 * e.mfu),
          gib(e.memory.total), fmt::format("{:.1f}", 100 * e.time.pp_bubble.value() / step),
-         fmt::format("{:.1f}", 100 * comm / step)});
+         fmt::format("{:.1f}", 100 * comm / step), same});
 }
 
 }  // namespace
@@ -548,7 +551,12 @@ void add_plan_command(CLI::App& app) {
                 {"seconds", secs},
                 {"layouts_per_second", static_cast<double>(res.evaluated) / std::max(secs, 1e-9)},
                 {"best", json::array()}};
-      for (const auto& e : res.best) j["best"].push_back(estimate_json(e));
+      for (std::size_t k = 0; k < res.best.size(); ++k) {
+        json e = estimate_json(res.best[k]);
+        e["same_plan"] = json::array();
+        for (const Layout& l : res.alternatives[k]) e["same_plan"].push_back(layout_json(l));
+        j["best"].push_back(std::move(e));
+      }
       std::puts(j.dump(2).c_str());
       return;
     }
@@ -572,7 +580,12 @@ void add_plan_command(CLI::App& app) {
     }
     Table t = ranking_table();
     int i = 0;
-    for (const auto& e : res.best) ranking_row(t, ++i, e);
+    for (std::size_t k = 0; k < res.best.size(); ++k) {
+      std::string same;
+      for (const Layout& l : res.alternatives[k])
+        same += (same.empty() ? "" : "; ") + layout_text(l);
+      ranking_row(t, ++i, res.best[k], same);
+    }
     std::fputs(t.render().c_str(), stdout);
     std::printf("\nThe best layout:\n\n%s", estimate_text(p, res.best.front()).c_str());
   });

@@ -27,6 +27,7 @@
 #include "profile/profile.h"
 #include "sim/simulator.h"
 #include "util/error.h"
+#include "util/file.h"
 
 namespace tern::cli {
 
@@ -39,10 +40,9 @@ using nlohmann::json;
 // simulator's check).
 constexpr std::int64_t kMaxDim = INT32_MAX;
 
-std::vector<std::uint8_t> read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(fmt::format("{}: cannot open input file", path));
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+std::vector<std::uint8_t> read_bytes(const std::string& path) {
+  const std::string s = read_file(path);
+  return {s.begin(), s.end()};
 }
 
 std::pair<std::string, std::string> split_assignment(const std::string& s, const char* what) {
@@ -145,7 +145,7 @@ void add_run(CLI::App& app) {
     std::vector<std::string> given;
     for (const auto& in : a->inputs) {
       const auto [name, file] = split_assignment(in, "--input");
-      s.write_bytes(name, read_file(file));
+      s.write_bytes(name, read_bytes(file));
       given.push_back(name);
     }
     if (opt.mode != sim::Mode::timing) {

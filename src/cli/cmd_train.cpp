@@ -494,6 +494,9 @@ void add_train_command(CLI::App& app) {
       cfg = train::config_from_json(merged);
     }
     if (o->log_every < 1) throw Error("--log-every must be >= 1");
+    // Where checkpoints go is checked before the first step, not after it.
+    if (!cfg.ckpt_dir.empty() && cfg.ckpt_every > 0)
+      ensure_writable_dir(cfg.ckpt_dir, "--ckpt-dir");
     try {
       run(cfg, *o);
     } catch (const std::exception& e) {
@@ -546,7 +549,13 @@ void add_sample_command(CLI::App& app) {
       ck = train::load_checkpoint(file);
     }
     for (const std::string& n : notes) std::fprintf(stderr, "note: %s\n", n.c_str());
-    train::TrainConfig c = train::config_from_json(ck.meta.at("config"));
+    train::TrainConfig c;
+    try {
+      c = train::config_from_json(ck.meta.at("config"));
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(fmt::format("--ckpt {}: the checkpoint's settings are not what tern writes ({})",
+                              file.string(), e.what()));
+    }
     c.resume = file.string();
     c.faults.clear();
     c.accum *= c.dp, c.dp = 1, c.tp = 1, c.pp = 1, c.zero = 0;  // sampling needs one chip

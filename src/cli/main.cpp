@@ -1,6 +1,8 @@
 // tern: a software Trainium-class training system. Entry point of the CLI.
 #include <cstdio>
 #include <exception>
+#include <filesystem>
+#include <new>
 
 #include <CLI/CLI.hpp>
 
@@ -31,6 +33,16 @@ int main(int argc, char** argv) {
     return e.get_exit_code();
   } catch (const tern::Error& e) {
     std::fprintf(stderr, "tern: error: %s\n", e.what());
+    return 2;
+  } catch (const std::bad_alloc&) {
+    // A size no earlier check bounded: reported as what it is, not a crash.
+    std::fprintf(stderr,
+                 "tern: error: out of memory: the input asks for more memory than this host "
+                 "has\n");
+    return 2;
+  } catch (const std::filesystem::filesystem_error& e) {
+    std::fprintf(stderr, "tern: error: %s: %s\n", e.path1().string().c_str(),
+                 e.code().message().c_str());
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tern: internal error: %s\n", e.what());

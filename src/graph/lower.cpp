@@ -1196,6 +1196,9 @@ void check_bindings(const Graph& g, const Launch& l) {
 Executable compile(const Graph& g, const arch::ChipSpec& chip, const CompileOptions& opt) {
   Executable e{g, fuse(g), {}, {}, chip.name, {}, {}};
   e.plan = plan_memory(e.graph, e.fusion);
+  if (opt.cores < 0 || opt.cores > chip.cores)
+    throw Error(
+        fmt::format("compile: cores {}: 0 (all) to {} ({})", opt.cores, chip.cores, chip.name));
   const int cores = opt.cores > 0 ? opt.cores : chip.cores;
   if (cores > chip.cores)
     throw Error(fmt::format("compile: {} cores asked, {} has {}", cores, chip.name, chip.cores));

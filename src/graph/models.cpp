@@ -1,6 +1,9 @@
 #include "graph/models.h"
 
 #include <cmath>
+#include <initializer_list>
+#include <string_view>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -26,9 +29,26 @@ int add_param(Model& m, const std::string& name, Shape shape, DType dt) {
   return p;
 }
 
+// Each size >= 1 and bounded so that the graph's shapes and the compiler's
+// products stay in range (the graph holds every layer: the layer bound
+// keeps it in memory).
+void check_sizes(const char* model, std::initializer_list<std::pair<const char*, std::int64_t>> v) {
+  for (const auto& [name, x] : v) {
+    const std::int64_t most = std::string_view(name) == "layers" ? 4096 : std::int64_t{1} << 24;
+    if (x < 1 || x > most)
+      throw Error(fmt::format("{}: {} {} is out of range (1 to {})", model, name, x, most));
+  }
+}
+
 }  // namespace
 
 Model gpt2(const Gpt2Config& c) {
+  check_sizes("gpt2", {{"layers", c.layers},
+                       {"dim", c.dim},
+                       {"heads", c.heads},
+                       {"vocab", c.vocab},
+                       {"seq", c.seq},
+                       {"batch", c.batch}});
   if (c.dim % c.heads != 0)
     throw Error(fmt::format("gpt2: dim {} is not a multiple of heads {}", c.dim, c.heads));
   Model m{Graph("gpt2"), -1, {}};
@@ -122,6 +142,14 @@ Graph gpt2_mlp_shard(const Gpt2Config& c, std::int64_t layer, int tp) {
 }
 
 Model llama(const LlamaConfig& c) {
+  check_sizes("llama", {{"layers", c.layers},
+                        {"dim", c.dim},
+                        {"heads", c.heads},
+                        {"kv_heads", c.kv_heads},
+                        {"ffn", c.ffn},
+                        {"vocab", c.vocab},
+                        {"seq", c.seq},
+                        {"batch", c.batch}});
   if (c.dim % c.heads != 0 || c.heads % c.kv_heads != 0)
     throw Error(
         fmt::format("llama: dim {} must be a multiple of heads {}, and heads of kv heads {}", c.dim,

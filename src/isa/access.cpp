@@ -1,11 +1,14 @@
 #include "isa/access.h"
 
-#include <fmt/format.h>
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
+#include <fmt/format.h>
+
+#include "util/checked.h"
 #include "util/error.h"
 
 namespace tern::isa {
@@ -23,7 +26,9 @@ std::string_view mem_name(Mem m) {
 }
 
 int AccessPattern::rows() const {
-  if (mem == Mem::hbm) return dims.empty() ? 1 : static_cast<int>(dims[0].count);
+  if (mem == Mem::hbm)
+    return dims.empty() ? 1
+                        : static_cast<int>(std::clamp<std::int64_t>(dims[0].count, 0, INT32_MAX));
   return partitions;
 }
 
@@ -48,18 +53,26 @@ std::int64_t AccessPattern::row_address(int r) const {
   return offset + r * stride * size_bytes(dtype);
 }
 
+namespace {
+// The byte bounds in 128 bits, saturated to int64: a program's offsets and
+// strides come from a file, and a wrapped bound would pass the range
+// checks (a saturated one never does).
+Int128 reach(const AccessPattern& ap, bool up) {
+  Int128 b = ap.offset;
+  for (const Dim& d : ap.dims) {
+    const Int128 span = static_cast<Int128>(d.stride) * (d.count - 1) * size_bytes(ap.dtype);
+    b += up ? std::max<Int128>(0, span) : std::min<Int128>(0, span);
+  }
+  return b;
+}
+}  // namespace
+
 std::int64_t AccessPattern::min_byte() const {
-  std::int64_t lo = offset;
-  for (const Dim& d : dims)
-    lo += std::min<std::int64_t>(0, d.stride * (d.count - 1)) * size_bytes(dtype);
-  return lo;
+  return saturate(reach(*this, false));
 }
 
 std::int64_t AccessPattern::max_byte() const {
-  std::int64_t hi = offset;
-  for (const Dim& d : dims)
-    hi += std::max<std::int64_t>(0, d.stride * (d.count - 1)) * size_bytes(dtype);
-  return hi + size_bytes(dtype);
+  return saturate(reach(*this, true) + size_bytes(dtype));
 }
 
 bool AccessPattern::contiguous_inner() const {
@@ -69,7 +82,11 @@ bool AccessPattern::contiguous_inner() const {
 
 AccessPattern resolve(const AccessPattern& ap, std::int64_t reg_value) {
   AccessPattern r = ap;
-  if (r.offset_reg >= 0) r.offset += r.reg_stride * reg_value;
+  // Saturated: a wild register value gives an offset the bounds checks
+  // refuse, never one that wrapped back into range.
+  if (r.offset_reg >= 0)
+    r.offset =
+        saturate(static_cast<Int128>(r.offset) + static_cast<Int128>(r.reg_stride) * reg_value);
   r.offset_reg = -1;
   r.reg_stride = 0;
   return r;
@@ -99,9 +116,15 @@ AccessPattern parse_access(const std::string& text) {
   };
   auto integer = [&](std::int64_t& v) {
     char* end = nullptr;
+    errno = 0;
     v = std::strtoll(p, &end, 10);
     if (end == p) fail("expected a number");
+    if (errno == ERANGE) fail("a number outside the 64-bit range");
     p = end;
+  };
+  auto small = [&](std::int64_t v) {  // partitions and register numbers
+    if (v < INT32_MIN || v > INT32_MAX) fail("a partition or register number out of range");
+    return static_cast<int>(v);
   };
   skip();
   if (!std::strncmp(p, "hbm", 3)) {
@@ -119,10 +142,10 @@ AccessPattern parse_access(const std::string& text) {
   if (ap.mem != Mem::hbm) {
     if (*p++ != '[') return fail("expected [start:end]");
     integer(v);
-    ap.start_partition = static_cast<int>(v);
+    ap.start_partition = small(v);
     if (*p++ != ':') return fail("expected ':'");
     integer(v);
-    ap.partitions = static_cast<int>(v) - ap.start_partition;
+    ap.partitions = small(v - ap.start_partition);
     if (*p++ != ']') return fail("expected ']'");
   }
   if (*p++ != '+') return fail("expected +offset");
@@ -130,7 +153,7 @@ AccessPattern parse_access(const std::string& text) {
   if (p[0] == '+' && p[1] == 'r') {
     p += 2;
     integer(v);
-    ap.offset_reg = static_cast<int>(v);
+    ap.offset_reg = small(v);
     if (*p++ != '*') return fail("expected +rN*stride");
     integer(ap.reg_stride);
   }
@@ -151,7 +174,7 @@ AccessPattern parse_access(const std::string& text) {
   std::string dt(p);
   while (!dt.empty() && dt.back() == ' ') dt.pop_back();
   ap.dtype = parse_dtype(dt);
-  if (ap.mem == Mem::hbm && !ap.dims.empty()) ap.partitions = static_cast<int>(ap.dims[0].count);
+  if (ap.mem == Mem::hbm && !ap.dims.empty()) ap.partitions = small(ap.dims[0].count);
   return ap;
 }
 

@@ -1,6 +1,7 @@
 #include "isa/instruction.h"
 
 #include <array>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -448,7 +449,14 @@ Instruction parse_instruction(const std::string& line) {
         throw Error(fmt::format("bad number '{}' for {} in '{}'", val, key, line));
       return v;
     };
-    auto integer = [&]() { return static_cast<int>(number()); };
+    auto integer = [&]() {
+      char* end = nullptr;
+      errno = 0;
+      const long long v = std::strtoll(val.c_str(), &end, 10);
+      if (end == val.c_str() || *end || errno == ERANGE || v < INT32_MIN || v > INT32_MAX)
+        throw Error(fmt::format("bad integer '{}' for {} in '{}' (a 32-bit int)", val, key, line));
+      return static_cast<int>(v);
+    };
     if (key == "op0")
       in.alu0 = parse_alu(val);
     else if (key == "op1")
@@ -514,11 +522,21 @@ Instruction parse_instruction(const std::string& line) {
       const auto ge = val.find(">=");
       if (ge == std::string::npos)
         throw Error(fmt::format("expected wait=SEM>=VALUE in '{}'", line));
-      SemWait w{std::atoi(val.substr(0, ge).c_str()), std::atoll(val.substr(ge + 2).c_str()), -1};
+      // Each number in range (atoi would wrap a long one into a valid index).
+      auto num = [&](const char* at, long long lo, long long hi) {
+        char* end = nullptr;
+        errno = 0;
+        const long long v = std::strtoll(at, &end, 10);
+        if (end == at || errno == ERANGE || v < lo || v > hi)
+          throw Error(fmt::format("bad number in wait={} in '{}'", val, line));
+        return v;
+      };
+      SemWait w{static_cast<int>(num(val.c_str(), 0, INT32_MAX)),
+                num(val.c_str() + ge + 2, INT64_MIN, INT64_MAX), -1};
       if (const auto plus = val.find("+r", ge); plus != std::string::npos)
-        w.reg = std::atoi(val.c_str() + plus + 2);
+        w.reg = static_cast<int>(num(val.c_str() + plus + 2, 0, INT32_MAX));
       if (const auto hat = val.find("^c", ge); hat != std::string::npos)
-        w.core = std::atoi(val.c_str() + hat + 2);
+        w.core = static_cast<int>(num(val.c_str() + hat + 2, 0, INT32_MAX));
       in.waits.push_back(w);
     } else {
       throw Error(fmt::format("unknown instruction field '{}' in '{}'", key, line));

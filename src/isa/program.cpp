@@ -91,9 +91,9 @@ Program parse_program_text(const std::string& text) {
       } else if (word == "arch") {
         ls >> p.arch;
       } else if (word == "semaphores") {
-        ls >> p.semaphores;
+        if (!(ls >> p.semaphores)) throw Error("expected 'semaphores N' (an int)");
       } else if (word == "lnc") {
-        ls >> p.lnc;
+        if (!(ls >> p.lnc)) throw Error("expected 'lnc N' (1 or 2)");
       } else if (word == "hbm") {
         HbmTensor t;
         std::string shape, dt, kind;
@@ -412,10 +412,8 @@ void save_program(const Program& p, const std::filesystem::path& path) {
 }
 
 Program load_program(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(fmt::format("{}: cannot open program file", path.string()));
-  std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(in)),
-                                  std::istreambuf_iterator<char>());
+  const std::string file = read_file(path);
+  const std::vector<std::uint8_t> bytes(file.begin(), file.end());
   try {
     if (bytes.size() >= 8 && std::memcmp(bytes.data(), kMagic, 8) == 0)
       return parse_program_binary(bytes);

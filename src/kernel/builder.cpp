@@ -4,7 +4,9 @@
 #include <filesystem>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include "util/checked.h"
 #include "util/error.h"
 
 namespace tern::kernel {
@@ -86,6 +88,22 @@ Tensor Builder::hbm(const std::string& name, std::vector<std::int64_t> shape, DT
   if (shape.empty()) throw Error(fmt::format("HBM tensor '{}' needs a shape", name));
   for (const auto& t : prog_.tensors)
     if (t.name == name) throw Error(fmt::format("HBM tensor '{}' declared twice", name));
+  // The chip's HBM bounds every tensor (checked before any size is used,
+  // in 128 bits so that no shape wraps).
+  const std::int64_t cap = chip_.hbm_capacity.value();
+  Int128 bytes = isa::size_bytes(dtype);
+  for (const std::int64_t d : shape) {
+    if (d < 1) throw Error(fmt::format("HBM tensor '{}': a dim of {} (need >= 1)", name, d));
+    if (bytes <= cap) bytes *= d;
+  }
+  if (bytes > cap - next_hbm_ || (bytes / isa::size_bytes(dtype) / shape.back() > INT32_MAX))
+    throw Error(fmt::format(
+        "HBM tensor '{}' [{}] {} does not fit: {} bytes with the tensors before it, {} has {} "
+        "bytes of HBM",
+        name, fmt::join(shape, ", "), isa::name(dtype),
+        bytes > cap ? fmt::format("more than {}", cap)
+                    : fmt::format("{}", next_hbm_ + static_cast<std::int64_t>(bytes)),
+        chip_.name, cap));
   isa::HbmTensor t{name, next_hbm_, shape, dtype, kind};
   // 64-byte aligned, packed one after another.
   next_hbm_ += (t.bytes() + 63) / 64 * 64;

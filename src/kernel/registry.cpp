@@ -772,11 +772,7 @@ std::vector<KernelEntry> make_registry() {
                          : "SwiGLU / GeGLU: out = act(gate) * up";
     e.params = {rows_doc(),
                 dim_doc("Columns (the FFN width)"),
-                {"act",
-                 "silu",
-                 "silu (SwiGLU), gelu or gelu_tanh (GeGLU)",
-                 ParamKind::choice,
-                 {"silu", "gelu", "gelu_tanh"}},
+                {"act", "silu", "silu (SwiGLU), gelu or gelu_tanh (GeGLU)", ParamKind::text},
                 {"dtype", "bf16", "Tensor dtype: fp32, bf16 or fp16"},
                 cores_doc()};
     e.build = [backward](const arch::ChipSpec& c, const Params& p) {

@@ -49,9 +49,10 @@ SearchResult search(const Planner& planner, const SearchOptions& opt) {
     ++r.fitting;
     kept.push_back(std::move(*e));
     // Keep the list short: trim to the best `top` now and then.
-    if (kept.size() >= static_cast<std::size_t>(4 * opt.top + 64)) {
-      std::nth_element(kept.begin(), kept.begin() + opt.top, kept.end(), faster);
-      kept.resize(opt.top);
+    // (Four times `top`: equivalent layouts collapse into one entry below.)
+    if (kept.size() >= static_cast<std::size_t>(8 * opt.top + 64)) {
+      std::nth_element(kept.begin(), kept.begin() + 4 * opt.top, kept.end(), faster);
+      kept.resize(static_cast<std::size_t>(4 * opt.top));
     }
   };
   const std::vector<int> ep_choices = m.moe() ? divisors(m.experts) : std::vector<int>{1};
@@ -89,8 +90,16 @@ SearchResult search(const Planner& planner, const SearchOptions& opt) {
   // Equal times (e.g. a recompute mode that changes nothing with fused
   // attention): the layout needing less memory first.
   std::sort(kept.begin(), kept.end(), faster);
-  if (kept.size() > static_cast<std::size_t>(opt.top)) kept.resize(opt.top);
-  r.best = std::move(kept);
+  for (Estimate& e : kept) {
+    if (!r.best.empty() && e.time.step == r.best.back().time.step &&
+        e.memory.total == r.best.back().memory.total) {
+      r.alternatives.back().push_back(e.layout);
+      continue;
+    }
+    if (r.best.size() == static_cast<std::size_t>(opt.top)) break;
+    r.best.push_back(std::move(e));
+    r.alternatives.emplace_back();
+  }
   return r;
 }
 

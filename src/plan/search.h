@@ -17,7 +17,12 @@ struct SearchOptions {
 };
 
 struct SearchResult {
-  std::vector<Estimate> best;  // fastest first
+  // Fastest first, one per distinct plan: layouts with the same step time
+  // and memory (e.g. a recompute mode that changes nothing with fused
+  // attention) are one entry, the first of them in `best`, the others in
+  // `alternatives` at the same index.
+  std::vector<Estimate> best;
+  std::vector<std::vector<Layout>> alternatives;
   std::int64_t evaluated = 0;  // layouts the model was evaluated on
   std::int64_t fitting = 0;    // of those, the ones that fit HBM
 };

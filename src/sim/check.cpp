@@ -1,6 +1,8 @@
 #include "sim/check.h"
+#include "util/checked.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace tern::sim {
 
@@ -191,7 +193,8 @@ std::string operand_rules(const arch::ChipSpec& chip, const isa::Program& prog,
           name, d.stride, d.count);
     }
   }
-  if (ap.partitions < 1 || ap.start_partition < 0 || ap.start_partition + ap.partitions > parts) {
+  if (ap.partitions < 1 || ap.start_partition < 0 ||
+      std::int64_t{ap.start_partition} + ap.partitions > parts) {
     return fmt::format("{} uses {} partitions [{}, {}) but {} has {}", name, mem,
                        ap.start_partition, ap.start_partition + ap.partitions, mem, parts);
   }
@@ -264,6 +267,42 @@ bool supports_type(const arch::ChipSpec& chip, DType d) {
 }
 
 }  // namespace
+
+namespace {
+// The PE array multiplies floats: fp32 (in passes), tf32, bf16, fp16, the
+// fp8 types and the MX x4 types (nki.isa.nc_matmul's operand dtypes); not
+// integers, nor the E8M0 scale type.
+std::string matmul_operand_type(const AccessPattern& ap, const char* what) {
+  if (isa::is_x4(ap.dtype) || (isa::is_float(ap.dtype) && ap.dtype != DType::e8m0)) return {};
+  return fmt::format("the Tensor engine multiplies float operands, not a {} {}",
+                     isa::name(ap.dtype), what);
+}
+}  // namespace
+
+std::string check_declarations(const arch::ChipSpec& chip, const isa::Program& prog) {
+  // A format limit, not the hardware's: semaphores are a per-program table.
+  constexpr int kMaxSemaphores = 1 << 16;
+  if (prog.semaphores < 0 || prog.semaphores > kMaxSemaphores)
+    return fmt::format("the program declares {} semaphores (0 to {})", prog.semaphores,
+                       kMaxSemaphores);
+  const std::int64_t cap = chip.hbm_capacity.value();
+  for (const isa::HbmTensor& t : prog.tensors) {
+    // In 128 bits, stopping past the capacity: a shape from a file must not
+    // wrap its byte count back into range.
+    Int128 bytes = isa::size_bytes(t.dtype);
+    for (const std::int64_t d : t.shape) {
+      if (d < 1) return fmt::format("HBM tensor '{}' has a dim of {} (need >= 1)", t.name, d);
+      if (bytes <= cap) bytes *= d;
+    }
+    if (t.address < 0 || bytes > cap || t.address > cap - static_cast<std::int64_t>(bytes))
+      return fmt::format(
+          "HBM tensor '{}' [{}] {} at byte {} needs {} bytes: outside {}'s {} bytes of HBM", t.name,
+          fmt::join(t.shape, ", "), isa::name(t.dtype), t.address,
+          bytes > cap ? fmt::format("more than {}", cap) : fmt::format("{}", t.bytes()), chip.name,
+          cap);
+  }
+  return {};
+}
 
 std::string check_instruction(const arch::ChipSpec& chip, const isa::Program& prog,
                               const isa::Instruction& in) {
@@ -392,6 +431,7 @@ std::string check_instruction(const arch::ChipSpec& chip, const isa::Program& pr
         return "an x4-packed type is copied only into the same type (no cast)";
       break;
     case Opcode::load_stationary:
+      if (auto e = matmul_operand_type(d, "stationary"); !e.empty()) return e;
       if (nops == 2) {
         if (auto e = mx_pair_rules(d, in.operands[1], "the MX stationary"); !e.empty()) return e;
       } else if (isa::is_x4(d.dtype)) {
@@ -413,6 +453,7 @@ std::string check_instruction(const arch::ChipSpec& chip, const isa::Program& pr
       break;
     case Opcode::multiply_moving: {
       const auto& mv = in.operands[1];
+      if (auto e = matmul_operand_type(mv, "moving"); !e.empty()) return e;
       if (nops == 3) {
         if (auto e = mx_pair_rules(mv, in.operands[2], "the MX moving tensor"); !e.empty())
           return e;

@@ -16,6 +16,11 @@ namespace tern::sim {
 std::string check_instruction(const arch::ChipSpec& chip, const isa::Program& program,
                               const isa::Instruction& in);
 
+// The program's own declarations against the chip: every HBM tensor of
+// positive dims, at a non-negative address, inside the chip's HBM; the
+// semaphore count in range. Empty when they hold; else what and where.
+std::string check_declarations(const arch::ChipSpec& chip, const isa::Program& program);
+
 // The rules of the selection, search and scan instructions (check_select.cpp).
 std::string select_rules(const arch::ChipSpec& chip, const isa::Instruction& in);
 

@@ -57,7 +57,8 @@ const std::uint8_t* find_unwritten(const std::uint8_t* flags, std::size_t len, s
 
 Bytes zeroed_bytes(std::size_t n) {
   auto* p = static_cast<std::uint8_t*>(std::calloc(n, 1));
-  if (!p) throw Error(fmt::format("cannot allocate {} bytes of simulated SRAM", n));
+  if (!p)
+    throw Error(fmt::format("cannot allocate {} bytes of host memory for the simulated chip", n));
   return Bytes(p);
 }
 

@@ -54,6 +54,7 @@ void Simulator::load_shared(std::shared_ptr<const isa::Program> shared, bool che
     throw Error(fmt::format("the program was built for {} but the simulated chip is {}", p.arch,
                             chip_.name));
   }
+  if (const std::string e = check_declarations(chip_, p); !e.empty()) throw Error(e);
   for (std::size_t c = 0; c < (checked ? 0 : p.cores.size()); ++c) {
     for (const auto& stream : p.cores[c].streams) {
       for (std::size_t i = 0; i < stream.size(); ++i) {

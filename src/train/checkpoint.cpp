@@ -1,5 +1,8 @@
 #include "train/checkpoint.h"
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <bit>
 #include <cstring>
@@ -56,7 +59,12 @@ void save_checkpoint(const std::filesystem::path& file, const Checkpoint& c) {
   for (const auto& [name, x] : c.tensors)
     s.append(reinterpret_cast<const char*>(x.data()), x.size() * 4);
   put(s, crc(s.data(), s.size()));
-  std::filesystem::create_directories(file.parent_path().empty() ? "." : file.parent_path());
+  const std::filesystem::path dir = file.parent_path().empty() ? "." : file.parent_path();
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec)
+    throw Error(fmt::format("cannot create checkpoint folder {}: {}", dir.string(), ec.message()));
+  remove_stale_temporaries(dir);
   write_file_atomic(file, s);
 }
 
@@ -81,13 +89,38 @@ Checkpoint load_checkpoint(const std::filesystem::path& file) {
   } catch (const nlohmann::json::exception& e) {
     bad(fmt::format("header is not JSON ({})", e.what()));
   }
-  std::size_t payload = 0;
+  // The table, checked whole before any byte is used: every entry a name,
+  // a count and an offset (non-negative integers; the sum cannot wrap since
+  // each count is bounded by the file's size first).
+  struct Entry {
+    std::string name;
+    std::uint64_t count, offset;
+  };
+  std::vector<Entry> table;
+  std::uint64_t payload = 0;
+  const std::uint64_t room = s.size() - 24 - hlen;
   try {
-    for (const auto& t : h.at("tensors")) payload += t.at("count").get<std::size_t>() * 4;
+    if (!h.is_object() || !h.value("meta", nlohmann::json::object()).is_object())
+      bad("the header is not an object with a \"meta\" object");
+    for (const auto& t : h.at("tensors")) {
+      const auto &name = t.at("name"), &count = t.at("count"), &offset = t.at("offset");
+      if (!name.is_string() || !count.is_number_unsigned() || !offset.is_number_unsigned())
+        bad(
+            fmt::format("tensor table entry {}: needs a name (text), a count and an offset "
+                        "(non-negative integers)",
+                        t.dump()));
+      table.push_back(
+          {name.get<std::string>(), count.get<std::uint64_t>(), offset.get<std::uint64_t>()});
+      if (table.back().count > room / 4)
+        bad(fmt::format("truncated: tensor {} has {} floats, more than the file holds",
+                        t.at("name").dump(), table.back().count));
+      payload += table.back().count * 4;
+      if (payload > room) bad(fmt::format("truncated: the table needs more than {} bytes", room));
+    }
   } catch (const nlohmann::json::exception& e) {
     bad(fmt::format("bad tensor table ({})", e.what()));
   }
-  const std::size_t want = 20 + hlen + payload + 4;
+  const std::uint64_t want = 20 + hlen + payload + 4;
   if (s.size() != want)
     bad(fmt::format("{}: {} bytes, the table says {}",
                     s.size() < want ? "truncated" : "trailing bytes", s.size(), want));
@@ -97,14 +130,14 @@ Checkpoint load_checkpoint(const std::filesystem::path& file) {
   Checkpoint c;
   c.meta = h.value("meta", nlohmann::json::object());
   const char* base = s.data() + 20 + hlen;
-  for (const auto& t : h.at("tensors")) {
-    const auto n = t.at("count").get<std::size_t>();
-    const auto off = t.at("offset").get<std::size_t>();
-    if (off + n * 4 > payload)
-      bad(fmt::format("tensor {} lies past the payload", t.at("name").dump()));
-    std::vector<float> x(n);
-    std::memcpy(x.data(), base + off, n * 4);
-    c.tensors[t.at("name").get<std::string>()] = std::move(x);
+  for (const Entry& t : table) {
+    if (t.offset % 4 != 0 || t.offset > payload || t.count * 4 > payload - t.offset)
+      bad(fmt::format("tensor {} [offset {}, {} floats] lies outside the {}-byte payload", t.name,
+                      t.offset, t.count, payload));
+    if (c.tensors.count(t.name)) bad(fmt::format("tensor {} appears twice", t.name));
+    std::vector<float> x(t.count);
+    std::memcpy(x.data(), base + t.offset, t.count * 4);
+    c.tensors[t.name] = std::move(x);
   }
   return c;
 }
@@ -117,8 +150,9 @@ std::vector<std::filesystem::path> list_checkpoints(const std::filesystem::path&
   std::vector<std::pair<std::int64_t, std::filesystem::path>> found;
   std::error_code ec;
   if (!std::filesystem::is_directory(dir, ec)) return {};
-  static const std::regex name(R"(step-(\d+)\.ckpt)");
-  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+  // Step numbers that fit in 18 digits (a longer one is not a name tern writes).
+  static const std::regex name(R"(step-(\d{1,18})\.ckpt)");
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
     std::smatch m;
     const std::string f = e.path().filename().string();
     if (std::regex_match(f, m, name)) found.emplace_back(std::stoll(m[1].str()), e.path());
@@ -138,7 +172,7 @@ std::optional<std::pair<std::filesystem::path, Checkpoint>> latest_good(
     if (std::stoll(f.substr(5, f.size() - 10)) > max_step) continue;
     try {
       return std::make_pair(*it, load_checkpoint(*it));
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {  // Error, or bad_alloc of a damaged count
       notes.push_back(fmt::format("{}; using an older checkpoint", e.what()));
     }
   }
@@ -147,8 +181,28 @@ std::optional<std::pair<std::filesystem::path, Checkpoint>> latest_good(
 
 void prune_checkpoints(const std::filesystem::path& dir, int keep) {
   const auto all = list_checkpoints(dir);
+  std::error_code ec;
   for (std::size_t i = 0; i + static_cast<std::size_t>(keep) < all.size(); ++i)
-    std::filesystem::remove(all[i]);
+    std::filesystem::remove(all[i], ec);
+}
+
+std::vector<std::filesystem::path> remove_stale_temporaries(const std::filesystem::path& dir) {
+  // write_file_atomic's temporaries: <name>.ckpt.tmp<pid>. One whose writer
+  // is gone (no such process) was left by a kill mid-write.
+  static const std::regex name(R"(step-\d+\.ckpt\.tmp(\d{1,9}))");
+  std::vector<std::filesystem::path> removed;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    std::smatch m;
+    const std::string f = e.path().filename().string();
+    if (!std::regex_match(f, m, name)) continue;
+    const auto pid = static_cast<pid_t>(std::stol(m[1].str()));
+    if (pid == ::getpid() || (::kill(pid, 0) != 0 && errno == ESRCH)) {
+      std::error_code rm;
+      if (std::filesystem::remove(e.path(), rm)) removed.push_back(e.path());
+    }
+  }
+  return removed;
 }
 
 }  // namespace tern::train

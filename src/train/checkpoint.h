@@ -46,5 +46,9 @@ std::optional<std::pair<std::filesystem::path, Checkpoint>> latest_good(
     std::int64_t max_step = std::numeric_limits<std::int64_t>::max());
 // Deletes all but the newest `keep` checkpoints of dir.
 void prune_checkpoints(const std::filesystem::path& dir, int keep);
+// Removes the temporaries (step-N.ckpt.tmpPID) that writers killed mid-write
+// left in `dir` (their process is gone); returns what it removed. Every
+// save_checkpoint does this first.
+std::vector<std::filesystem::path> remove_stale_temporaries(const std::filesystem::path& dir);
 
 }  // namespace tern::train

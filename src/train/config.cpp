@@ -1,7 +1,10 @@
 #include "train/config.h"
 
 #include <charconv>
+#include <cmath>
+#include <filesystem>
 #include <set>
+#include <tuple>
 
 #include <fmt/format.h>
 #include <toml++/toml.h>
@@ -70,6 +73,33 @@ Fault parse_fault(const std::string& spec) {
 
 void validate(const TrainConfig& c) {
   auto bad = [](const std::string& what) { throw Error("train config: " + what); };
+  // Every real setting finite first: NaN passes every "<" check below.
+  for (const auto& [name, v] : {std::pair{"lr", c.lr},
+                                {"min_lr", c.min_lr},
+                                {"weight_decay", c.weight_decay},
+                                {"beta1", c.beta1},
+                                {"beta2", c.beta2},
+                                {"clip", c.clip},
+                                {"init_std", c.init_std},
+                                {"nan_rate", c.nan_rate},
+                                {"spike_z", c.spike_z},
+                                {"overflow_pct", c.overflow_pct},
+                                {"bucket_mb", c.bucket_mb},
+                                {"val_fraction", c.val_fraction}}) {
+    if (!std::isfinite(v)) bad(fmt::format("{} must be a finite number, got {}", name, v));
+  }
+  // Sizes whose products the compiler forms: each bounded so none overflows.
+  for (const auto& [name, v, most] : {std::tuple{"layers", c.layers, std::int64_t{4096}},
+                                      {"dim", c.dim, std::int64_t{1} << 20},
+                                      {"heads", c.heads, std::int64_t{4096}},
+                                      {"batch", c.batch, std::int64_t{1} << 20},
+                                      {"seq", c.seq, std::int64_t{1} << 24},
+                                      {"accum", c.accum, std::int64_t{1} << 20},
+                                      {"dp", c.dp, std::int64_t{1} << 16},
+                                      {"tp", c.tp, std::int64_t{1024}},
+                                      {"pp", c.pp, std::int64_t{1024}}}) {
+    if (v > most) bad(fmt::format("{} {} is more than tern takes ({})", name, v, most));
+  }
   if (c.model != "gpt2" && c.model != "llama")
     bad(fmt::format("model '{}' is not one of gpt2, llama", c.model));
   if (c.layers < 1 || c.dim < 1 || c.heads < 1 || c.batch < 1 || c.seq < 2 || c.accum < 1)
@@ -269,12 +299,18 @@ nlohmann::json toml_to_json(const toml::node& n, const std::string& where) {
 }  // namespace
 
 TrainConfig config_from_json(const nlohmann::json& j) {
+  if (!j.is_object())
+    throw Error(fmt::format("train config: expected an object of settings, got {}", j.type_name()));
   TrainConfig c;
   apply_json(c, j, "train config");
   return c;
 }
 
 void load_config_file(TrainConfig& c, const std::string& path) {
+  // toml++ reads a folder as an empty table.
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec))
+    throw Error(fmt::format("--config {}: not a file (a TOML file of train settings)", path));
   toml::table t;
   try {
     t = toml::parse_file(path);

@@ -907,7 +907,7 @@ std::vector<float> Trainer::logits(const Batch& b) {
 
 std::string Trainer::sample(const std::string& prompt, int tokens, double temperature,
                             std::uint64_t seed) {
-  if (tokens < 0 || temperature < 0)
+  if (tokens < 0 || !(temperature >= 0) || !std::isfinite(temperature))
     throw Error(fmt::format("sample: tokens and temperature must be >= 0, got {} and {}", tokens,
                             temperature));
   std::vector<std::uint16_t> ctx = tok_->encode(prompt.empty() ? std::string(1, '\n') : prompt);
@@ -2289,6 +2289,12 @@ void Trainer::restore_checkpoint(const Checkpoint& ck) {
     for (auto& b : rep.bwd) b->restore_kept_state(kept);
   zero_accumulators();
   step_ = meta.at("step"), opt_step_ = meta.at("opt_step");
+  // A CRC-valid file can still hold a state tern never writes.
+  if (step_ < 0 || opt_step_ < 0 || opt_step_ > step_)
+    throw Error(fmt::format(
+        "checkpoint: step {} / optimizer step {} is not a state tern writes (0 <= optimizer "
+        "step <= step)",
+        step_, opt_step_));
   const auto& n = meta.at("norms");
   norms_.assign(n.begin(), n.end());
   for (std::int64_t s : meta.at("skip_batches").get<std::set<std::int64_t>>())

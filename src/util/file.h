@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -45,16 +46,54 @@ inline void write_file_atomic(const std::filesystem::path& path, std::string_vie
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
   if (ec) {
-    std::filesystem::remove(tmp, ec);
+    std::error_code removed;  // keep the rename's reason for the message
+    std::filesystem::remove(tmp, removed);
     throw Error(fmt::format("cannot write {}: {}", path.string(), ec.message()));
   }
 }
 
+// Makes folder `dir` (and its parents) and checks that files can be written
+// in it; `what` names it in the error ("--ckpt-dir runs/x: ...").
+inline void ensure_writable_dir(const std::filesystem::path& dir, const std::string& what) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
+    throw Error(fmt::format("{} {}: exists and is not a folder", what, dir.string()));
+  fs::create_directories(dir, ec);
+  if (ec)
+    throw Error(
+        fmt::format("{} {}: cannot create the folder: {}", what, dir.string(), ec.message()));
+  if (::access(dir.c_str(), W_OK) != 0)
+    throw Error(
+        fmt::format("{} {}: cannot write in it: {}", what, dir.string(), std::strerror(errno)));
+}
+
+// The host's physical memory (bytes): no file larger than this is read.
+inline std::int64_t host_memory_bytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<std::int64_t>(pages) * page : INT64_MAX;
+}
+
+// The whole of a regular file. A folder, a device or a FIFO, a file larger
+// than the host's memory, or a read error is a tern::Error naming the path.
 inline std::string read_file(const std::filesystem::path& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (ec || !fs::exists(st))
+    throw Error(fmt::format("cannot read {}: {}", path.string(),
+                            ec ? ec.message() : std::string("no such file")));
+  if (fs::is_directory(st)) throw Error(fmt::format("{} is a folder, not a file", path.string()));
+  if (!fs::is_regular_file(st))
+    throw Error(fmt::format("{} is not a regular file (a device or a pipe)", path.string()));
+  const std::uintmax_t size = fs::file_size(path, ec);
+  if (!ec && size > static_cast<std::uintmax_t>(host_memory_bytes()))
+    throw Error(fmt::format("{}: {} bytes, more than this host's memory", path.string(), size));
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(fmt::format("cannot read {}", path.string()));
+  if (!in) throw Error(fmt::format("cannot read {}: {}", path.string(), std::strerror(errno)));
   std::ostringstream s;
   s << in.rdbuf();
+  if (in.bad()) throw Error(fmt::format("cannot read {}: a read error", path.string()));
   return s.str();
 }
 

@@ -110,9 +110,9 @@ expect_err "malformed number ''" num encode e4m3 ""
 expect_err "malformed code '0xzz'" num decode e4m3 0xzz
 expect_err "malformed code '-1'" num decode e4m3 -1
 expect_err "does not fit e2m1" num decode e2m1 0x10
-expect_err "unknown rounding 'up'" num encode e4m3 1 --round up
-expect_err "unknown MX format 'mxfp9'" num mx --format mxfp9 1
-expect_err "unknown MX scale policy 'ceil'" num mx --policy ceil 1
+expect_err "--round: 'up' is not one of {rne,sr}" num encode e4m3 1 --round up
+expect_err "--format: 'mxfp9' is not one of {mxfp8-e4m3,mxfp8-e5m2,mxfp6-e3m2,mxfp6-e2m3,mxfp4,mxint8}" num mx --format mxfp9 1
+expect_err "--policy: 'ceil' is not one of {ocp-floor,rceil,trn3}" num mx --policy ceil 1
 expect_err "not supported: the trn3 scale policy for mxfp6-e3m2" num mx --format mxfp6-e3m2 --policy trn3 1
 expect_err "malformed number 'abc'" num mx 1 abc
 expect_err "malformed cfp8 format" num encode cfp8-e4 1
@@ -164,15 +164,15 @@ head -c 100 "$tmp/mm.tern" >"$tmp/trunc.tern"
 expect_err "corrupt program file" run "$tmp/trunc.tern"
 printf 'hello\n' >"$tmp/junk.tern"
 expect_err "line 1: expected 'tern-program <version>'" run "$tmp/junk.tern"
-expect_err "cannot open program file" run "$tmp/none.tern"
+expect_err "none.tern: No such file or directory" run "$tmp/none.tern"
 expect_err "built for trn3 but the simulated chip is trn2" run "$tmp/mm.tern" --arch trn2
-expect_err "unknown simulation mode 'fast'" run "$tmp/mm.tern" --mode fast
+expect_err "--mode: 'fast' is not one of {both,functional,timing}" run "$tmp/mm.tern" --mode fast
 expect_err "no HBM tensor named 'x'" run "$tmp/mm.tern" --input "x=$tmp/c.bin"
 expect_err "tensor 'b' holds 60000 bytes, got 240000" run "$tmp/mm.tern" --input "b=$tmp/c.bin"
 expect_err "expected NAME=FILE" run "$tmp/mm.tern" --input b
 expect_err "not supported: matmul with int8 inputs" bench matmul --dtype int8 --m 8 --n 8 --k 8
 expect_err "float8_e4m3fn is not a trn2 (NeuronCore-v3) data type" bench matmul --arch trn2 --dtype fp8_e4m3 --m 8 --n 8 --k 8
-expect_err "M, N, K must be >= 1" bench matmul --m 0
+expect_err "--m: 0 is out of range" bench matmul --m 0
 # Fused epilogues, checked and timed against the unfused chain.
 expect_json 'j["check"]["bit_exact"] and j["kernel"]["epilogue"] == "bias,gelu" and j["unfused"]["fused_speedup"] > 1.2 and len(j["unfused"]["kernels"]) == 3' bench matmul --m 512 --n 512 --k 512 --epilogue bias,gelu --compare-unfused --json
 expect_json 'j["check"]["bit_exact"]' bench matmul --m 130 --n 300 --k 256 --dtype mxfp8 --out bf16 --epilogue scale=0.25,bias,silu,residual --json
@@ -195,7 +195,7 @@ expect_err "not supported: rmsnorm backward with a fused residual" bench kernel 
 expect_err "dgamma accumulates in PSUM, which holds 4096 columns" bench kernel rmsnorm_backward --rows 8 --dim 5000
 expect_json 'j["check"]["bit_exact"] and j["check"]["elements"] == 4 * 200 * 3000 and j["kernel"]["params"]["cores"] == 2' bench kernel adamw --rows 200 --dim 3000 --cores 2 --step 5 --json
 expect_ok "adamw step 1 \\[128, 100\\] fp32 state, fp32 gradients" bench kernel adamw --rows 128 --dim 100 --dtype fp32
-expect_err "adamw: step must be >= 1" bench kernel adamw --rows 8 --dim 8 --step 0
+expect_err "--step: 0 is out of range" bench kernel adamw --rows 8 --dim 8 --step 0
 expect_err "not supported: adamw with float16 gradients" bench kernel adamw --rows 8 --dim 8 --dtype fp16
 # Every registered kernel runs through the same command (a few per family).
 expect_json 'j["check"]["bit_exact"] and j["check"]["elements"] == 200 * 5000 + 200' bench kernel cross_entropy --rows 200 --vocab 5000 --chunk 1024 --json
@@ -210,9 +210,9 @@ expect_ok "mx_quantize \\[1024, 700\\] bf16 -> fp8_e4m3_x4" bench kernel mx_quan
 expect_err "x4-packed inputs need byte data" bench kernel matmul --dtype fp8_e4m3_x4 --mx-prequantized --mode both
 expect_err "kernel glu: act = 'tanhh'" bench kernel glu --act tanhh --rows 8 --dim 8
 expect_err "not supported: glu with activation relu" bench kernel glu --act relu --rows 8 --dim 8
-expect_err "residual = 'maybe': expected true or false" bench kernel rmsnorm --residual maybe --rows 8 --dim 8
+expect_err "--residual: 'maybe' is not one of {true,false,1,0}" bench kernel rmsnorm --residual maybe --rows 8 --dim 8
 expect_err "unknown dtype 'bf17'" bench matmul --dtype bf17
-expect_err "--check 'maybe'" bench matmul --check maybe --m 8 --n 8 --k 8
+expect_err "--check: 'maybe' is not one of {auto,yes,no}" bench matmul --check maybe --m 8 --n 8 --k 8
 expect_err "a kernel for 9 cores, but trn3 has 8" bench matmul --cores 9 --m 8 --n 8 --k 8
 
 # tern compile: fusion report, HBM plan, fit check, graph errors
@@ -220,16 +220,16 @@ EX=$(cd "$(dirname "$0")/../../examples" && pwd)
 expect_ok "Usage|Options" compile --help
 expect_ok "^graph gpt2: 930 ops in 323 kernels, fusion rate 0.759; 124475904 parameters" compile --model gpt2 --train
 expect_ok "^graph gpt2: 782 ops in 322 kernels, fusion rate 0.714; 124475904 parameters" compile --model gpt2 --train --optimizer none
-expect_err "--optimizer 'sgd': expected adamw or none" compile --model gpt2 --train --optimizer sgd
+expect_err "--optimizer: 'sgd' is not one of {adamw,none}" compile --model gpt2 --train --optimizer sgd
 expect_json 'j["params"] == 124475904 and j["hbm"]["fits"] and all(u["reason"] for u in j["unfused"])' compile --model gpt2 --train --json
 expect_ok "cross_entropy_backward %grad.logits" compile "$EX/graphs/mlp.tgraph" --train --report
 expect_json 'j["ops"] == 5 and j["params"] == 9600' compile "$EX/graphs/mlp.tgraph" --json
 expect_err "does not fit trn3 (144.00 GiB): it needs" compile --model gpt2 --train --layers 96 --dim 12288 --heads 96 --seq 2048 --batch 8 --json
 expect_json 'j["estimate"]["total_ns"] > 0 and not j["estimate"]["not_lowered"] and j["estimate"]["kernels"][-1]["kernel"] == "adamw"' compile "$EX/graphs/mlp.tgraph" --train --estimate --json
 expect_ok "simulated time of the [0-9]+ lowered kernels" compile --model gpt2 --layers 2 --train --estimate --no-progress
-expect_err "autocast 'mxfp9': expected none, matmult or all (or a recipe: bf16, fp8-hybrid, mxfp8, mxfp4)" compile --model gpt2 --autocast mxfp9
-expect_err "autocast type float8_e5m2: expected bf16, fp16 or fp8_e4m3" compile --model gpt2 --autocast matmult --autocast-type fp8_e5m2
-expect_err "unknown MX scale policy 'round'" compile --model gpt2 --autocast mxfp8 --mx-policy round
+expect_err "--autocast: 'mxfp9' is not one of {none,matmult,all,bf16,fp8-hybrid,mxfp8,mxfp4}" compile --model gpt2 --autocast mxfp9
+expect_err "--autocast-type: 'fp8_e5m2' is not one of {bf16,fp16,fp8_e4m3}" compile --model gpt2 --autocast matmult --autocast-type fp8_e5m2
+expect_err "--mx-policy: 'round' is not one of {rceil,trn3,ocp-floor}" compile --model gpt2 --autocast mxfp8 --mx-policy round
 expect_err "mxfp8_e4m3 operands need K to be a multiple of 32, got K = 100" compile --model gpt2 --dim 100 --heads 1 --autocast mxfp8
 # Progress lines only on a terminal: stderr to a file gets no carriage returns.
 run compile --model gpt2 --layers 1 --dim 128 --heads 2 --vocab 97 --seq 64 --batch 2 --train --estimate
@@ -251,12 +251,12 @@ expect_json 'sum(l["kernel"] == "fp8_scale" for k in j["estimate"]["kernels"] fo
 expect_json 'not j["estimate"]["not_lowered"]' compile $small --autocast mxfp4 --json
 expect_json 'sum(l["detail"].endswith("delayed scaling") for k in j["estimate"]["kernels"] for l in k["launches"]) == 24 and not any(l["kernel"] == "fp8_scale" for k in j["estimate"]["kernels"] for l in k["launches"])' compile $small --autocast fp8-hybrid --fp8-scaling delayed --amax-history 16 --json
 expect_err "delayed scaling is for per-tensor FP8 operands" compile --model gpt2 --autocast mxfp8 --fp8-scaling delayed
-expect_err "FP8 scaling 'late': expected current or delayed" compile --model gpt2 --autocast fp8-hybrid --fp8-scaling late
+expect_err "--fp8-scaling: 'late' is not one of {current,delayed}" compile --model gpt2 --autocast fp8-hybrid --fp8-scaling late
 expect_ok "^graph gpt2: " compile --model gpt2 --layers 2 --dtype fp32 --autocast matmult --train
 expect_json 'j["params"] == 124475904' compile --model gpt2 --dtype fp32 --autocast all --train --json
 expect_json 'j["hbm"]["activations_bytes"] < 1.6 * 2**30' compile --model gpt2 --train --recompute selective --json
 expect_err "--recompute needs --train" compile --model gpt2 --recompute selective
-expect_err "recompute 'all': expected none or selective" compile --model gpt2 --train --recompute all
+expect_err "--recompute: 'all' is not one of {none,selective}" compile --model gpt2 --train --recompute all
 expect_err "give a .tgraph file or --model" compile
 printf 'graph bad {\n  %%x = input : [2, 3] float32\n  %%y = matmul %%x, %%x : [2, 2] float32\n}\n' >"$tmp/bad.tgraph"
 expect_err "bad.tgraph:3: graph bad: matmul %x, %x: contraction dims differ" compile "$tmp/bad.tgraph"
@@ -274,8 +274,8 @@ expect_ok "train.bin +37 tokens" data "$tmp/t.txt" --out "$tmp/tshards"
 [ -s "$tmp/tshards/train.bin" ] && [ -s "$tmp/tshards/tokenizer.json" ] && ok || bad "tern data wrote no shards"
 expect_err "cannot read $tmp/none.txt" data "$tmp/none.txt"
 expect_err "not supported: tokenizer 'gpt2' without --bpe-dir" data "$tmp/t.txt" --tokenizer gpt2
-expect_err "--tokenizer 'bpe': expected char or gpt2" data "$tmp/t.txt" --tokenizer bpe
-expect_err "--val-fraction must be in [0, 1), got 1.5" data "$tmp/t.txt" --val-fraction 1.5
+expect_err "--tokenizer: 'bpe' is not one of {char,gpt2}" data "$tmp/t.txt" --tokenizer bpe
+expect_err "--val-fraction: 1.5 is out of range" data "$tmp/t.txt" --val-fraction 1.5
 
 # tern train: the loop on TinyShakespeare
 DATA=$(cd "$(dirname "$0")/../../data" && pwd)
@@ -284,9 +284,9 @@ expect_ok "step +2/2 \| loss 4\.[0-9]+" train --text "$DATA/tinyshakespeare.txt"
 expect_ok "step +2/2 \| val loss 4\.[0-9]+ \(1 batches" train --text "$DATA/tinyshakespeare.txt" --steps 2 --layers 1 --batch 2 --seq 64 --recipe bf16 --eval-batches 1
 run train --text "$DATA/tinyshakespeare.txt" --steps 2 --layers 1 --batch 2 --seq 64 --recipe bf16 --metrics "$tmp/m.jsonl" --eval-batches 1
 if [ "$(wc -l <"$tmp/m.jsonl")" -eq 3 ] && grep -q '"val_loss"' "$tmp/m.jsonl"; then ok; else bad "tern train --metrics wrote: $(cat "$tmp/m.jsonl" 2>&1)"; fi
-expect_err "unknown precision recipe 'fp4'" train --text "$DATA/tinyshakespeare.txt" --recipe fp4
+expect_err "--recipe: 'fp4' is not one of {fp32,bf16,fp8-hybrid,mxfp8,mxfp4}" train --text "$DATA/tinyshakespeare.txt" --recipe fp4
 expect_err "cannot read $tmp/none.txt" train --text "$tmp/none.txt"
-expect_err "train config: nan_policy 'pray' is not one of" train --text "$DATA/tinyshakespeare.txt" --nan-policy pray
+expect_err "--nan-policy: 'pray' is not one of {skip,fallback-layer,fallback-global,rollback,stop}" train --text "$DATA/tinyshakespeare.txt" --nan-policy pray
 expect_err "fault 'boom@2': unknown kind 'boom'" train --text "$DATA/tinyshakespeare.txt" --inject boom@2
 printf 'layers = 1\nbatch = 2\nseq = 64\nrecipe = "bf16"\nsteps = 9\n' >"$tmp/t.toml"
 expect_ok "model: gpt2, 1 layers.*batch 2 x 64 x 1 accum x 1 dp; recipe bf16" train --text "$DATA/tinyshakespeare.txt" --config "$tmp/t.toml" --steps 2
@@ -314,7 +314,7 @@ expect_err "not supported: sp with pp > 1" train "${small[@]}" --tp 2 --pp 2 --s
 expect_err "not supported: zero 1 with pp > 1" train "${small[@]}" --pp 2 --dp 2 --zero 1
 expect_err "system trn2-48xl is made of trn2 chips, but arch is trn3" train "${small[@]}" --dp 2 --system trn2-48xl
 expect_err "no system of trn3 chips holds 4096" train "${small[@]}" --dp 4096
-expect_err "dp, tp and pp must be >= 1" train "${small[@]}" --dp 0
+expect_err "--dp: 0 is out of range" train "${small[@]}" --dp 0
 
 # Training from token shards: char, and a byte-level BPE vocabulary made
 # here in GPT-2's file formats (the byte alphabet plus three merges).
@@ -405,7 +405,7 @@ expect_json 'j["layout"]["dp"] == 2' plan --config "$tmp/plan.json" --json
 # scripts/plan_efficiency.py): one entry, re-measured.
 want=$($PY -c 'import sys, tomllib; t = tomllib.load(open(sys.argv[1], "rb")); print([g["efficiency"] for g in t["gemm"] if g["dtype"] == "bf16" and (g["m"], g["k"], g["n"]) == (4096, 4096, 16384)][0])' "$DATA/plan/efficiency/trn3.toml")
 expect_json "abs(j['peak_percent'] / 100 - $want) < 1e-4" bench matmul --m 4096 --k 4096 --n 16384 --cores 8 --mode timing --json
-expect_err "--prices: 0 is not a positive price" plan compare --prices 1,2,0 --budget 10
+expect_err "--prices: 0 is out of range" plan compare --prices 1,2,0 --budget 10
 # A [model] without a preset starts from nothing (not the default preset);
 # flags override the file.
 printf '[model]\nlayers = 4294967297\n' >"$tmp/big.toml"
@@ -429,14 +429,14 @@ micro_batch = 8
 TOML
 expect_json 'j["model"]["name"] == "gpt-1.7b" and abs(j["model"]["params"] - 1.77e9) < 0.01e9 and j["system"] == "dgx-a100" and j["layout"]["dp"] == 32 and j["training"]["micro_batch"] == 8' plan --config "$tmp/gpt.toml" --json
 expect_json 'j["system"] == "p5" and j["training"]["micro_batch"] == 4 and j["layout"]["tp"] == 2 and j["layout"]["sp"]' plan --config "$tmp/gpt.toml" --system p5 --micro-batch 4 --tp 2 --json
-expect_err "tp must be at least 1" plan --tp 0
-expect_err "training.dp_overlap must be in [0, 1]" plan --dp-overlap -0.5
-expect_err "top must be at least 1" plan search --top 0
+expect_err "--tp: 0 is out of range" plan --tp 0
+expect_err "--dp-overlap: -0.5 is out of range" plan --dp-overlap -0.5
+expect_err "--top: 0 is out of range" plan search --top 0
 expect_err "is out of range" plan --config "$tmp/gpt.toml" --model "$tmp/big.toml"
 expect_ok "^1 GiB +direct" plan collective
 expect_json 'j["span"] == [1, 4] and all(r["best"] in ("ring", "tree") for r in j["rows"]) and "direct" not in j["rows"][0]["algorithms_us"]' plan collective --system dgx-a100 --chips 32 --ranks 4 --stride 8 --bytes 1M,1G --json
 expect_json 'j["rows"][0]["best"] == "hierarchical"' plan collective --system trn2-48xl --op all-to-all --bytes 16M --json
-expect_err "--op 'broadcast' is not one of" plan collective --op broadcast
+expect_err "--op: 'broadcast' is not one of {all-reduce,all-gather,reduce-scatter,all-to-all,send-recv}" plan collective --op broadcast
 expect_err "--bytes: unknown unit in '4X'" plan collective --bytes 4X
 expect_err "does not fit 144 chips" plan collective --ranks 100 --stride 2
 expect_err "tp 3 does not divide heads 64" plan --model llama3-70b --tp 3

@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include "agreement.h"
 #include "fabric/collective.h"
 #include "graph/lower.h"
 #include "runtime/system.h"
@@ -247,7 +248,10 @@ void expect_agrees(const char* recipe, std::int64_t TrainConfig::*field, int ste
   TrainConfig one = tiny(recipe);
   one.layers = 2, one.accum = 4;
   const Trace a = train(one, steps);
-  for (const auto& [dp, accum] : {std::pair{1, 4}, std::pair{2, 2}, std::pair{4, 1}}) {
+  // CI: the field alone and with dp 2; the benchmark adds dp 4.
+  std::vector<std::pair<int, int>> layouts = {{1, 4}, {2, 2}};
+  if (full_agreement()) layouts.emplace_back(4, 1);
+  for (const auto& [dp, accum] : layouts) {
     SCOPED_TRACE(fmt::format("dp {}", dp));
     TrainConfig c = one;
     c.dp = dp, c.*field = 2, c.accum = accum;
@@ -264,7 +268,8 @@ TEST(PipelineParallel, SameLossesAsOneChipWithinTolerance) {
   // differently (measured: 4e-5 and 1e-4 of the loss over 4 steps).
   for (const char* recipe : {"fp32", "bf16", "mxfp8"})
     expect_agrees(recipe, &TrainConfig::pp, 4, std::string(recipe) == "fp32" ? 1e-6 : 5e-4);
-  // Eight chips: dp 2 x pp 4 of a 4-layer model.
+  // Eight chips: dp 2 x pp 4 of a 4-layer model (the benchmark).
+  if (!full_agreement()) return;
   TrainConfig one = tiny("bf16");
   one.layers = 4, one.accum = 4;
   TrainConfig c = one;
@@ -370,7 +375,9 @@ TEST(TensorParallel, WithPipelineStages) {
     TrainConfig one = tiny(recipe);
     one.layers = 2, one.accum = 4;
     const Trace a = train(one, 3);
-    for (const auto& [dp, accum] : {std::pair{1, 4}, std::pair{2, 2}}) {
+    std::vector<std::pair<int, int>> layouts = {{1, 4}};
+    if (full_agreement()) layouts.emplace_back(2, 2);  // 8 chips: the benchmark
+    for (const auto& [dp, accum] : layouts) {
       TrainConfig c = one;
       c.dp = dp, c.tp = 2, c.pp = 2, c.accum = accum;
       expect_close(a, train(c, 3), std::string(recipe) == "fp32" ? 1e-6 : 5e-4);
@@ -431,7 +438,10 @@ TEST(TensorParallel, AllReducesOnTheTimeline) {
 // the ranks' positions. Each all-reduce into or out of them becomes a
 // reduce-scatter or an all-gather.
 TEST(TensorParallel, SequenceParallel) {
-  for (const char* recipe : {"fp32", "bf16"}) {
+  // CI: bf16 (the recipe where rounding could differ); the benchmark adds fp32.
+  std::vector<const char*> recipes = {"bf16"};
+  if (full_agreement()) recipes.insert(recipes.begin(), "fp32");
+  for (const char* recipe : recipes) {
     SCOPED_TRACE(recipe);
     TrainConfig c = tiny(recipe);
     c.layers = 2, c.tp = 2;
