@@ -27,10 +27,14 @@ std::vector<int> divisors(int n) {
 
 namespace {
 
-// Fastest first; equal times: the layout needing less memory.
+// Fastest first; equal times: the layout needing less memory; then the
+// simpler one.
 bool faster(const Estimate& a, const Estimate& b) {
   if (a.time.step != b.time.step) return a.time.step < b.time.step;
-  return a.memory.total < b.memory.total;
+  if (a.memory.total != b.memory.total) return a.memory.total < b.memory.total;
+  // The same plan: the simpler layout first (it names the row).
+  if (a.layout.recompute != b.layout.recompute) return a.layout.recompute < b.layout.recompute;
+  return a.layout.zero < b.layout.zero;
 }
 
 }  // namespace

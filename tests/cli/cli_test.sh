@@ -231,12 +231,22 @@ expect_err "--autocast: 'mxfp9' is not one of {none,matmult,all,bf16,fp8-hybrid,
 expect_err "--autocast-type: 'fp8_e5m2' is not one of {bf16,fp16,fp8_e4m3}" compile --model gpt2 --autocast matmult --autocast-type fp8_e5m2
 expect_err "--mx-policy: 'round' is not one of {rceil,trn3,ocp-floor}" compile --model gpt2 --autocast mxfp8 --mx-policy round
 expect_err "mxfp8_e4m3 operands need K to be a multiple of 32, got K = 100" compile --model gpt2 --dim 100 --heads 1 --autocast mxfp8
+# Bad files and folders: one-line errors before any work.
+small_early=(--text "$DATA/tinyshakespeare.txt" --steps 1 --layers 1 --batch 1 --seq 16 --recipe fp32)
+expect_err "is a folder, not a file" run "$tmp"
+expect_err "is not a regular file" run /dev/zero
+expect_err "not a file (a TOML file of train settings)" train --config "$tmp"
+expect_err "exists and is not a folder" train "${small_early[@]}" --ckpt-dir "$EX/README.md" --ckpt-every 1
+expect_err "--trace: folder $tmp/no/such does not exist" bench matmul --m 8 --n 8 --k 8 --trace "$tmp/no/such/t.json"
+expect_err "out of range (INT in [1, 4096])" compile --model gpt2 --heads 0
 # Progress lines only on a terminal: stderr to a file gets no carriage returns.
 run compile --model gpt2 --layers 1 --dim 128 --heads 2 --vocab 97 --seq 64 --batch 2 --train --estimate
 if [ $rc -eq 0 ] && ! grep -q $'\r' "$tmp/err"; then ok; else bad "compile --estimate wrote carriage returns to a file"; fi
-# The built-in default finds its corpus from any working directory.
+# The built-in default finds its corpus from any working directory, and
+# its output to files has no carriage returns (progress only on a terminal).
 mkdir -p "$tmp/elsewhere"
-if (cd "$tmp/elsewhere" && "$TERN" train --steps 2 >"$tmp/out" 2>"$tmp/err") && grep -q "over 2 steps" "$tmp/out"; then
+if (cd "$tmp/elsewhere" && "$TERN" train --steps 2 >"$tmp/out" 2>"$tmp/err") && grep -q "over 2 steps" "$tmp/out" &&
+  ! grep -q $'\r' "$tmp/out" "$tmp/err"; then
   ok
 else
   bad "tern train from another directory: $(cat "$tmp/err")"

@@ -177,6 +177,25 @@ TEST(PlanSearch, ListsOnlyFittingLayoutsFastestFirst) {
   }
   EXPECT_GT(r.best[0].mfu, 0.2);
   EXPECT_LT(r.best[0].mfu, 1.0);
+  // One row per plan: no two listed layouts share step time and memory;
+  // the layouts that do are named beside the simplest of them (here: the
+  // recompute modes that change nothing under fused attention).
+  ASSERT_EQ(r.alternatives.size(), r.best.size());
+  std::size_t named = 0;
+  for (std::size_t i = 0; i < r.best.size(); ++i) {
+    for (std::size_t j = 0; j < i; ++j)
+      EXPECT_FALSE(r.best[i].time.step == r.best[j].time.step &&
+                   r.best[i].memory.total == r.best[j].memory.total)
+          << i << " and " << j;
+    for (const Layout& l : r.alternatives[i]) {
+      ++named;
+      const Estimate e = p.estimate(l);
+      EXPECT_EQ(e.time.step, r.best[i].time.step);
+      EXPECT_EQ(e.memory.total, r.best[i].memory.total);
+      EXPECT_LE(static_cast<int>(r.best[i].layout.recompute), static_cast<int>(l.recompute));
+    }
+  }
+  EXPECT_GT(named, 0u);
 }
 
 TEST(PlanStep, BubbleAndDataParallelFollowTheFormulas) {
