@@ -18,6 +18,7 @@
 
 #include "arch/chip.h"
 #include "arch/system.h"
+#include "fixtures.h"
 #include "graph/text.h"
 #include "isa/program.h"
 #include "kernel/registry.h"
@@ -68,15 +69,6 @@ Outcome fuzz(const std::string& seed_input, int count,
   std::printf("%d inputs: %d accepted, %d rejected, %zu internal errors\n", count, o.accepted,
               o.rejected, o.internal.size());
   return o;
-}
-
-const arch::ChipSpec& trn3() {
-  static const arch::ChipSpec c = arch::load_chip("trn3");
-  return c;
-}
-
-isa::Program small_matmul() {
-  return kernel::build_kernel(trn3(), "matmul", {{"m", "128"}, {"n", "256"}, {"k", "128"}});
 }
 
 // What a program reader's output must survive: the simulator's checks,

@@ -14,6 +14,7 @@
 #include "arch/chip.h"
 #include "arch/system.h"
 #include "fabric/network.h"
+#include "fixtures.h"
 #include "graph/models.h"
 #include "isa/program.h"
 #include "kernel/registry.h"
@@ -42,13 +43,9 @@ void expect_error(F&& f, const std::string& what) {
   }
 }
 
-const arch::ChipSpec& trn3() {
-  static const arch::ChipSpec c = arch::load_chip("trn3");
-  return c;
-}
-
+using fuzz::trn3;
 isa::Program matmul128() {
-  return kernel::build_kernel(trn3(), "matmul", {{"m", "128"}, {"n", "128"}, {"k", "128"}});
+  return fuzz::small_matmul(128, 128, 128);
 }
 
 void load(const isa::Program& p) {
