@@ -142,6 +142,14 @@ void add_run(CLI::App& app) {
     opt.threads = a->threads;
     sim::Simulator s(chip);
     s.load(p);
+    // Every output named and writable before the run, not after it.
+    for (const auto& out : a->outputs) {
+      const auto [name, file] = split_assignment(out, "--output");
+      (void)p.tensor(name);  // throws naming the program's tensors
+      if (opt.mode == sim::Mode::timing)
+        throw Error("--output needs data: use --mode both or functional");
+      check_writable_file(file, "--output");
+    }
     std::vector<std::string> given;
     for (const auto& in : a->inputs) {
       const auto [name, file] = split_assignment(in, "--input");
@@ -160,13 +168,10 @@ void add_run(CLI::App& app) {
     const sim::RunStats st = s.run(opt);
     for (const auto& out : a->outputs) {
       const auto [name, file] = split_assignment(out, "--output");
-      if (opt.mode == sim::Mode::timing)
-        throw Error("--output needs data: use --mode both or functional");
-      std::ofstream o(file, std::ios::binary);
-      // Raw bytes in the tensor's dtype, as stored.
+      // Raw bytes in the tensor's dtype, as stored; written atomically.
       const auto raw = s.read_bytes(name);
-      o.write(reinterpret_cast<const char*>(raw.data()), static_cast<std::streamsize>(raw.size()));
-      if (!o) throw Error(fmt::format("cannot write {}", file));
+      write_file_atomic(file,
+                        std::string_view(reinterpret_cast<const char*>(raw.data()), raw.size()));
     }
     if (opt.trace) profile::write_trace(st, chip, a->trace);
     const auto sum = profile::summarize(st, chip);

@@ -1,15 +1,14 @@
 #include "cli/options.h"
 
-#include <unistd.h>
-
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
-#include <filesystem>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+
+#include "util/error.h"
+#include "util/file.h"
 
 namespace tern::cli {
 namespace {
@@ -72,16 +71,12 @@ CLI::Option* one_of(CLI::Option* o, const std::vector<std::string>& choices) {
 CLI::Option* output_file(CLI::Option* o) {
   return o->check(CLI::Validator(
       [](std::string& s) -> std::string {
-        namespace fs = std::filesystem;
         if (s.empty()) return "";
-        std::error_code ec;
-        const fs::path p(s);
-        if (fs::is_directory(p, ec)) return fmt::format("{} is a folder, not a file", s);
-        const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
-        if (!fs::is_directory(dir, ec))
-          return fmt::format("folder {} does not exist", dir.string());
-        if (::access(dir.c_str(), W_OK) != 0)
-          return fmt::format("cannot write in {}: {}", dir.string(), std::strerror(errno));
+        try {
+          check_writable_file(s, "");
+        } catch (const Error& e) {
+          return std::string(e.what()).substr(1);  // without the empty name's space
+        }
         return "";
       },
       ""));

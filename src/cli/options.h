@@ -18,7 +18,8 @@ CLI::Option* number_range(CLI::Option* o, double min, double max = 1e300);
 // One of `choices`, listed in --help.
 CLI::Option* one_of(CLI::Option* o, const std::vector<std::string>& choices);
 // An output file: its folder must exist and be writable, and the path must
-// not be a folder; checked at parse time, before any work starts.
+// not be a folder (util/file.h: check_writable_file); checked at parse
+// time, before any work starts, without touching the file.
 CLI::Option* output_file(CLI::Option* o);
 
 }  // namespace tern::cli

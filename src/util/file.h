@@ -68,6 +68,21 @@ inline void ensure_writable_dir(const std::filesystem::path& dir, const std::str
         fmt::format("{} {}: cannot write in it: {}", what, dir.string(), std::strerror(errno)));
 }
 
+// Checks, without touching it, that `file` can be written: not a folder,
+// its folder exists and is writable. `what` names it in the error.
+inline void check_writable_file(const std::filesystem::path& file, const std::string& what) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(file, ec))
+    throw Error(fmt::format("{} {}: is a folder, not a file", what, file.string()));
+  const fs::path dir = file.has_parent_path() ? file.parent_path() : fs::path(".");
+  if (!fs::is_directory(dir, ec))
+    throw Error(fmt::format("{} {}: folder {} does not exist", what, file.string(), dir.string()));
+  if (::access(dir.c_str(), W_OK) != 0)
+    throw Error(fmt::format("{} {}: cannot write in {}: {}", what, file.string(), dir.string(),
+                            std::strerror(errno)));
+}
+
 // The host's physical memory (bytes): no file larger than this is read.
 inline std::int64_t host_memory_bytes() {
   const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);

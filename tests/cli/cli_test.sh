@@ -235,9 +235,10 @@ expect_err "mxfp8_e4m3 operands need K to be a multiple of 32, got K = 100" comp
 small_early=(--text "$DATA/tinyshakespeare.txt" --steps 1 --layers 1 --batch 1 --seq 16 --recipe fp32)
 expect_err "is a folder, not a file" run "$tmp"
 expect_err "is not a regular file" run /dev/zero
+expect_err "folder $tmp/no/such does not exist" run "$tmp/mm.tern" --output "c=$tmp/no/such/c.bin"
 expect_err "not a file (a TOML file of train settings)" train --config "$tmp"
 expect_err "exists and is not a folder" train "${small_early[@]}" --ckpt-dir "$EX/README.md" --ckpt-every 1
-expect_err "--trace: folder $tmp/no/such does not exist" bench matmul --m 8 --n 8 --k 8 --trace "$tmp/no/such/t.json"
+expect_err "folder $tmp/no/such does not exist" bench matmul --m 8 --n 8 --k 8 --trace "$tmp/no/such/t.json"
 expect_err "out of range (INT in [1, 4096])" compile --model gpt2 --heads 0
 # Progress lines only on a terminal: stderr to a file gets no carriage returns.
 run compile --model gpt2 --layers 1 --dim 128 --heads 2 --vocab 97 --seq 64 --batch 2 --train --estimate
