@@ -127,7 +127,12 @@ TEST(Network, FromSystemFiles) {
   const Network row = Network::of(arch::load_system("trn2-48xl"), 4);
   EXPECT_EQ(row.levels()[0].topology, Topology::ring);
   EXPECT_DOUBLE_EQ(row.levels()[0].bandwidth.value(), 256);
-  EXPECT_THROW(Network::of(arch::load_system("trn1-32xl"), 32), Error);  // no scale-out
+  // 32 trn1.32xlarge over EFA: 800 Gbps per 16-chip instance, 6.25 GB/s a chip.
+  const Network trn1 = Network::of(arch::load_system("trn1-32xl"), 512);
+  ASSERT_EQ(trn1.levels().size(), 2u);
+  EXPECT_EQ(trn1.levels()[1].size(), 32);
+  EXPECT_DOUBLE_EQ(trn1.levels()[1].bandwidth.value(), 6.25);
+  EXPECT_THROW(Network::of(arch::load_system("trn1-32xl"), 24), Error);  // not whole instances
 }
 
 }  // namespace
