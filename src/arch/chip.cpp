@@ -53,7 +53,8 @@ ChipSpec load_chip_file(const std::filesystem::path& file) {
   r.integer("schema", 1, 1);
   r.check_keys(
       "chip", r.table("chip"),
-      {"name", "display_name", "core_generation", "core_version", "cores", "collective_cores"});
+      {"name", "display_name", "core_generation", "core_version", "cores", "collective_cores",
+       "max_lnc", "default_lnc"});
   r.check_keys("hbm", r.table("hbm"), {"capacity_gib", "bandwidth_gbps"});
   r.check_keys("sbuf", r.table("sbuf"), {"partitions", "partition_kib", "min_align_bytes"});
   r.check_keys("psum", r.table("psum"),
@@ -90,6 +91,12 @@ ChipSpec load_chip_file(const std::filesystem::path& file) {
   c.core_version = static_cast<int>(r.integer("chip.core_version", 1, 100));
   c.cores = static_cast<int>(r.integer("chip.cores", 1, 4096));
   c.collective_cores = static_cast<int>(r.integer("chip.collective_cores", 0, 4096));
+  c.max_lnc = static_cast<int>(r.integer("chip.max_lnc", 1, c.cores));
+  c.default_lnc = static_cast<int>(r.integer("chip.default_lnc", 1, c.max_lnc));
+  if (c.cores % c.max_lnc != 0 || c.max_lnc % c.default_lnc != 0) {
+    throw Error(fmt::format("{}: chip.max_lnc {} and chip.default_lnc {} must divide cores {}",
+                            file.string(), c.max_lnc, c.default_lnc, c.cores));
+  }
 
   c.hbm_capacity = gibibytes(r.number("hbm.capacity_gib", 0));
   c.hbm_bandwidth = gigabytes_per_second(r.number("hbm.bandwidth_gbps", 0));

@@ -68,6 +68,11 @@ struct ChipSpec {
   int core_version = 0;
   int cores = 0;
   int collective_cores = 0;
+  // Logical NeuronCore configuration: physical cores grouped into one
+  // logical core (1 or 2). Neuron's parallel degrees and ranks count logical
+  // cores: cores / lnc per chip.
+  int max_lnc = 1;
+  int default_lnc = 1;
 
   Bytes hbm_capacity;
   Bandwidth hbm_bandwidth;

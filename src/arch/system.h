@@ -72,6 +72,12 @@ struct SystemSpec {
   std::vector<std::string> collective_algorithms;
 
   // ---- derived
+  // The logical-core degree `lnc` asks for (0: the chip's default), checked:
+  // NotSupported when the chip does not offer it (trn1: only 1; GPUs: 1).
+  int lnc_or_default(int lnc) const;
+  // Ranks one chip holds at that degree: Neuron's parallel degrees count
+  // NeuronCores, logical ones under LNC (cores / lnc); a GPU is one rank.
+  int ranks_per_chip(int lnc = 0) const;
   Bytes hbm_capacity() const { return device.hbm_capacity * chips; }
   Bandwidth hbm_bandwidth() const { return device.hbm_bandwidth * static_cast<double>(chips); }
   FlopRate tensor_peak(std::string_view dtype) const {

@@ -38,7 +38,7 @@ namespace {
 struct PlanArgs {
   std::string config;
   std::optional<std::string> model, system;
-  std::optional<int> chips;
+  std::optional<int> chips, lnc;
   // training
   std::optional<std::int64_t> global_batch;
   std::optional<int> micro_batch;
@@ -63,6 +63,10 @@ void add_request_flags(CLI::App& c, PlanArgs& a, bool layout) {
   c.add_option("--system", a.system,
                fmt::format("System (tern info --list) [default: {}]", kDefaultSystem));
   int_range(c.add_option("--chips", a.chips, "Chips (default: one system)"), 1, kMaxChips);
+  int_range(c.add_option("--lnc", a.lnc,
+                         "Logical NeuronCore degree (Trainium2/3: 1 or 2; default: the chip's, 2 "
+                         "there, 1 on trn1); layouts count these logical cores"),
+            1, 2);
   int_range(c.add_option("--global-batch", a.global_batch,
                          "Sequences per step (default: about 16M tokens, a power of two per chip)"),
             1, 1LL << 40);
@@ -84,8 +88,10 @@ void add_request_flags(CLI::App& c, PlanArgs& a, bool layout) {
       1);
   number_range(c.add_option("--price", a.price, "USD per chip-hour, for cost"), 0, 1e9);
   if (layout) {
-    int_range(c.add_option("--dp", a.dp, "Data parallel (default: what the other dims leave)"), 1,
-              kMaxChips);
+    int_range(c.add_option("--dp", a.dp,
+                           "Data parallel (default: what the other dims leave). Degrees count "
+                           "ranks: chips, or on Trainium (logical) NeuronCores"),
+              1, kMaxChips);
     int_range(c.add_option("--tp", a.tp, "Tensor parallel"), 1, kMaxChips);
     int_range(c.add_option("--pp", a.pp, "Pipeline stages"), 1, kMaxChips);
     int_range(c.add_option("--vpp", a.vpp, "Interleaved model chunks per device"), 1, 1024);
@@ -131,6 +137,7 @@ plan::Request build_request(const PlanArgs& a, bool layout) {
   if (a.chips) r.chips = *a.chips;
   if (r.chips == 0) r.chips = arch::load_system(r.system).chips;
   if (r.chips < 1) throw Error(fmt::format("--chips must be positive (got {})", r.chips));
+  if (a.lnc) r.lnc = *a.lnc;
   if (t.global_batch == 0) {
     // About 16 Mi tokens a step (Llama 3's pre-training batch), as a power
     // of two of sequences per chip, at least one.
@@ -154,12 +161,14 @@ plan::Request build_request(const PlanArgs& a, bool layout) {
   if (a.dp) l.dp = *a.dp;
   if (l.dp == 0 && l.tp > 0 && l.pp > 0 && l.cp > 0) {
     const std::int64_t rest = static_cast<std::int64_t>(l.tp) * l.pp * l.cp;
-    if (r.chips % rest != 0) {
-      throw Error(fmt::format("layout: tp {} x pp {} x cp {} = {} chips {} the {} chips given",
+    const std::int64_t ranks =
+        std::int64_t{r.chips} * arch::load_system(r.system).ranks_per_chip(r.lnc);
+    if (ranks % rest != 0) {
+      throw Error(fmt::format("layout: tp {} x pp {} x cp {} = {} ranks {} the {} ranks given",
                               l.tp, l.pp, l.cp, rest,
-                              rest > r.chips ? "is more than" : "does not divide", r.chips));
+                              rest > ranks ? "is more than" : "does not divide", ranks));
     }
-    l.dp = static_cast<int>(r.chips / rest);
+    l.dp = static_cast<int>(ranks / rest);
   }
   if (a.sp) {
     if (*a.sp != "true" && *a.sp != "false") throw Error("--sp must be true or false");
@@ -243,10 +252,16 @@ json estimate_json(const Estimate& e) {
 
 std::string estimate_text(const plan::Planner& p, const Estimate& e) {
   const auto& t = e.time;
+  const std::string ranks =
+      p.ranks_per_chip() == 1
+          ? std::string()
+          : fmt::format(" = {} ranks ({} {} cores per chip{})", p.ranks(), p.ranks_per_chip(),
+                        p.lnc() > 1 ? "logical" : "physical",
+                        p.lnc() > 1 ? fmt::format(", lnc {}", p.lnc()) : "");
   std::string out = fmt::format(
-      "{} on {} x {} ({}), {} recipe, global batch {} x {} tokens\nlayout: {}\n\n", p.model().name,
-      p.chips(), p.system().device.name, p.system().name, p.training().recipe,
-      p.training().global_batch, p.model().seq, layout_text(e.layout));
+      "{} on {} x {}{} ({}), {} recipe, global batch {} x {} tokens\nlayout: {}\n\n",
+      p.model().name, p.chips(), p.system().device.name, ranks, p.system().name,
+      p.training().recipe, p.training().global_batch, p.model().seq, layout_text(e.layout));
   Table tt({"step time", "ms", "%"});
   const double step = t.step.value();
   for (auto [name, v] : {std::pair{"forward", t.forward},
@@ -269,7 +284,7 @@ std::string estimate_text(const plan::Planner& p, const Estimate& e) {
                        t.dp_algorithm.empty() ? "-" : t.dp_algorithm, ms(t.dp_total));
   }
   const auto& m = e.memory;
-  Table mt({"memory per chip", "GiB"});
+  Table mt({p.ranks_per_chip() == 1 ? "memory per chip" : "memory per rank", "GiB"});
   for (auto [name, v] : {std::pair{"weights", m.weights},
                          {"gradients", m.grads},
                          {"optimizer state", m.optimizer},
@@ -287,7 +302,7 @@ std::string estimate_text(const plan::Planner& p, const Estimate& e) {
                      100 * e.mfu, 100 * e.hfu, p.training().recipe, 100 * e.mfu_bf16);
   out += fmt::format("compute efficiency: {}\n", p.compute().source());
   out += fmt::format(
-      "  MFU = tokens/s x (6 N + 12 L h s) / (chips x peak), N = {:.3g} (of {:.3g} parameters)\n",
+      "  MFU = tokens/s x (6 N + 12 L h s) / (chips x chip peak), N = {:.3g} (of {:.3g} parameters)\n",
       p.flop_params(), p.params());
   if (e.days_to_train > 0) {
     out += fmt::format("to train {:.3g} tokens: {:.1f} days, {:.3g} chip-hours",
@@ -299,7 +314,7 @@ std::string estimate_text(const plan::Planner& p, const Estimate& e) {
 }
 
 plan::Planner make_planner(const plan::Request& r) {
-  return plan::Planner(arch::load_system(r.system), r.model, r.training, r.chips);
+  return plan::Planner(arch::load_system(r.system), r.model, r.training, r.chips, r.lnc);
 }
 
 // Chip counts of `s` that form a network (whole systems over scale-out, or
@@ -519,6 +534,9 @@ void add_plan_command(CLI::App& app) {
                   {"hidden", p.model().hidden}};
     j["system"] = p.system().name;
     j["chips"] = p.chips();
+    j["lnc"] = p.lnc();
+    j["ranks_per_chip"] = p.ranks_per_chip();
+    j["ranks"] = p.ranks();
     j["efficiency_source"] = p.compute().source();
     j["training"] = {
         {"global_batch", p.training().global_batch},
@@ -546,6 +564,7 @@ void add_plan_command(CLI::App& app) {
       json j = {{"model", p.model().name},
                 {"system", p.system().name},
                 {"chips", p.chips()},
+                {"ranks", p.ranks()},
                 {"evaluated", res.evaluated},
                 {"fitting", res.fitting},
                 {"seconds", secs},

@@ -30,16 +30,20 @@ void add_validate_command(CLI::App& plan_cmd) {
   };
   auto o = std::make_shared<Opts>();
   v->add_option("file", o->file,
-                "Validation set (default data/plan/validation/megatron-a100.toml)");
+                "Validation set: a name in data/plan/validation (megatron-a100, trainium) or a "
+                ".toml file [default: megatron-a100]");
   v->add_flag("--markdown", o->markdown, "Print a Markdown table (docs/validation.md)");
   v->add_flag("--json", o->json, "Print JSON");
   number_range(v->add_option("--max-mae", o->max_mae,
                              "Exit non-zero when the mean absolute error (%) exceeds this"),
                0, 1000);
   v->callback([o] {
-    const std::string file =
-        o->file.empty() ? (arch::data_dir() / "plan" / "validation" / "megatron-a100.toml").string()
-                        : o->file;
+    const std::string name = o->file.empty() ? "megatron-a100" : o->file;
+    const auto named = arch::data_dir() / "plan" / "validation" / (name + ".toml");
+    const std::string file = name.find('/') == std::string::npos && name.find(".toml") ==
+                                                                         std::string::npos
+                                 ? named.string()
+                                 : name;
     const json tree = plan::read_tree(file);
     if (!tree.contains("run") || !tree["run"].is_array())
       throw Error(file + ": no [[run]] entries");
@@ -54,6 +58,20 @@ void add_validate_command(CLI::App& plan_cmd) {
       json run = tree["run"][i];
       const std::string where = fmt::format("{}: run[{}]", file, i);
       const std::string source = run.value("source", "?"), label = run.value("label", "?");
+      // Throughput tables publish sequences per second: the iteration
+      // time is the global batch over it.
+      if (run.contains("measured_seq_per_s")) {
+        const json& q = run["measured_seq_per_s"];
+        const json* gb = run.contains("training") && run["training"].contains("global_batch")
+                             ? &run["training"]["global_batch"]
+                             : nullptr;
+        if (!q.is_number() || !(q.get<double>() > 0) || !gb || !gb->is_number_integer())
+          throw Error(where +
+                      ": key 'measured_seq_per_s': expected a positive number and an integer "
+                      "training.global_batch");
+        run["measured_s"] = gb->get<double>() / q.get<double>();
+        run.erase("measured_seq_per_s");
+      }
       if (!run.contains("measured_s") || !run["measured_s"].is_number()) {
         throw Error(where + ": key 'measured_s': expected a number of seconds");
       }
@@ -65,19 +83,22 @@ void add_validate_command(CLI::App& plan_cmd) {
       plan::apply(run, where, r);
       if (!r.layout) throw Error(where + ": no [run.layout]");
       plan::Layout l = *r.layout;
+      const arch::SystemSpec sys = arch::load_system(r.system);
       if (l.dp == 0 && l.tp > 0 && l.pp > 0 && l.cp > 0) {
-        l.dp = static_cast<int>(r.chips / (static_cast<std::int64_t>(l.tp) * l.pp * l.cp));
+        l.dp = static_cast<int>(std::int64_t{r.chips} * sys.ranks_per_chip(r.lnc) /
+                                (static_cast<std::int64_t>(l.tp) * l.pp * l.cp));
       }
-      const plan::Planner p(arch::load_system(r.system), r.model, r.training, r.chips);
+      const plan::Planner p(sys, r.model, r.training, r.chips, r.lnc);
       const auto e = p.estimate(l);
       const double pred = e.time.step.value() * 1e-9;
       const double err = (pred - measured) / measured * 100;
       sum += std::fabs(err);
       ++n;
       const std::string lay =
-          fmt::format("tp{} pp{} dp{}{}{} mb{} {}{}", l.tp, l.pp, l.dp,
+          fmt::format("tp{} pp{} dp{}{}{}{} mb{} {}", l.tp, l.pp, l.dp,
                       l.vpp > 1 ? fmt::format(" v{}", l.vpp) : "", l.sp ? " sp" : "",
-                      r.training.micro_batch, plan::recompute_name(l.recompute), "");
+                      l.zero > 0 ? fmt::format(" z{}", l.zero) : "", r.training.micro_batch,
+                      plan::recompute_name(l.recompute));
       t.add({source, label, lay, fmt::format("{:.2f}", measured), fmt::format("{:.2f}", pred),
              fmt::format("{:+.1f}", err)});
       md += fmt::format("| {} | {} | {} | {:.2f} | {:.2f} | {:+.1f} % |\n", source, label, lay,

@@ -29,6 +29,19 @@ int Network::chips() const {
   return n;
 }
 
+Network Network::with_ranks_per_chip(const Level& on_chip) const {
+  const int r = on_chip.size();
+  if (r == 1) return *this;
+  std::vector<Level> levels{on_chip};
+  for (Level l : levels_) {
+    l.bandwidth = l.bandwidth / static_cast<double>(r);
+    levels.push_back(std::move(l));
+  }
+  Network out(std::move(levels));
+  out.set_algorithms(algorithms_);
+  return out;
+}
+
 namespace {
 
 unsigned algorithm_mask(const arch::SystemSpec& s) {

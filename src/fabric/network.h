@@ -29,8 +29,15 @@ class Network {
   static Network of(const arch::SystemSpec& s, int chips);
   // A network from explicit levels (tests, what-if studies).
   explicit Network(std::vector<Level> levels);
+  // The same chips seen by `on_chip.size()` ranks per chip (Trainium's
+  // NeuronCores, or logical cores under LNC): `on_chip` becomes the
+  // innermost level and every chip-level bandwidth is shared by the chip's
+  // ranks (divided by their count: in a training step they all communicate
+  // at once). A size of 1 returns the network unchanged.
+  Network with_ranks_per_chip(const Level& on_chip) const;
 
   const std::vector<Level>& levels() const { return levels_; }
+  // The product of the level sizes: chips, or ranks after with_ranks_per_chip.
   int chips() const;
   // Bit i set: the collective library offers fabric::kAlgorithms[i]. All by
   // default; a system file's [collectives] narrows it.

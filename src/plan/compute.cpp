@@ -23,9 +23,16 @@ double number(const toml::table& t, std::string_view key, const std::string& whe
 
 }  // namespace
 
-ComputeModel ComputeModel::of(const arch::SystemSpec& s) {
+ComputeModel ComputeModel::of(const arch::SystemSpec& s, int ranks_per_chip) {
+  if (ranks_per_chip < 1) throw Error(fmt::format("{} ranks per chip", ranks_per_chip));
   ComputeModel c;
   c.device_ = s.device;
+  c.ranks_per_chip_ = ranks_per_chip;
+  const double r = ranks_per_chip;
+  c.device_.hbm_capacity = Bytes(static_cast<std::int64_t>(
+      std::floor(static_cast<double>(s.device.hbm_capacity.value()) / r)));
+  c.device_.hbm_bandwidth = s.device.hbm_bandwidth / r;
+  for (auto& [dtype, rate] : c.device_.peak) rate = rate / r;
   if (!s.device.trainium) {
     c.memory_eff_ = s.device.memory_efficiency;
     c.attention_eff_ = c.attention_bwd_eff_ = s.device.gemm_efficiency;
@@ -80,7 +87,7 @@ double ComputeModel::gemm_efficiency(double m, double k, double n, const std::st
   // ratios over m, k and n, sizes beyond the table clamped to its edge.
   const GemmPoint* bestp = nullptr;
   double best = std::numeric_limits<double>::infinity();
-  const double lm = std::log2(m), lk = std::log2(k), ln = std::log2(n);
+  const double lm = std::log2(m * ranks_per_chip_), lk = std::log2(k), ln = std::log2(n);
   for (int pass = 0; pass < 2 && !bestp; ++pass) {
     const std::string_view want = pass == 0 ? std::string_view(dtype) : "bf16";
     for (const auto& p : gemms_) {

@@ -20,10 +20,13 @@ struct GemmPoint {
   double lm = 0, lk = 0, ln = 0;  // log2 of m, k, n
 };
 
+// One rank's compute: a chip, or on Trainium one of its `ranks_per_chip`
+// (logical) NeuronCores, which gets that share of the chip's peaks, HBM and
+// HBM bandwidth.
 class ComputeModel {
  public:
   // Loads the chip's table for Trainium systems; errors name the file.
-  static ComputeModel of(const arch::SystemSpec& s);
+  static ComputeModel of(const arch::SystemSpec& s, int ranks_per_chip = 1);
 
   // Time of C[m, n] = A[m, k] B[k, n] in `dtype` (bf16, fp8, mxfp8):
   // 2 m k n / (peak(dtype) x efficiency(m, k, n)).
@@ -42,6 +45,8 @@ class ComputeModel {
   // gradient, write master, m, v and the 16-bit weight.
   static constexpr double kAdamBytesPerParam = 4 * 3 * 2 + 2 + 2;
 
+  // The efficiency tables measure whole chips, the kernels splitting M over
+  // the cores: a rank's [m, k, n] GEMM is a chip's [m x ranks_per_chip, k, n].
   double gemm_efficiency(double m, double k, double n, const std::string& dtype) const;
   double memory_efficiency() const { return memory_eff_; }
   // The fixed time of one bandwidth-bound kernel (Trainium: from the
@@ -49,12 +54,16 @@ class ComputeModel {
   Nanoseconds kernel_latency() const { return Nanoseconds(kernel_latency_ns_); }
   const std::string& source() const { return source_; }
   FlopRate peak(const std::string& dtype) const;
+  // The rank's device: peaks, HBM capacity and bandwidth of its share.
+  const arch::DeviceSpec& device() const { return device_; }
+  int ranks_per_chip() const { return ranks_per_chip_; }
 
  private:
   arch::DeviceSpec device_;
   std::vector<GemmPoint> gemms_;  // empty: device_.gemm_efficiency everywhere
   double attention_eff_ = 0, attention_bwd_eff_ = 0, memory_eff_ = 0;
   double kernel_latency_ns_ = 0;
+  int ranks_per_chip_ = 1;
   std::string source_;
 };
 

@@ -70,13 +70,31 @@ int checked_chips(int chips) {
 }
 }  // namespace
 
-Planner::Planner(const arch::SystemSpec& system, Model model, Training training, int chips)
+fabric::Network rank_network(const arch::SystemSpec& s, int chips, int ranks_per_chip) {
+  const fabric::Network net = fabric::Network::of(s, chips);
+  if (ranks_per_chip == 1 || !s.chip) return net;
+  const arch::ChipSpec& c = *s.chip;
+  const fabric::Level on_chip{"on-chip (" + c.core_generation + ")",
+                              arch::Topology::switched,
+                              {ranks_per_chip},
+                              c.hbm_bandwidth / (2.0 * ranks_per_chip),
+                              c.dma.fixed_cost + c.dma.descriptor_gen};
+  return net.with_ranks_per_chip(on_chip);
+}
+
+Planner::Planner(const arch::SystemSpec& system, Model model, Training training, int chips,
+                 int lnc)
     : system_(system),
       model_(std::move(model)),
       training_(std::move(training)),
       chips_(chips),
-      net_(fabric::Network::of(system, checked_chips(chips))),
-      compute_(ComputeModel::of(system)) {
+      lnc_(system.lnc_or_default(lnc)),
+      net_(rank_network(system, checked_chips(chips), system.ranks_per_chip(lnc))),
+      compute_(ComputeModel::of(system, system.ranks_per_chip(lnc))) {
+  if (static_cast<std::int64_t>(chips) * ranks_per_chip() > kMaxChips) {
+    throw Error(fmt::format("{} chips x {} ranks per chip: a plan covers at most {} ranks", chips,
+                            ranks_per_chip(), kMaxChips));
+  }
   if (auto e = validate(model_); !e.empty()) throw Error("model: " + e);
   if (auto e = validate(training_); !e.empty()) throw Error("training: " + e);
   dtype_ = training_.recipe;
@@ -100,7 +118,7 @@ Planner::Planner(const arch::SystemSpec& system, Model model, Training training,
 }
 
 Estimate Planner::estimate(const Layout& l) const {
-  if (auto e = validate(model_, training_, l, chips_); !e.empty()) throw Error("layout: " + e);
+  if (auto e = validate(model_, training_, l, ranks()); !e.empty()) throw Error("layout: " + e);
   std::string why;
   auto est = evaluate(l, &why);
   if (!est) throw NotSupported("layout: " + why);
@@ -350,7 +368,7 @@ std::optional<Estimate> Planner::evaluate_or_throw(const Layout& l, std::string*
     if (last.total > mu.total) mu = last;
   }
   mu.usable = Bytes(static_cast<std::int64_t>(
-      static_cast<double>(system_.device.hbm_capacity.value()) * (1 - t.hbm_reserve)));
+      static_cast<double>(c.device().hbm_capacity.value()) * (1 - t.hbm_reserve)));
   mu.fits = mu.total <= mu.usable;
 
   // ---- throughput
@@ -366,7 +384,7 @@ std::optional<Estimate> Planner::evaluate_or_throw(const Layout& l, std::string*
   } else if (l.recompute == Recompute::selective && !flash) {
     recompute_per_token = 4.0 * m.layers * h * s;
   }
-  const double chips = chips_;
+  const double chips = ranks();  // ranks x the rank's peak = chips x the chip's
   e.mfu = e.tokens_per_s * e.model_flops_per_token / (chips * c.peak(dtype_).value());
   e.hfu = e.tokens_per_s * (e.model_flops_per_token + recompute_per_token) /
           (chips * c.peak(dtype_).value());
@@ -374,7 +392,7 @@ std::optional<Estimate> Planner::evaluate_or_throw(const Layout& l, std::string*
   if (t.tokens > 0) {
     const double seconds = t.tokens / e.tokens_per_s;
     e.days_to_train = seconds / 86400;
-    e.chip_hours = seconds / 3600 * chips;
+    e.chip_hours = seconds / 3600 * chips_;
     e.cost_usd = e.chip_hours * t.price_per_chip_hour;
   }
   return e;

@@ -55,7 +55,9 @@ class Planner {
  public:
   // Throws Error for an unknown system, a bad model or training section, a
   // chip count the system cannot form, or a recipe the device lacks.
-  Planner(const arch::SystemSpec& system, Model model, Training training, int chips);
+  // Layouts count ranks: chips x system.ranks_per_chip(lnc) (Trainium:
+  // NeuronCores, logical cores under LNC; lnc 0: the chip's default).
+  Planner(const arch::SystemSpec& system, Model model, Training training, int chips, int lnc = 0);
 
   // Throws Error naming what is wrong when validate() fails or a group does
   // not map onto the fabric.
@@ -71,6 +73,10 @@ class Planner {
   const fabric::Network& network() const { return net_; }
   const ComputeModel& compute() const { return compute_; }
   int chips() const { return chips_; }
+  int lnc() const { return lnc_; }
+  int ranks_per_chip() const { return compute_.ranks_per_chip(); }
+  // What a layout's dp x tp x pp x cp must equal.
+  int ranks() const { return chips_ * ranks_per_chip(); }
 
   // Parameter counts: all, and those a token's FLOPs touch (MoE: top_k
   // experts; no embedding tables, but the output projection).
@@ -83,12 +89,20 @@ class Planner {
   Model model_;
   Training training_;
   int chips_;
+  int lnc_;
   fabric::Network net_;
   ComputeModel compute_;
   std::string dtype_;
   double params_ = 0, flop_params_ = 0;
   double layer_params_ = 0, expert_params_ = 0, embed_params_ = 0, output_params_ = 0;
 };
+
+// The network of `chips` chips of `s` as its ranks see it (fabric::Network::
+// with_ranks_per_chip): on Trainium the innermost level joins the chip's
+// (logical) cores, whose transfers are DMAs through the shared HBM: each
+// byte read and written once, HBM bandwidth / (2 x ranks per chip) per rank,
+// one DMA's fixed cost (plus descriptor generation) per step.
+fabric::Network rank_network(const arch::SystemSpec& s, int chips, int ranks_per_chip);
 
 // Where the ranks of one layout dimension ("tp", "cp", "dp", "pp", "ep") lie
 // on the network's levels (see fabric::Group); nullopt when the order puts

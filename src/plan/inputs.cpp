@@ -80,7 +80,7 @@ std::string validate(const Training& t) {
   return e;
 }
 
-std::string validate(const Model& m, const Training& t, const Layout& l, int chips) {
+std::string validate(const Model& m, const Training& t, const Layout& l, int ranks) {
   std::string e = validate(m);
   add(e, validate(t));
   if (!e.empty()) return e;
@@ -93,9 +93,9 @@ std::string validate(const Model& m, const Training& t, const Layout& l, int chi
     if (v < 1) add(e, fmt::format("{} must be at least 1 (got {})", name, v));
   }
   if (!e.empty()) return e;
-  if (l.chips() != chips) {
-    add(e, fmt::format("the layout needs dp {} x tp {} x pp {} x cp {} = {} chips but {} are given",
-                       l.dp, l.tp, l.pp, l.cp, l.chips(), chips));
+  if (l.ranks() != ranks) {
+    add(e, fmt::format("the layout needs dp {} x tp {} x pp {} x cp {} = {} ranks but {} are given",
+                       l.dp, l.tp, l.pp, l.cp, l.ranks(), ranks));
   }
   if (m.heads % l.tp != 0)
     add(e, fmt::format("tp {} does not divide heads {}", l.tp, m.heads));

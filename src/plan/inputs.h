@@ -63,13 +63,15 @@ struct Layout {
   // A permutation of tp, cp, dp, pp; "tp-cp-dp-pp" (Megatron) by default.
   std::vector<std::string> order = {"tp", "cp", "dp", "pp"};
 
-  std::int64_t chips() const { return std::int64_t{dp} * tp * pp * cp; }
+  // Ranks: chips, or on Trainium (logical) NeuronCores.
+  std::int64_t ranks() const { return std::int64_t{dp} * tp * pp * cp; }
 };
 
 // Everything wrong with the combination, as one message ("" when valid):
 // TP not dividing heads, layers not dividing into stages, a batch that does
-// not split into micro-batches, and so on. `chips` is what the user has.
-std::string validate(const Model& m, const Training& t, const Layout& l, int chips);
+// not split into micro-batches, and so on. `ranks` is what the user has
+// (chips x ranks per chip).
+std::string validate(const Model& m, const Training& t, const Layout& l, int ranks);
 // The model alone (shape fields positive and consistent); "" when valid.
 std::string validate(const Model& m);
 // The training settings alone; "" when valid.

@@ -147,9 +147,10 @@ void apply(const json& tree, const std::string& where, Request& r) {
   }
   if (tree.contains("system")) {
     const json& t = tree["system"];
-    check_keys(t, where, "system", {"name", "chips"});
+    check_keys(t, where, "system", {"name", "chips", "lnc"});
     get(t, "name", where, "system", r.system);
     get(t, "chips", where, "system", r.chips);
+    get(t, "lnc", where, "system", r.lnc);
   }
   if (tree.contains("layout")) {
     const json& t = tree["layout"];

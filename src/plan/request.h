@@ -28,6 +28,7 @@ struct Request {
   Training training;
   std::string system;
   int chips = 0;
+  int lnc = 0;                   // logical-core degree (Trainium v3+); 0: the chip's default
   std::optional<Layout> layout;  // absent: search; dp 0: chips / (tp pp cp)
   bool sp_given = false;         // the layout named sp (else: on when tp > 1)
 };

@@ -43,7 +43,7 @@ SearchResult search(const Planner& planner, const SearchOptions& opt) {
   if (opt.top < 1) throw Error(fmt::format("search: top must be at least 1 (got {})", opt.top));
   const Model& m = planner.model();
   const Training& t = planner.training();
-  const int chips = planner.chips();
+  const int ranks = planner.ranks();
   SearchResult r;
   std::vector<Estimate> kept;
   const auto consider = [&](const Layout& l) {
@@ -60,14 +60,14 @@ SearchResult search(const Planner& planner, const SearchOptions& opt) {
     }
   };
   const std::vector<int> ep_choices = m.moe() ? divisors(m.experts) : std::vector<int>{1};
-  for (int tp : divisors(chips)) {
+  for (int tp : divisors(ranks)) {
     if (m.heads % tp != 0 || m.ffn_dim() % tp != 0) continue;
     if (m.kv() % tp != 0 && tp % m.kv() != 0) continue;
-    for (int cp : divisors(chips / tp)) {
+    for (int cp : divisors(ranks / tp)) {
       if (m.seq % cp != 0 || (cp > 1 && (cp & (cp - 1)) != 0)) continue;
-      for (int pp : divisors(chips / (tp * cp))) {
+      for (int pp : divisors(ranks / (tp * cp))) {
         if (m.layers % pp != 0) continue;
-        const int dp = chips / (tp * cp * pp);
+        const int dp = ranks / (tp * cp * pp);
         for (int micro : opt.micro_batches) {
           if (t.global_batch % (static_cast<std::int64_t>(dp) * micro) != 0) continue;
           const std::int64_t mb = t.global_batch / (static_cast<std::int64_t>(dp) * micro);

@@ -391,7 +391,7 @@ for cmd in "plan" "plan search" "plan compare" "plan validate"; do
 done
 expect_ok "^step +[0-9.]+ +100.0" plan --model llama3-70b --tp 8 --pp 2
 expect_ok "MFU [0-9.]+ %" plan --model llama3-70b --system trn3-ultraserver-gen1 --chips 1024 --tp 8 --tokens 1e12 --price 2
-expect_json 'j["memory_gib"]["fits"] and j["layout"]["dp"] == 8 and j["cost_usd"] > 0' plan --model llama3-70b --system trn3-ultraserver-gen1 --chips 1024 --tp 8 --pp 16 --tokens 1e12 --price 2 --json
+expect_json 'j["memory_gib"]["fits"] and j["layout"]["dp"] == 32 and j["cost_usd"] > 0' plan --model llama3-70b --system trn3-ultraserver-gen1 --chips 1024 --tp 8 --pp 16 --tokens 1e12 --price 2 --json
 expect_json 'len(j["best"]) == 3 and all(b["memory_gib"]["fits"] for b in j["best"]) and j["evaluated"] > 10000' plan search --model llama3-70b --system trn3-ultraserver-gen1 --chips 1024 --top 3 --json
 expect_ok "layouts evaluated" plan search --model llama3-70b --system trn3-ultraserver-gen1 --chips 1024
 expect_json 'len(j) == 3 and all(s["best"] for s in j)' plan compare --model llama3-8b --chips 144 --systems trn3-ultraserver-gen2,gb300-nvl72,p5 --global-batch 576 --json

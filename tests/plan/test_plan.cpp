@@ -142,8 +142,8 @@ TEST(PlanErrors, BadLayoutsAreRejectedWithTheReason) {
   l.tp = 3, l.dp = 48;
   EXPECT_NE(message(l).find("tp 3 does not divide heads 64"), std::string::npos) << message(l);
   l = Layout{};
-  l.tp = 8, l.pp = 4, l.dp = 8;
-  EXPECT_NE(message(l).find("= 256 chips but 144 are given"), std::string::npos) << message(l);
+  l.tp = 8, l.pp = 4, l.dp = 8;  // 144 chips hold 576 logical cores (LNC=2)
+  EXPECT_NE(message(l).find("= 256 ranks but 576 are given"), std::string::npos) << message(l);
   l = Layout{};
   l.tp = 8, l.pp = 3, l.dp = 6;
   EXPECT_NE(message(l).find("pp 3 x vpp 1 does not divide layers 80"), std::string::npos);
@@ -167,7 +167,7 @@ TEST(PlanSearch, ListsOnlyFittingLayoutsFastestFirst) {
   for (std::size_t i = 0; i < r.best.size(); ++i) {
     EXPECT_TRUE(r.best[i].memory.fits);
     EXPECT_LE(r.best[i].memory.total, r.best[i].memory.usable);
-    EXPECT_EQ(r.best[i].layout.chips(), 1024);
+    EXPECT_EQ(r.best[i].layout.ranks(), p.ranks());  // 1024 chips x 4 logical cores
     if (i > 0) {
       EXPECT_LE(r.best[i - 1].time.step, r.best[i].time.step);
     }
