@@ -51,10 +51,9 @@ ChipSpec load_chip_file(const std::filesystem::path& file) {
                {"schema", "chip", "hbm", "sbuf", "psum", "tensor", "vector", "scalar", "gpsimd",
                 "dma", "costs", "sequencer", "neuronlink", "published"});
   r.integer("schema", 1, 1);
-  r.check_keys(
-      "chip", r.table("chip"),
-      {"name", "display_name", "core_generation", "core_version", "cores", "collective_cores",
-       "max_lnc", "default_lnc"});
+  r.check_keys("chip", r.table("chip"),
+               {"name", "display_name", "core_generation", "core_version", "cores",
+                "collective_cores", "max_lnc", "default_lnc"});
   r.check_keys("hbm", r.table("hbm"), {"capacity_gib", "bandwidth_gbps"});
   r.check_keys("sbuf", r.table("sbuf"), {"partitions", "partition_kib", "min_align_bytes"});
   r.check_keys("psum", r.table("psum"),

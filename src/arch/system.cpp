@@ -30,10 +30,11 @@ FlopRate DeviceSpec::peak_for(std::string_view dtype) const {
 int SystemSpec::lnc_or_default(int lnc) const {
   const int most = chip ? chip->max_lnc : 1;
   if (lnc == 0) return chip ? chip->default_lnc : 1;
+  if (lnc == kWholeChip) return chip ? chip->cores : 1;
   if (lnc < 1 || lnc > most || (chip && chip->cores % lnc != 0)) {
     throw NotSupported(fmt::format("lnc {} on {}: its {} offer{} lnc 1{}", lnc, name,
-                                   chip ? chip->name + " chips" : device.name,
-                                   chip ? "" : "s", most > 1 ? fmt::format(" to {}", most) : ""));
+                                   chip ? chip->name + " chips" : device.name, chip ? "" : "s",
+                                   most > 1 ? fmt::format(" to {}", most) : ""));
   }
   return lnc;
 }

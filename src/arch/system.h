@@ -72,8 +72,12 @@ struct SystemSpec {
   std::vector<std::string> collective_algorithms;
 
   // ---- derived
-  // The logical-core degree `lnc` asks for (0: the chip's default), checked:
-  // NotSupported when the chip does not offer it (trn1: only 1; GPUs: 1).
+  // `lnc` value for one rank per chip made of all its cores, as tern's
+  // trainer runs a replica (not a Neuron configuration).
+  static constexpr int kWholeChip = -1;
+  // The logical-core degree `lnc` asks for (0: the chip's default;
+  // kWholeChip: all cores), checked: NotSupported when the chip does not
+  // offer it (trn1: only 1; GPUs: 1).
   int lnc_or_default(int lnc) const;
   // Ranks one chip holds at that degree: Neuron's parallel degrees count
   // NeuronCores, logical ones under LNC (cores / lnc); a GPU is one rank.

@@ -302,7 +302,8 @@ std::string estimate_text(const plan::Planner& p, const Estimate& e) {
                      100 * e.mfu, 100 * e.hfu, p.training().recipe, 100 * e.mfu_bf16);
   out += fmt::format("compute efficiency: {}\n", p.compute().source());
   out += fmt::format(
-      "  MFU = tokens/s x (6 N + 12 L h s) / (chips x chip peak), N = {:.3g} (of {:.3g} parameters)\n",
+      "  MFU = tokens/s x (6 N + 12 L h s) / (chips x chip peak), N = {:.3g} (of {:.3g} "
+      "parameters)\n",
       p.flop_params(), p.params());
   if (e.days_to_train > 0) {
     out += fmt::format("to train {:.3g} tokens: {:.1f} days, {:.3g} chip-hours",

@@ -40,10 +40,10 @@ void add_validate_command(CLI::App& plan_cmd) {
   v->callback([o] {
     const std::string name = o->file.empty() ? "megatron-a100" : o->file;
     const auto named = arch::data_dir() / "plan" / "validation" / (name + ".toml");
-    const std::string file = name.find('/') == std::string::npos && name.find(".toml") ==
-                                                                         std::string::npos
-                                 ? named.string()
-                                 : name;
+    const std::string file =
+        name.find('/') == std::string::npos && name.find(".toml") == std::string::npos
+            ? named.string()
+            : name;
     const json tree = plan::read_tree(file);
     if (!tree.contains("run") || !tree["run"].is_array())
       throw Error(file + ": no [[run]] entries");

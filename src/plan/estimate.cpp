@@ -82,8 +82,7 @@ fabric::Network rank_network(const arch::SystemSpec& s, int chips, int ranks_per
   return net.with_ranks_per_chip(on_chip);
 }
 
-Planner::Planner(const arch::SystemSpec& system, Model model, Training training, int chips,
-                 int lnc)
+Planner::Planner(const arch::SystemSpec& system, Model model, Training training, int chips, int lnc)
     : system_(system),
       model_(std::move(model)),
       training_(std::move(training)),
@@ -367,8 +366,8 @@ std::optional<Estimate> Planner::evaluate_or_throw(const Layout& l, std::string*
     const MemoryUse last = stage_memory(last_params, inflight_last, true);
     if (last.total > mu.total) mu = last;
   }
-  mu.usable = Bytes(static_cast<std::int64_t>(
-      static_cast<double>(c.device().hbm_capacity.value()) * (1 - t.hbm_reserve)));
+  mu.usable = Bytes(static_cast<std::int64_t>(static_cast<double>(c.device().hbm_capacity.value()) *
+                                              (1 - t.hbm_reserve)));
   mu.fits = mu.total <= mu.usable;
 
   // ---- throughput

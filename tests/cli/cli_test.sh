@@ -409,7 +409,7 @@ chips = 64
 tp = 4
 zero = 1
 TOML
-expect_json 'j["layout"]["dp"] == 16 and j["layout"]["zero"] == 1' plan --config "$tmp/plan.toml" --json
+expect_json 'j["layout"]["dp"] == 64 and j["ranks"] == 256 and j["layout"]["zero"] == 1' plan --config "$tmp/plan.toml" --json
 printf '{"model": {"preset": "llama3-8b"}, "system": {"name": "p5", "chips": 16}, "layout": {"tp": 8}}' >"$tmp/plan.json"
 expect_json 'j["layout"]["dp"] == 2' plan --config "$tmp/plan.json" --json
 # The committed efficiency table still matches the simulator (else rerun
@@ -451,7 +451,7 @@ expect_err "--op: 'broadcast' is not one of {all-reduce,all-gather,reduce-scatte
 expect_err "--bytes: unknown unit in '4X'" plan collective --bytes 4X
 expect_err "does not fit 144 chips" plan collective --ranks 100 --stride 2
 expect_err "tp 3 does not divide heads 64" plan --model llama3-70b --tp 3
-expect_err "= 320 chips is more than the 144 chips given" plan --model llama3-70b --tp 8 --pp 40
+expect_err "= 320 ranks does not divide the 576 ranks given" plan --model llama3-70b --tp 8 --pp 40
 expect_err "unknown system 'nope'" plan --system nope
 expect_err "unknown model 'gpt-9'" plan --model gpt-9
 expect_err "not supported: A100 SXM4 80GB has no mxfp8 peak" plan --system dgx-a100 --recipe mxfp8

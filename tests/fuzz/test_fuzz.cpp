@@ -194,7 +194,7 @@ TEST(Fuzz, PlanRequest) {
   const std::string seed =
       "[model]\npreset = \"llama3-8b\"\nlayers = 32\n[training]\nglobal_batch = 576\n"
       "micro_batch = 1\ntokens = 1e12\n[system]\nname = \"trn3-ultraserver-gen2\"\nchips = 144\n"
-      "[layout]\ntp = 8\npp = 2\ndp = 9\nzero = 1\n";
+      "[layout]\ntp = 8\npp = 2\ndp = 36\nzero = 1\n";
   const fs::path file = scratch("plan.toml");
   fuzz(
       seed, fuzz_count(1000), [](Mutator& m, const std::string& s) { return m.text(s); },

@@ -22,9 +22,9 @@ Training batch(std::int64_t global, int micro) {
 TEST(PlanTrainium, RanksCountNeuronCoresAndLogicalCores) {
   const auto trn1 = arch::load_system("trn1-32xl");
   const auto trn2 = arch::load_system("trn2-48xl");
-  EXPECT_EQ(trn1.ranks_per_chip(), 2);     // two NeuronCore-v2, no LNC
-  EXPECT_EQ(trn2.ranks_per_chip(), 4);     // eight NeuronCore-v3 at the default LNC=2
-  EXPECT_EQ(trn2.ranks_per_chip(1), 8);    // LNC=1: every physical core
+  EXPECT_EQ(trn1.ranks_per_chip(), 2);   // two NeuronCore-v2, no LNC
+  EXPECT_EQ(trn2.ranks_per_chip(), 4);   // eight NeuronCore-v3 at the default LNC=2
+  EXPECT_EQ(trn2.ranks_per_chip(1), 8);  // LNC=1: every physical core
   EXPECT_EQ(arch::load_system("dgx-a100").ranks_per_chip(), 1);
   EXPECT_THROW(trn1.ranks_per_chip(2), NotSupported);
   EXPECT_THROW(arch::load_system("dgx-a100").ranks_per_chip(2), NotSupported);

@@ -76,7 +76,9 @@ TEST(PlanAgreement, StepTimeWithin15Percent) {
     // The trainer's pipeline stages and tensor-parallel pieces recompute
     // their forward in the backward.
     if (k.pp > 1 || k.tp > 1) l.recompute = plan::Recompute::full;
-    const plan::Planner planner(sys, pm, pt, static_cast<int>(k.dp * k.pp * k.tp));
+    // The trainer's ranks are whole chips (each replica runs on all cores).
+    const plan::Planner planner(sys, pm, pt, static_cast<int>(k.dp * k.pp * k.tp),
+                                arch::SystemSpec::kWholeChip);
     const plan::Estimate e = planner.estimate(l);
     const double sim = m.sim_ns, planned = e.time.step.value();
     const double err = (planned - sim) / sim;
