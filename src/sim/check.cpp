@@ -107,7 +107,7 @@ Arity arity(Opcode op) {
     case Opcode::rng:
       return {1, 3};  // dst, [lo column], [hi column]
     case Opcode::activation:
-      return {2, 4};  // dst, src, [bias [P,1]], [row sums [P,1] if acc]
+      return {2, 5};  // dst, src, [scale [P,1] if col0], [bias [P,1]], [row sums [P,1] if acc]
     case Opcode::iota:
       return {1, 1};
     case Opcode::reg_set:
@@ -636,6 +636,10 @@ std::string check_instruction(const arch::ChipSpec& chip, const isa::Program& pr
       break;
     case Opcode::activation:
       if (auto e = same_shape(in.operands[1], "the source"); !e.empty()) return e;
+      if (nops - 2 - (in.col0 ? 1 : 0) - (in.accumulate ? 1 : 0) > 1)
+        return fmt::format("has {} operands: dst, src, [scale if col0], [bias], [sums if acc]",
+                           nops);
+      if (in.col0 && nops < 3) return "col0 (a per-partition scale) needs its column operand";
       for (int i = 2; i < nops; ++i) {
         if (in.operands[i].rows() != d.rows() || in.operands[i].free_size() != 1)
           return fmt::format("operand {} must be a [{}, 1] column", i, d.rows());

@@ -296,13 +296,15 @@ void Simulator::Impl::op_activation(int core, const Instruction& in) {
   Floats a = read(core, ops[1], "the source");
   const std::size_t f = static_cast<std::size_t>(d.free_size());
   const int nops = static_cast<int>(ops.size());
-  const bool has_bias = nops - (in.accumulate ? 1 : 0) > 2;
-  Floats bias;
-  if (has_bias) bias = read(core, ops[2], "the bias");
+  // col0: a per-partition scale column follows the source.
+  const bool has_bias = nops - (in.accumulate ? 1 : 0) - (in.col0 ? 1 : 0) > 2;
+  Floats bias, scale;
+  if (in.col0) scale = read(core, ops[2], "the scale");
+  if (has_bias) bias = read(core, ops[in.col0 ? 3 : 2], "the bias");
   Floats sums(static_cast<std::size_t>(d.rows()), 0.0f);
-  // BF16 values without a per-row bias: by table once the function is
-  // used enough (the same bits, sums in the same order).
-  const float* table = ops[1].dtype == DType::bf16 && !has_bias
+  // BF16 values without a per-row bias or scale: by table once the
+  // function is used enough (the same bits, sums in the same order).
+  const float* table = ops[1].dtype == DType::bf16 && !has_bias && !in.col0
                            ? act_tables().get(in.func, in.scale, 0.0f, a.size())
                            : nullptr;
   for_rows(d.rows(), static_cast<std::int64_t>(a.size()), [&](int r) {
@@ -317,7 +319,8 @@ void Simulator::Impl::op_activation(int core, const Instruction& in) {
       sums[ru] = sum;
       return;
     }
-    sums[ru] = isa::apply_act(in.func, x, f, in.scale, has_bias ? bias[ru] : 0.0f);
+    sums[ru] = isa::apply_act(in.func, x, f, in.col0 ? scale[ru] : in.scale,
+                              has_bias ? bias[ru] : 0.0f);
   });
   write(core, d, a);
   // The Scalar engine's per-partition reduce registers (NKI

@@ -260,6 +260,18 @@ def _sbuf_operand(x):
     return x
 
 
+def _column_operand(a, b, shape):
+    """0 or 1 when that operand of a binary op is a float [P, 1] column and
+    the other a float tile of the result's shape; else None."""
+    if len(shape) < 2 or math.prod(shape[1:]) == 1:
+        return None
+    for i, (c, t) in enumerate(((a, b), (b, a))):
+        if (tuple(t.shape) == tuple(shape) and c.shape[0] == shape[0] and c.size == c.shape[0]
+                and all(not str(v.dtype).startswith(("int", "uint", "bool")) for v in (c, t))):
+            return i
+    return None
+
+
 def binary(op, a, b, dtype=None, mask=None, dst=None):
     """a op b for tiles and scalars (nl.add, a + b, ...)."""
     op = _as_op(op)
@@ -274,7 +286,12 @@ def binary(op, a, b, dtype=None, mask=None, dst=None):
     out_dtype = dtype or promote(dtype_of(a), dtype_of(b))
     if dst is None:
         dst = new_tile(shape, out_dtype)
-    if at and bt:
+    col = _column_operand(a, b, shape) if at and bt else None
+    if col is not None:
+        # A tile and a per-partition [P, 1] column: one tensor_scalar with
+        # the column as its operand (half a tensor_tensor's cost on fp32).
+        x, y = (b, a) if col == 0 else (a, b)
+    elif at and bt:
         x, y = fit(a, shape), fit(b, shape)
         if x.buffer is T.psum and y.buffer is T.psum:
             y = _sbuf_operand(y)
@@ -284,7 +301,10 @@ def binary(op, a, b, dtype=None, mask=None, dst=None):
 
     def body(ranges):
         d = restrict(dst, ranges)
-        if at and bt:
+        if col is not None:
+            each(lambda o, p, q: isa.tensor_scalar(dst=o, data=p, op0=op, operand0=q, reverse0=col == 0), d,
+                 restrict(x, ranges), restrict(fit(y, shape), ranges))
+        elif at and bt:
             each(lambda o, p, q: isa.tensor_tensor(dst=o, data1=p, data2=q, op=op), d, restrict(x, ranges),
                  restrict(y, ranges))
         else:

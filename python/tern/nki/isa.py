@@ -49,6 +49,10 @@ def _alu(op, what="op"):
     return _core.alu_op(o.alu)
 
 
+def _is_float(dtype):
+    return not str(dtype).startswith(("int", "uint", "bool"))
+
+
 def _engine(e, default):
     """The simulator engine for `engine=` (None / unknown: the default)."""
     if e is None or e == engine.unknown or e == 0:
@@ -280,7 +284,20 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
               imm0=float(operand0), imm1=0.0 if operand1 is None else float(operand1), rev0=bool(reverse0),
               rev1=bool(reverse1))
         return
-    # Column operands: one instruction per stage against the column.
+    cols = [v for v in (operand0, operand1) if _is_tile(v)]
+    if _is_float(data.dtype) and all(_is_float(c.dtype) for c in cols):
+        # One instruction, as the hardware's: each stage's operand an
+        # immediate or a per-partition column (col0 / col1), the value kept
+        # in FP32 between the stages.
+        kw = dict(alu0=_alu(op0, "op0"), alu1=_alu(op1, "op1"), rev0=bool(reverse0), rev1=bool(reverse1),
+                  col0=_is_tile(operand0), col1=_is_tile(operand1))
+        if not _is_tile(operand0):
+            kw["imm0"] = float(operand0)
+        if op1 is not None and not _is_tile(operand1):
+            kw["imm1"] = float(operand1)
+        _emit("tensor_scalar", eng, [dst, data] + [_as_col(c) for c in cols], **kw)
+        return
+    # Integer data: one instruction per stage against the column.
     for i, (op, operand, rev) in enumerate(((op0, operand0, reverse0), (op1, operand1, reverse1))):
         if op is None:
             break
@@ -345,12 +362,12 @@ def memset(dst, value, engine=None, name=None, **hints):
     _tracer.current().at().memset(_t(dst, "dst"), float(value), _engine(engine, _core.Engine.vector))
 
 
-@_tracer.status("partial: a [P, 1] scale is a Vector multiply first; reduce_cmd load_reduce not yet")
+@_tracer.status("partial: reduce_cmd load_reduce not yet")
 def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=None,
                reduce_cmd=reduce_cmd.idle, engine=None, name=None, dtype=None, **hints):
     """dst = op(data * scale + bias) on the Scalar engine; reduce_res gets
     the row sums. bias: a [P, 1] column or a scalar; scale: a scalar or a
-    [P, 1] column (a Vector multiply first, into FP32). reduce_cmd keeps
+    [P, 1] column (one per partition, as the hardware). reduce_cmd keeps
     sums across instructions (the engine's reduce registers)."""
     o = _ops.resolve(op)
     if o is None or o.act is None:
@@ -360,10 +377,10 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
                                   "(as the hardware)")
     rows = data.shape[0]
     src = data
-    if _is_tile(scale):  # per-partition scale: x * scale[p] in FP32 first (same bits)
-        src = _scratch(data.shape)
-        tensor_tensor(dst=src, data1=data, data2=_column(scale, data, "scale"), op=nl.multiply)
-        scale = 1.0
+    scale_col = None
+    if _is_tile(scale):  # per-partition scale: the instruction's col0 operand
+        _column(scale, data, "scale")  # shape check
+        scale_col, scale = _as_col(scale), 1.0
     if bias is not None and not _is_tile(bias):
         value = float(bias)  # a scalar bias: a constant [P, 1] column
         bias = _scratch((rows, 1))
@@ -371,11 +388,12 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
     if int(reduce_cmd) == int(globals()["reduce_cmd"].load_reduce):
         raise NotImplementedError("not supported: nisa.activation(reduce_cmd=load_reduce)")
     code = _register_code(reduce_cmd, reduce_res)
-    ops = [_flat2(dst), _flat2(src)] + ([_as_col(bias)] if bias is not None else [])
+    ops = [_flat2(dst), _flat2(src)] + ([scale_col] if scale_col is not None else [])
+    ops += [_as_col(bias)] if bias is not None else []
     if reduce_res is not None:
         ops.append(_as_col(reduce_res))
     _emit("activation", _core.Engine.scalar, ops, func=_core.act_func(o.act), scale=float(scale),
-          imm2=float(code), acc=reduce_res is not None)
+          imm2=float(code), acc=reduce_res is not None, col0=scale_col is not None)
 
 
 def _register_code(cmd, reduce_res):
