@@ -319,8 +319,8 @@ void Simulator::Impl::op_activation(int core, const Instruction& in) {
       sums[ru] = sum;
       return;
     }
-    sums[ru] = isa::apply_act(in.func, x, f, in.col0 ? scale[ru] : in.scale,
-                              has_bias ? bias[ru] : 0.0f);
+    sums[ru] =
+        isa::apply_act(in.func, x, f, in.col0 ? scale[ru] : in.scale, has_bias ? bias[ru] : 0.0f);
   });
   write(core, d, a);
   // The Scalar engine's per-partition reduce registers (NKI
