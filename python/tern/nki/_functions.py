@@ -267,7 +267,7 @@ def _column_operand(a, b, shape):
         return None
     for i, (c, t) in enumerate(((a, b), (b, a))):
         if (tuple(t.shape) == tuple(shape) and c.shape[0] == shape[0] and c.size == c.shape[0]
-                and all(not str(v.dtype).startswith(("int", "uint", "bool")) for v in (c, t))):
+                and all(_isa()._is_float(v.dtype) for v in (c, t))):
             return i
     return None
 
