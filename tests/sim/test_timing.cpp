@@ -133,10 +133,14 @@ TEST(Timing, DmaSizeClasses) {
   EXPECT_GE(efficiency(4096), 0.94);
 }
 
-TEST(Timing, DependentVectorChainPaysTheStaticOverhead) {
+TEST(Timing, DependentVectorChainPaysTheStaticOverheadAndAccessStart) {
   const auto chip = arch::load_chip("trn3");
   const double ghz = chip.vector.clock.value();
-  const double ovh = static_cast<double>(chip.costs.static_overhead.value());
+  // A dependent instruction reads only once the previous output is in SRAM,
+  // so the access start (60 cycles) is exposed on top of the static
+  // overhead (100): the performance guide's dependent ScalarE chain.
+  const double ovh =
+      static_cast<double>(chip.costs.static_overhead.value() + chip.costs.access_start.value());
   isa::Program dep = program(chip), indep = program(chip);
   for (int i = 0; i < 3; ++i) {
     auto in =
@@ -146,7 +150,7 @@ TEST(Timing, DependentVectorChainPaysTheStaticOverhead) {
     in.operands = {sbuf(0, 128, 4096 * (i + 1), 256), sbuf(0, 128, 0, 256)};
     add(indep, in);
   }
-  // max(MIN_II, N) = 256 cycles each; +static overhead for the two dependent ones.
+  // max(MIN_II, N) = 256 cycles each; + 160 for each of the two dependent ones.
   EXPECT_DOUBLE_EQ(run_timing(chip, dep).latency_ns, (3 * 256 + 2 * ovh) / ghz);
   EXPECT_DOUBLE_EQ(run_timing(chip, indep).latency_ns, 3 * 256 / ghz);
   // Tiny instructions are floored at MIN_II.
