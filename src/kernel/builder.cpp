@@ -146,25 +146,36 @@ Tensor Builder::alloc(Mem mem, int partitions, std::int64_t free, DType dtype,
   auto& allocs = ps ? psum_allocs_[core_] : sbuf_allocs_[core_];
   std::sort(allocs.begin(), allocs.end(),
             [](const Alloc& a, const Alloc& b) { return a.lo < b.lo; });
-  std::int64_t at = 0, used = 0;
+  std::int64_t used = 0;
   for (const Alloc& a : allocs) used += a.hi - a.lo;
-  bool found = false;
-  for (const Alloc& a : allocs) {
-    if (a.lo - place(at) >= bytes) {
-      at = place(at);
-      found = true;
-      break;
+  // The first gap of `bytes` at or after `from` (the end of memory counts
+  // as a gap when the tile fits before the capacity).
+  auto fit_from = [&](std::int64_t from, std::int64_t& at) {
+    at = from;
+    for (const Alloc& a : allocs) {
+      if (a.hi <= at) continue;
+      if (a.lo - place(at) >= bytes) {
+        at = place(at);
+        return true;
+      }
+      at = std::max(at, a.hi);
     }
-    at = std::max(at, a.hi);
-  }
-  if (!found) at = place(at);
-  if (!found && cap - at < bytes && !overcommit_) {
+    at = place(at);
+    return cap - at >= bytes;
+  };
+  auto& next = ps ? psum_next_ : sbuf_next_;
+  if (next.size() <= static_cast<std::size_t>(core_)) next.resize(core_ + 1, 0);
+  std::int64_t at = 0;
+  bool found = rotating_ && fit_from(next[core_], at);
+  if (!found) found = fit_from(0, at);
+  if (!found && !overcommit_) {
     throw Error(
         fmt::format("{}: {} allocation of {} bytes per partition does not fit: {} of {} bytes "
                     "per partition are in use (capacity)",
                     location(loc), isa::mem_name(mem), bytes, used, cap));
   }
   allocs.push_back({at, at + bytes});
+  next[core_] = at + bytes;
   Tensor t;
   t.ap.mem = mem;
   t.ap.dtype = dtype;

@@ -65,6 +65,13 @@ class Builder {
   // PSUM tiles of at most a bank share banks (each stays inside one),
   // as NKI's allocator places them; off: every PSUM tile starts a bank.
   void set_psum_packing(bool on) { psum_packing_ = on; }
+  // Next-fit placement: a new tile goes in the first gap at or after the
+  // end of the previous allocation in that memory, wrapping to the start
+  // when none is left, so memory just freed is reused last. A kernel whose
+  // loop tiles are freed and allocated again each iteration then gets as
+  // many buffers per tile as the memory holds (the NKI compiler allocates
+  // loop tiles with several buffers so iterations overlap); off: first fit.
+  void set_rotating_allocation(bool on) { rotating_ = on; }
   // With overcommit, SBUF / PSUM allocations past the capacity succeed (at
   // addresses beyond it): a trace that only measures tiles' lifetimes, never
   // run (the program's rule checks refuse those addresses).
@@ -236,6 +243,8 @@ class Builder {
   std::vector<std::vector<std::vector<std::int64_t>>> known_;  // [core][engine][sem] waited
   int next_queue_ = 0;
   bool psum_packing_ = false;
+  bool rotating_ = false;
+  std::vector<std::int64_t> sbuf_next_, psum_next_;  // per core: where next fit starts
   bool overcommit_ = false;
   struct SyncWait {
     int core, engine;
