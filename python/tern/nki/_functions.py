@@ -195,11 +195,12 @@ def _result_shape(a, b):
     return (p,) + tuple(free)
 
 
-def fit(t, shape):
+def fit(t, shape, engines=True):
     """t seen with `shape`: free dims of size 1 repeat by stride 0; a single
-    partition is copied to every partition (partition_broadcast)."""
+    partition is copied to every partition (broadcast_partitions; engines:
+    the result is read by a compute engine, not a DMA)."""
     if t.shape[0] != shape[0]:
-        t = broadcast_partitions(t, shape[0])
+        t = broadcast_partitions(t, shape[0], engines)
     free = list(t._free)
     n = len(shape) - 1
     if len(free) > n:
@@ -219,13 +220,23 @@ def fit(t, shape):
     return t._like(t._p0, t._np, t._off, out)
 
 
-def broadcast_partitions(t, parts):
-    """A new SBUF tile holding t's single partition on `parts` partitions:
-    one DMA from HBM when t was loaded whole from there (row stride 0),
-    else SBUF-to-SBUF DMAs doubling the filled partitions."""
+def broadcast_partitions(t, parts, engines=True):
+    """t's single partition on `parts` partitions. For an FP32 row read by
+    a compute engine (engines=True) this is what the NKI compiler does
+    (architecture guide, "Partition Broadcast"): a Tensor-engine matmul of
+    a [1, parts] ones stationary with the row as the moving tensor, into a
+    PSUM tile (a row of at most one PSUM bank, 2 KiB). Otherwise (a longer
+    row, no room in PSUM, other dtypes: their PSUM result would be FP32,
+    a DMA destination) a new SBUF tile: one DMA
+    from HBM when t was loaded whole from there (row stride 0), else
+    SBUF-to-SBUF DMAs doubling the filled partitions."""
     if t.shape[0] != 1:
         raise ValueError(f"cannot broadcast {t.shape[0]} partitions to {parts}")
     isa = _isa()
+    if engines and parts > 1 and t.dtype == "float32":
+        out = _tensor_engine_broadcast(t, parts)
+        if out is not None:
+            return out
     out = new_tile((parts,) + t.shape[1:], t.dtype)
     origin = getattr(t, "_origin", None)
     if origin is not None:
@@ -237,6 +248,43 @@ def broadcast_partitions(t, parts):
         n = min(have, parts - have)
         isa.dma_copy(dst=out[have:have + n], src=out[0:n])
         have += n
+    return out
+
+
+def _ones_row(parts):
+    """A [1, parts] FP32 tile of ones, made once per program part (the
+    stationary of partition broadcasts)."""
+    tr = _tracer.current()
+    cache = tr.__dict__.setdefault("ones_rows", {})
+    key = (len(tr.segments), parts)  # SBUF does not survive a collective
+    if key not in cache:
+        ones = new_tile((1, parts), "float32")
+        _isa().memset(dst=ones, value=1.0)
+        cache[key] = ones
+    return cache[key]
+
+
+def _tensor_engine_broadcast(t, parts):
+    """out[p, :] = 1.0 * row for p < parts on the Tensor engine (exact: one
+    product per element); None when the row is longer than a PSUM bank or
+    the PSUM tile does not fit now."""
+    from tern import _core
+    row = _sbuf_operand(t) if t.buffer is T.psum else t
+    if not row._contiguous():
+        return None
+    # An engine reads a PSUM operand inside one bank (2 KiB a partition):
+    # a longer row is broadcast into SBUF instead.
+    if row.size > _nl().tile_size.psum_fmax:
+        return None
+    flat = row.reshape((1, row.size))
+    try:
+        out = new_tile((parts,) + t.shape[1:], "float32", T.psum)
+    except _core.TernError as e:
+        if "does not fit" in str(e):
+            return None
+        raise
+    dst = out.reshape((parts, row.size))
+    _isa().nc_matmul(dst=dst, stationary=_ones_row(parts), moving=flat, accumulate=False)
     return out
 
 
@@ -374,10 +422,13 @@ def assign(dst, value):
         return
     if not isinstance(value, T.NkiTensor):
         raise TypeError(f"cannot assign {type(value).__name__} to a tile")
+    from tern.nki import _hoist
+    if _hoist.take(dst, value):
+        return  # the instruction computing value wrote dst itself
     if value._base is dst._base and _same_view(value, dst):
         return  # t[...] += x wrote it in place already
     if value.shape != dst.shape:
-        value = fit(value, dst.shape)
+        value = fit(value, dst.shape, engines=not dst.is_hbm)
     try:
         if dst.is_hbm or value.is_hbm:
             each(lambda o, p: isa.dma_copy(dst=o, src=p), dst, value)

@@ -5,6 +5,7 @@ simulator's dma_gather / dma_scatter over a [rows, F] view of the base
 tensor whose rows step by stride(k)."""
 import math
 
+from tern.nki import _hoist
 from tern.nki import _tensor as T
 from tern.nki import _tracer
 
@@ -71,6 +72,7 @@ def dma(dst, src, accumulate, skip, engine):
             raise NotImplementedError("not supported: an indirect DMA from HBM into HBM; gather into SBUF")
         pstride = src._row_stride // table._row_stride if table._row_stride else 0
         idx = _index_tile(scalar, vector, dst.shape[0], pstride, per)
+        _hoist.wrote(dst)
         b.dma_gather(dst._tensor(), table._tensor(), idx._tensor(), -1, skip, engine)
         return
     table, scalar, vector, per = _table(dst)
@@ -78,4 +80,5 @@ def dma(dst, src, accumulate, skip, engine):
         raise NotImplementedError("not supported: an indirect DMA from HBM into HBM; scatter from SBUF")
     pstride = dst._row_stride // table._row_stride if table._row_stride else 0
     idx = _index_tile(scalar, vector, src.shape[0], pstride, per)
+    _hoist.wrote(table)
     b.dma_scatter(table._tensor(), src._tensor(), idx._tensor(), -1, accumulate, engine)

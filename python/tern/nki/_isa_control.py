@@ -2,6 +2,7 @@
 core_barrier and sendrecv between the programs of a logical core, and the
 engine sequencers' registers (values resolved while tracing; _registers.py)."""
 from tern import _core
+from tern.nki import _hoist
 from tern.nki import _registers
 from tern.nki import _tracer
 
@@ -65,6 +66,7 @@ def sendrecv(src, dst, send_to_rank, recv_from_rank, pipe_id=0, use_gpsimd_dma=F
     eng = _core.Engine.gpsimd
     # src written, dst free: dst counts as written here, so this waits for the
     # reads of an earlier message in it too (a reused receive buffer).
+    _hoist.wrote(dst)
     b.core_sync(eng, [dst._tensor()], [src._tensor()])
     b.sync_point(n + ":ready")
     b.sync_operand(n + ":dst", dst._tensor())

@@ -209,6 +209,7 @@ class Kernel:
                     tr.hbm_counter = 0
                     tr.builder.set_core(pid % tr.cores)
                     result = self.fn(*bound.args, **bound.kwargs)
+                    tr.flush()
             except _registers.NeedValue as need:
                 need.trace, need.inputs = tr, inputs + self._constants(tr)
                 raise

@@ -71,6 +71,7 @@ class Allocation:
         trace.alloc_seq += 1
         self.core = trace.program_id % max(trace.cores, 1)
         self.released = False
+        self.version = 0  # writes so far (_hoist.py: a loop-invariant result stays valid until one)
         trace.note_use(self)
         if trace.lifetimes is not None:
             trace.live.append(weakref.ref(self))
@@ -130,6 +131,7 @@ class Trace:
         self.overcommit = False  # set_overcommit(): a lifetimes-only trace
         self.builder = _core.Builder(chip, self.cores, 1)
         self.builder.set_psum_packing(True)
+        self.builder.set_rotating_allocation(True)
         self.rank, self.ranks = rank, ranks
         self.hbm_decls = []  # (name, shape, dtype, output, base) in declaration order
         self.segments = []  # finished programs of the parts before each collective
@@ -158,6 +160,11 @@ class Trace:
         self.live = []
         self.pending = set()  # seqs named since the last emitted instruction
         self.done = 0  # the event of the last emitted instruction
+        # A legacy instruction held until the next one (_hoist.py): (tile, emit).
+        self.deferred = None
+        # The affine / sequential loops being traced, innermost last: each
+        # one's loop-invariant results (_hoist.py).
+        self.loops = []
 
     def __enter__(self):
         global _current
@@ -174,9 +181,33 @@ class Trace:
 
     def at(self):
         """Points the builder at the kernel line making the current call."""
+        if self.deferred is not None:
+            self.flush()
         self.at_count += 1
         self.builder.set_location(kernel_location())
         return _Emitting(self) if self.lifetimes is not None or self.overcommit else self.builder
+
+    def defer(self, tile, emit):
+        """Holds the instruction that computes the new tile `tile` until the
+        next instruction is issued (emit(view) issues it into view), so that
+        `view[...] = nisa.op(...)` can write view directly."""
+        self.flush()
+        self.deferred = (tile, emit)
+
+    def flush(self):
+        if self.deferred is not None:
+            tile, emit = self.deferred
+            self.deferred = None
+            emit(tile)
+
+    def take_deferred(self, tile):
+        """The held instruction's emit when it computes `tile` (it is then
+        the caller's to issue), else None."""
+        if self.deferred is not None and self.deferred[0] is tile:
+            emit = self.deferred[1]
+            self.deferred = None
+            return emit
+        return None
 
     def set_overcommit(self):
         self.overcommit = True
@@ -229,6 +260,7 @@ class Trace:
     def cut(self, record):
         """Ends the current part at a collective and starts the next: a new
         builder with the same HBM tensors at the same addresses."""
+        self.flush()
         if self.programs != 1:
             raise NotImplementedError("not supported: collectives in a kernel with a launch grid "
                                       f"(grid {self.programs}); launch one program per rank")
@@ -238,6 +270,7 @@ class Trace:
         self.touched.append(set())
         self.builder = _core.Builder(self.chip, self.cores, 1)
         self.builder.set_psum_packing(True)
+        self.builder.set_rotating_allocation(True)
         self.builder.set_overcommit(self.overcommit)
         self.builder.set_core(0)
         for name, shape, dtype, output, base in self.hbm_decls:
@@ -247,6 +280,7 @@ class Trace:
 
     def finish(self):
         """All parts' programs, the last one finished now."""
+        self.flush()
         self.segments.append(self.builder.finish())
         self.segment_hbm.append(len(self.hbm_decls))
         return self.segments

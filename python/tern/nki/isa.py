@@ -9,6 +9,7 @@ import itertools
 import numpy as np
 
 from tern import _core
+from tern.nki import _hoist
 from tern.nki import _ops
 from tern.nki import _registers
 from tern.nki import _tensor as T
@@ -34,9 +35,16 @@ def get_nc_version():
     return nc_version(chip.core_version)
 
 
+_WRITTEN = frozenset(("dst", "dst_scale", "reduce_res"))
+# Instructions of _emit that also write their last operand (row sums, indices).
+_WRITES_LAST = frozenset(("activation", "exponential", "select_reduce", "range_select", "match_replace8"))
+
+
 def _t(x, what):
     if not isinstance(x, T.NkiTensor):
         raise TypeError(f"{what} must be an nki tensor, got {type(x).__name__} ({_tracer.kernel_location()})")
+    if what in _WRITTEN:
+        _hoist.wrote(x)
     return x._tensor()
 
 
@@ -95,7 +103,11 @@ def _scratch(shape, dtype="float32"):
 
 
 def _emit(op, eng, operands, **kw):
-    _tracer.current().at().emit_op(op, eng, [o._tensor() for o in operands], **kw)
+    b = _tracer.current().at()
+    _hoist.wrote(operands[0])
+    if op in _WRITES_LAST:
+        _hoist.wrote(operands[-1])
+    b.emit_op(op, eng, [o._tensor() for o in operands], **kw)
 
 
 # ------------------------------------------------------------ data movement

@@ -8,6 +8,7 @@ import math
 import typing as _typing
 
 from tern import _core
+from tern.nki import _hoist
 from tern.nki import _tracer
 
 # ---------------------------------------------------------------- dtypes
@@ -209,12 +210,21 @@ tile_size = _TileSize()
 # ---------------------------------------------------------------- ranges
 def affine_range(*args, **hints):
     """Compile-time loop (unrolled while tracing); hints such as
-    directives= or precise_schedule= are the compiler's."""
+    directives= or precise_schedule= are the compiler's. Instructions of
+    its body whose inputs do not change between iterations are issued once
+    (the compiler's loop-invariant code motion; _hoist.py)."""
+    return _hoist.Loop(*args)
+
+
+def sequential_range(*args, **hints):
+    """A loop whose iterations depend on each other (unrolled while
+    tracing, loop-invariant instructions hoisted as in affine_range)."""
+    return _hoist.Loop(*args)
+
+
+def static_range(*args, **hints):
+    """A loop the compiler unrolls: its body is part of the enclosing loop's."""
     return builtins.range(*args)
-
-
-sequential_range = affine_range
-static_range = affine_range
 
 
 @_tracer.status("partial: unrolled while tracing (a register bound is resolved then); the sequencer's loop "
@@ -363,7 +373,7 @@ def store(dst, value, mask=None, **hints):
     if isinstance(value, (int, float)):
         value = full(dst.shape, value, dst.dtype)
     if value.shape != dst.shape:
-        value = _functions.fit(value, dst.shape) if value.size != dst.size else value
+        value = _functions.fit(value, dst.shape, engines=False) if value.size != dst.size else value
     _functions.for_boxes(mask, lambda r: _functions.each(
         lambda d, s: _isa().dma_copy(dst=d, src=s), _functions.restrict(dst, r), _functions.restrict(value, r)))
 

@@ -3,7 +3,9 @@ instructions as tern.nki.isa, called without `dst`: each returns a new tile
 (dtype= picks its type, NKI's promotion otherwise) and takes mask= (the
 elements it computes). Matmuls return PSUM results that `psum += ...`
 accumulates."""
+from tern import _core
 from tern.nki import _functions as F
+from tern.nki import _hoist
 from tern.nki import _tensor as T
 from tern.nki import _tracer
 from tern.nki import isa as cur
@@ -48,26 +50,43 @@ def _run(call, dst, mask, operands, **kw):
     return dst
 
 
+def _result(name, call, dst, mask, operands, params=(), engine=None):
+    """A new tile computed by one instruction: with a mask, issued now;
+    else hoisted out of the loop when loop-invariant, or held so that an
+    assignment into a view writes the view (_hoist.py)."""
+    if mask is not None:
+        return _run(call, dst, mask, operands)
+    return _hoist.issue(name, dst, operands, params, lambda d: _run(call, d, None, operands), engine)
+
+
 # ------------------------------------------------------------- elementwise
 def tensor_tensor(data1, data2, op, dtype=None, mask=None, engine=None, **hints):
     dst = _new(F._result_shape(data1, data2), dtype or F.promote(data1.dtype, data2.dtype))
     a, b = F.fit(data1, dst.shape), F.fit(data2, dst.shape)
-    return _run(lambda d, x, y: cur.tensor_tensor(dst=d, data1=x, data2=y, op=op, engine=engine), dst, mask, (a, b))
+    if a.buffer is T.psum and b.buffer is T.psum:
+        b = F._sbuf_operand(b)  # two partition broadcasts: at most one PSUM input
+    return _result("tensor_tensor", lambda d, x, y: cur.tensor_tensor(dst=d, data1=x, data2=y, op=op, engine=engine),
+                   dst, mask, (a, b), (op, engine), cur._engine(engine, _core.Engine.vector))
 
 
 def tensor_scalar(data, op0, operand0, reverse0=False, op1=None, operand1=None, reverse1=False, dtype=None,
                   mask=None, engine=None, **hints):
     dst = _new(data.shape, dtype or data.dtype)
-    return _run(lambda d, x: cur.tensor_scalar(dst=d, data=x, op0=op0, operand0=operand0, reverse0=reverse0,
-                                               op1=op1, operand1=operand1, reverse1=reverse1, engine=engine),
-                dst, mask, (data,))
+    return _result("tensor_scalar",
+                   lambda d, x: cur.tensor_scalar(dst=d, data=x, op0=op0, operand0=operand0, reverse0=reverse0,
+                                                  op1=op1, operand1=operand1, reverse1=reverse1, engine=engine),
+                   dst, mask, (data,), (op0, operand0, reverse0, op1, operand1, reverse1, engine),
+                   cur._engine(engine, _core.Engine.vector))
 
 
 def activation(op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=None, reduce_cmd=reduce_cmd.idle,
                mask=None, dtype=None, **hints):
     dst = _new(data.shape, dtype or data.dtype)
-    return _run(lambda d, x: cur.activation(dst=d, op=op, data=x, bias=bias, scale=scale, reduce_op=reduce_op,
-                                            reduce_res=reduce_res, reduce_cmd=reduce_cmd), dst, mask, (data,))
+    call = lambda d, x: cur.activation(dst=d, op=op, data=x, bias=bias, scale=scale,  # noqa: E731
+                                       reduce_op=reduce_op, reduce_res=reduce_res, reduce_cmd=reduce_cmd)
+    if reduce_res is not None:  # the row sums are written too: issued now
+        return _run(call, dst, mask, (data,))
+    return _result("activation", call, dst, mask, (data,), (op, bias, scale), _core.Engine.scalar)
 
 
 def activation_reduce(op, data, reduce_op, reduce_res, bias=None, scale=1.0, mask=None, dtype=None, **hints):
@@ -77,20 +96,23 @@ def activation_reduce(op, data, reduce_op, reduce_res, bias=None, scale=1.0, mas
 
 def tensor_copy(src, dtype=None, mask=None, engine=None, **hints):
     dst = _new(src.shape, dtype or src.dtype)
-    return _run(lambda d, x: cur.tensor_copy(dst=d, src=x, engine=engine), dst, mask, (src,))
+    return _result("tensor_copy", lambda d, x: cur.tensor_copy(dst=d, src=x, engine=engine), dst, mask, (src,),
+                   (engine,), cur._engine(engine, _core.Engine.vector))
 
 
 def reciprocal(data, dtype=None, mask=None, **hints):
     dst = _new(data.shape, dtype or data.dtype)
-    return _run(lambda d, x: cur.reciprocal(dst=d, data=x), dst, mask, (data,))
+    return _result("reciprocal", lambda d, x: cur.reciprocal(dst=d, data=x), dst, mask, (data,), (),
+                   _core.Engine.vector)
 
 
 def scalar_tensor_tensor(data, op0, operand0, op1, operand1, reverse0=False, reverse1=False, dtype=None, mask=None,
                          **hints):
     dst = _new(data.shape, dtype or F.promote(data.dtype, operand1.dtype))
-    return _run(lambda d, x, y: cur.scalar_tensor_tensor(dst=d, data=x, op0=op0, operand0=operand0, op1=op1,
-                                                         operand1=y, reverse0=reverse0, reverse1=reverse1),
-                dst, mask, (data, operand1))
+    return _result("scalar_tensor_tensor",
+                   lambda d, x, y: cur.scalar_tensor_tensor(dst=d, data=x, op0=op0, operand0=operand0, op1=op1,
+                                                            operand1=y, reverse0=reverse0, reverse1=reverse1),
+                   dst, mask, (data, operand1), (op0, operand0, op1, reverse0, reverse1), _core.Engine.vector)
 
 
 def tensor_scalar_reduce(data, op0, operand0, reduce_op, reduce_res, reverse0=False, dtype=None, mask=None,
@@ -104,9 +126,10 @@ def tensor_scalar_reduce(data, op0, operand0, reduce_op, reduce_res, reverse0=Fa
 def tensor_tensor_scan(data0, data1, initial, op0, op1, reverse0=False, reverse1=False, dtype=None, mask=None,
                        **hints):
     dst = _new(data0.shape, dtype or F.promote(data0.dtype, data1.dtype))
-    return _run(lambda d, a, b: cur.tensor_tensor_scan(dst=d, data0=a, data1=b, initial=initial, op0=op0, op1=op1,
-                                                       reverse0=reverse0, reverse1=reverse1),
-                dst, mask, (data0, data1))
+    return _result("tensor_tensor_scan",
+                   lambda d, a, b: cur.tensor_tensor_scan(dst=d, data0=a, data1=b, initial=initial, op0=op0, op1=op1,
+                                                          reverse0=reverse0, reverse1=reverse1),
+                   dst, mask, (data0, data1), (initial, op0, op1, reverse0, reverse1), _core.Engine.vector)
 
 
 def tensor_reduce(op, data, axis, negate=False, keepdims=False, mask=None, dtype=None, **hints):
