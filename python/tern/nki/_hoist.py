@@ -178,7 +178,8 @@ def issue(op, tile, operands, params, run, engine):
     hit = lookup(k)
     if hit is not None:
         return hit
-    tr.defer(tile, Held(tile, run, k, engine, operands))
+    # Tiles among the parameters (a scan's initial, a column operand) are read too.
+    tr.defer(tile, Held(tile, run, k, engine, list(operands) + [p for p in params if isinstance(p, T.NkiTensor)]))
     return tile
 
 
