@@ -45,12 +45,11 @@ SEQ_CHUNK = 512
 # tern frees a tile when the kernel drops its last reference to it, so a
 # tile rebound in a loop (acc = nl.zeros(...) in the next iteration) is
 # double-buffered: the new one is placed while the old one is still held.
-# For mamba_v3 at seq_len 8192 fp32 the two copies of delta, u and acc fill
-# SBUF, tern falls back to freeing every tile at its last use, and the
-# pipelining that the rebinding gave is lost. RELEASE_CHANNEL_TILES = True
-# drops delta, u and acc after each channel tile's store (what liveness
-# gives them anyway); it changes no instruction or DMA, only where tern
-# places tiles. Off by default: the kernels then read as the tutorial's.
+# When that does not fit, tern frees every tile at its last use instead
+# (what the compiler's liveness gives). RELEASE_CHANNEL_TILES = True drops
+# delta, u and acc after each channel tile's store; it changes no
+# instruction or DMA, only where tern places tiles (check.py runs both).
+# Off by default: the kernels then read as the tutorial's.
 RELEASE_CHANNEL_TILES = False
 
 
