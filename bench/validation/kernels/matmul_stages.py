@@ -17,8 +17,13 @@ import nki.language as nl
 BLOCK_M, BLOCK_N = 2, 2  # output tiles per block in matmul_block_free
 
 
-def _tiles():
-    return nl.tile_size.pmax, nl.tile_size.gemm_stationary_fmax, nl.tile_size.gemm_moving_fmax
+def _setup(lhsT, rhs):
+    """K, M, N, the tile sizes (K, M, N) and the bf16 result in HBM."""
+    K, M = lhsT.shape
+    N = rhs.shape[1]
+    result = nl.ndarray((M, N), dtype=lhsT.dtype, buffer=nl.shared_hbm)
+    tiles = nl.tile_size.pmax, nl.tile_size.gemm_stationary_fmax, nl.tile_size.gemm_moving_fmax
+    return (K, M, N) + tiles + (result,)
 
 
 def _evacuate(result, acc, m0, n0):
@@ -37,10 +42,7 @@ def _load(src, rows, cols, r0, c0):
 
 @nki.jit
 def matmul_tiled(lhsT, rhs):
-    K, M = lhsT.shape
-    N = rhs.shape[1]
-    tk, tm, tn = _tiles()
-    result = nl.ndarray((M, N), dtype=lhsT.dtype, buffer=nl.shared_hbm)
+    K, M, N, tk, tm, tn, result = _setup(lhsT, rhs)
     for m in nl.affine_range(M // tm):
         for n in nl.affine_range(N // tn):
             acc = nl.ndarray((tm, tn), dtype=nl.float32, buffer=nl.psum)
@@ -54,10 +56,7 @@ def matmul_tiled(lhsT, rhs):
 
 @nki.jit
 def matmul_hoist_load(lhsT, rhs):
-    K, M = lhsT.shape
-    N = rhs.shape[1]
-    tk, tm, tn = _tiles()
-    result = nl.ndarray((M, N), dtype=lhsT.dtype, buffer=nl.shared_hbm)
+    K, M, N, tk, tm, tn, result = _setup(lhsT, rhs)
     for m in nl.affine_range(M // tm):
         a = [_load(lhsT, tk, tm, k * tk, m * tm) for k in nl.affine_range(K // tk)]
         for n in nl.affine_range(N // tn):
@@ -71,10 +70,7 @@ def matmul_hoist_load(lhsT, rhs):
 
 @nki.jit
 def matmul_block_free(lhsT, rhs):
-    K, M = lhsT.shape
-    N = rhs.shape[1]
-    tk, tm, tn = _tiles()
-    result = nl.ndarray((M, N), dtype=lhsT.dtype, buffer=nl.shared_hbm)
+    K, M, N, tk, tm, tn, result = _setup(lhsT, rhs)
     for mb in nl.affine_range(M // (tm * BLOCK_M)):
         a = [[_load(lhsT, tk, tm, k * tk, (mb * BLOCK_M + i) * tm) for k in nl.affine_range(K // tk)]
              for i in nl.affine_range(BLOCK_M)]
