@@ -70,6 +70,8 @@ Builder::Builder(const arch::ChipSpec& chip, int cores, int lnc) : chip_(chip) {
   prog_.cores.resize(cores);
   sbuf_allocs_.resize(cores);
   psum_allocs_.resize(cores);
+  sbuf_next_.assign(cores, 0);
+  psum_next_.assign(cores, 0);
   accesses_.resize(cores);
   signals_.assign(cores, std::vector<std::int64_t>(prog_.semaphores, 0));
   known_.assign(cores, std::vector<std::vector<std::int64_t>>(
@@ -164,7 +166,6 @@ Tensor Builder::alloc(Mem mem, int partitions, std::int64_t free, DType dtype,
     return cap - at >= bytes;
   };
   auto& next = ps ? psum_next_ : sbuf_next_;
-  if (next.size() <= static_cast<std::size_t>(core_)) next.resize(core_ + 1, 0);
   std::int64_t at = 0;
   bool found = rotating_ && fit_from(next[core_], at);
   if (!found) found = fit_from(0, at);

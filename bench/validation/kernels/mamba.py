@@ -184,7 +184,7 @@ def mamba_v2_inplace(delta, u, A, B, C):
     result written over an input tile that is dead after it (the current
     API's dst=), and delta * u * B formed as (delta * B) * u so the product
     can build up in the broadcast B tile. tern keeps every tile in SBUF
-    (the NKI compiler spills to HBM instead), and at seq_len >= 7168 fp32
+    (the NKI compiler spills to HBM instead), and at seq_len 8192 fp32
     mamba_v2's live tiles do not fit; this form needs five [128, seq_len]
     buffers at a time instead of seven."""
     nbatch, nchan, seqlen = delta.shape

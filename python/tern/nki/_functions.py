@@ -255,13 +255,12 @@ def _ones_row(parts):
     """A [1, parts] FP32 tile of ones, made once per program part (the
     stationary of partition broadcasts)."""
     tr = _tracer.current()
-    cache = tr.__dict__.setdefault("ones_rows", {})
     key = (len(tr.segments), parts)  # SBUF does not survive a collective
-    if key not in cache:
+    if key not in tr.ones_rows:
         ones = new_tile((1, parts), "float32")
         _isa().memset(dst=ones, value=1.0)
-        cache[key] = ones
-    return cache[key]
+        tr.ones_rows[key] = ones
+    return tr.ones_rows[key]
 
 
 def _tensor_engine_broadcast(t, parts):

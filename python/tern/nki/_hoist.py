@@ -67,8 +67,8 @@ class Loop:
                 frame["iteration"] = i
                 yield v
         finally:
-            if frame in tr.loops:
-                tr.loops.remove(frame)
+            # By identity: another loop's frame may compare equal.
+            tr.loops[:] = [f for f in tr.loops if f is not frame]
 
 
 def _tile_key(t, seq0):
@@ -118,15 +118,14 @@ def lookup(k):
         return None
     tile, version, iteration = entry
     a = tile._alloc
-    stale = a.released or a.version != version
+    if a.released or a.version != version:
+        del frame["cache"][k]  # freed or written since: it can never match again
+        return None
     # Held by the cache's entry, this function and getrefcount's argument,
     # and at most one more: the kernel's variable that the call's result is
     # about to replace. No view of it may be alive (only the tile holds its
     # allocation, held here too).
     shared = sys.getrefcount(tile) > 4 or sys.getrefcount(a) > 3
-    if stale:
-        del frame["cache"][k]
-        return None
     if shared or iteration >= frame["iteration"]:
         return None
     return tile
@@ -187,8 +186,11 @@ def take(view, value):
     """Issues the held instruction computing `value` into `view` when it
     can (True), else False."""
     tr = _tracer.current()
-    held = tr.deferred[1] if tr.deferred is not None and tr.deferred[0] is value else None
+    if tr.deferred is None or tr.deferred[0] is not value:
+        return False
+    held = tr.deferred[1]
     if not isinstance(held, Held) or not held.fits(view):
         return False
-    tr.take_deferred(value)(view)
+    tr.deferred = None  # issued here, into the view, instead of at the next instruction
+    held(view)
     return True

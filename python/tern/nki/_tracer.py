@@ -165,6 +165,9 @@ class Trace:
         # The affine / sequential loops being traced, innermost last: each
         # one's loop-invariant results (_hoist.py).
         self.loops = []
+        # [1, P] FP32 ones tiles, the stationary of partition broadcasts
+        # (_functions.py), per (program part, P).
+        self.ones_rows = {}
 
     def __enter__(self):
         global _current
@@ -199,15 +202,6 @@ class Trace:
             tile, emit = self.deferred
             self.deferred = None
             emit(tile)
-
-    def take_deferred(self, tile):
-        """The held instruction's emit when it computes `tile` (it is then
-        the caller's to issue), else None."""
-        if self.deferred is not None and self.deferred[0] is tile:
-            emit = self.deferred[1]
-            self.deferred = None
-            return emit
-        return None
 
     def set_overcommit(self):
         self.overcommit = True
