@@ -25,7 +25,6 @@ import neuronxcc.nki as nki  # noqa: E402
 
 import layernorm  # noqa: E402
 import mamba  # noqa: E402
-import matmul_stages  # noqa: E402
 import scalar_chain  # noqa: E402
 
 F32 = "float32"
@@ -50,10 +49,6 @@ def predict(row):
         r, c = row["rows"], row["cols"]
         args = (tn.spec((r, c), F32), 1e-5, tn.spec((c,), F32), tn.spec((c,), F32))
         return latency_us(getattr(layernorm, k), chip, args)
-    if k.startswith("matmul_"):
-        m, kk, n = row["m"], row["k"], row["n"]
-        return latency_us(getattr(matmul_stages, k), chip,
-                          (tn.spec((kk, m), "bfloat16"), tn.spec((kk, n), "bfloat16")))
     if k == "scalar_chain":
         x = tn.spec((128, 1), F32)
         t = [latency_us(scalar_chain.scalar_chain, chip, (x, n)) for n in (64, 128)]
@@ -75,7 +70,7 @@ def expand(rows):
 
 
 def config(r):
-    keys = [k for k in ("channels", "seq_len", "rows", "cols", "m", "k", "n") if k in r]
+    keys = [k for k in ("channels", "seq_len", "rows", "cols") if k in r]
     return ", ".join(f"{k} {r[k]}" for k in keys) or "-"
 
 
