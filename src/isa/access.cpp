@@ -80,6 +80,17 @@ bool AccessPattern::contiguous_inner() const {
   return dims.size() <= first || dims.back().stride == 1;
 }
 
+std::int64_t AccessPattern::contiguous_run() const {
+  const std::size_t first = mem == Mem::hbm ? 1 : 0;
+  std::int64_t run = 1;
+  for (std::size_t i = dims.size(); i-- > first;) {
+    if (dims[i].count <= 1) continue;
+    if (dims[i].stride != run) break;
+    run *= dims[i].count;
+  }
+  return run;
+}
+
 AccessPattern resolve(const AccessPattern& ap, std::int64_t reg_value) {
   AccessPattern r = ap;
   // Saturated: a wild register value gives an offset the bounds checks

@@ -56,6 +56,10 @@ struct AccessPattern {
   std::int64_t max_byte() const;
   // Whether the innermost free dimension is contiguous (stride 1).
   bool contiguous_inner() const;
+  // Elements in each contiguous run of a row: the product of the innermost
+  // free counts whose strides continue the run (count-1 dims skipped); 1
+  // when the innermost stride is not 1. A row is free_size() / run runs.
+  std::int64_t contiguous_run() const;
 
   bool operator==(const AccessPattern&) const = default;
 };

@@ -85,11 +85,16 @@ std::int64_t epilogue_sbuf_bytes(const Epilogue& e, std::int64_t tm, std::int64_
 // QuantizeMX rule): MX rows come in multiples of 128.
 constexpr std::int64_t kMxRowMultiple = 32 * 4;
 
-// The view of x [K, cols] that QuantizeMX reads for rows k0 .. k0 + 4 parts
-// and columns c0 .. c0 + nc: partition p, element 4c + j holds x[k0 + 4p +
-// j, c0 + c] (the x4 layout the MX matmul contracts over).
+// The view of x [K, cols] that MX quantization loads for rows k0 .. k0 +
+// 4 parts and columns c0 .. c0 + nc: partition p holds rows k0 + 4p + j,
+// j = 0..3, each as nc contiguous columns (element j * nc + c is
+// x[k0 + 4p + j, c0 + c]). Four contiguous runs per partition, so four DMA
+// descriptors; the x4 order (element 4c + j) would cost one per element.
 Tensor mx_source_view(const Tensor& x, std::int64_t cols, std::int64_t k0, std::int64_t c0,
                       int parts, std::int64_t nc);
+// The SBUF tile mx_source_view filled, read in the x4 order the MX matmul
+// contracts over: element 4c + j of the view is value j of column c.
+Tensor mx_interleaved(const Tensor& staged, std::int64_t nc);
 // MX quantization x -> q, q_scale without QuantizeMX (every policy, MXFP8
 // and MXFP4; mx_software.cpp), all cores of `b`.
 void mx_quantize_software(Builder& b, const arch::ChipSpec& chip, const MxQuantizeSpec& s,

@@ -20,17 +20,6 @@ using namespace detail;
 
 namespace {
 
-// HBM view of a [K, C] row-major tensor as MX source rows: partition p of
-// the result holds, for each column c, the 4 values of rows k0 + 4p + j.
-Tensor interleave4(const Tensor& t, std::int64_t k0, int parts, std::int64_t c0, std::int64_t nc) {
-  const std::int64_t cols = t.cols();
-  Tensor v = t;
-  v.ap.offset += (k0 * cols + c0) * isa::size_bytes(t.dtype());
-  v.ap.dims = {{4 * cols, parts}, {1, nc}, {cols, 4}};
-  v.ap.partitions = parts;
-  return v;
-}
-
 isa::Program mx_matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
   if (chip.core_version < 4) {
     throw NotSupported(fmt::format("MX matmul on {} ({}): MXFP8 needs NeuronCore-v4", chip.name,
@@ -146,8 +135,10 @@ isa::Program mx_matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
         const Tensor src = stage[si].tile(0, parts, 0, 4 * nc);
         si = (si + 1) % kStage;
         if (real < parts) b.memset(src, 0.0f, Engine::gpsimd);  // the tail's zero padding
-        b.dma_copy(src.tile(0, real, 0, 4 * nc), interleave4(hbm, kt * TKL, real, c0, nc));
-        b.quantize_mx(q[kt].tile(0, parts, q0, nc), qs[kt].tile(0, parts / 8, q0, nc), src);
+        b.dma_copy(src.tile(0, real, 0, 4 * nc),
+                   mx_source_view(hbm, hbm.cols(), kt * TKL, c0, real, nc));
+        b.quantize_mx(q[kt].tile(0, parts, q0, nc), qs[kt].tile(0, parts / 8, q0, nc),
+                      mx_interleaved(src, nc));
       }
     };
     // A's columns are quantized once, just before the first N tile uses them;

@@ -62,9 +62,13 @@ Tensor mx_source_view(const Tensor& x, std::int64_t cols, std::int64_t k0, std::
                       int parts, std::int64_t nc) {
   Tensor view = x;
   view.ap.offset += (k0 * cols + c0) * isa::size_bytes(x.dtype());
-  view.ap.dims = {{4 * cols, parts}, {1, nc}, {cols, 4}};
+  view.ap.dims = {{4 * cols, parts}, {cols, 4}, {1, nc}};
   view.ap.partitions = parts;
   return view;
+}
+
+Tensor mx_interleaved(const Tensor& staged, std::int64_t nc) {
+  return staged.with_dims({{1, nc}, {nc, 4}});
 }
 
 void mx_quantize_software(Builder& b, const arch::ChipSpec& chip, const MxQuantizeSpec& s,
@@ -153,9 +157,11 @@ void mx_quantize_software(Builder& b, const arch::ChipSpec& chip, const MxQuanti
       const Tensor m4v = m4.tile(0, parts, 0, nc);
       b.tensor_scalar(abv, bytes_as(v, DType::uint16), AluOp::bitwise_and, 0x7FFF, AluOp::bypass,
                       0.0f, Engine::scalar);
-      b.tensor_tensor(m2v, lane(abv, 2 * nc, 2, 0), lane(abv, 2 * nc, 2, 1), AluOp::max,
+      // abv is j-major ([4][nc]): rows j = 0, 1 against 2, 3, then the halves.
+      b.tensor_tensor(m2v, abv.with_dims({{2 * nc, 2}, {1, nc}}),
+                      abv.with_dims({{2 * nc, 2}, {1, nc}}, nc), AluOp::max, Engine::gpsimd);
+      b.tensor_tensor(m4v, m2v.tile(0, parts, 0, nc), m2v.tile(0, parts, nc, nc), AluOp::max,
                       Engine::gpsimd);
-      b.tensor_tensor(m4v, lane(m2v, nc, 2, 0), lane(m2v, nc, 2, 1), AluOp::max, Engine::gpsimd);
     };
     auto stage_a2 = [&](std::size_t t) {
       const auto [k0, c0, nc, parts] = tiles[t];
@@ -237,7 +243,7 @@ void mx_quantize_software(Builder& b, const arch::ChipSpec& chip, const MxQuanti
       b.tensor_copy(scv, pS.tile(0, G, 0, nc), Engine::scalar);
       b.dma_copy(qs.tile(static_cast<int>(k0 / 32), G, c0, nc), scv, -1, false, Engine::scalar);
       // 5. Elements.
-      const Tensor xs = v.with_dims({{4, nc}, {1, 4}});
+      const Tensor xs = mx_interleaved(v, nc);
       const Tensor mult = pM.tile(0, parts, 0, nc).with_dims({{1, nc}, {0, 4}});
       const Tensor o = sl.out.tile(0, parts, 0, nc);
       if (!fp4) {
@@ -252,10 +258,10 @@ void mx_quantize_software(Builder& b, const arch::ChipSpec& chip, const MxQuanti
         const Tensor pr = fs.pred.tile(0, parts, 0, 4 * nc);
         // |y| = |x| * 2^-k from step 1's |x| bits; the sign from x's bits.
         const Tensor ax = bytes_as(sl.ab.tile(0, parts, 0, 4 * nc), DType::bf16);
-        b.tensor_tensor(av.with_dims({{4, nc}, {1, 4}}), ax.with_dims({{4, nc}, {1, 4}}), mult,
+        b.tensor_tensor(av.with_dims({{4, nc}, {1, 4}}), mx_interleaved(ax, nc), mult,
                         AluOp::multiply);
-        b.tensor_scalar(sg, bytes_as(v, DType::uint16), AluOp::shift_right, 15.0f,
-                        AluOp::shift_left, 3.0f, Engine::scalar);
+        b.tensor_scalar(sg, mx_interleaved(bytes_as(v, DType::uint16), nc), AluOp::shift_right,
+                        15.0f, AluOp::shift_left, 3.0f, Engine::scalar);
         b.tensor_scalar(lsb, ai, AluOp::shift_right, 22.0f, AluOp::bitwise_and, 1.0f,
                         Engine::gpsimd);
         b.tensor_tensor(n, ai, lsb, AluOp::add, Engine::gpsimd);

@@ -207,12 +207,12 @@ isa::Program mx_quantize_kernel(const arch::ChipSpec& chip, const MxQuantizeSpec
       for (std::int64_t c0 = 0; c0 < s.cols; c0 += TC, ++u) {
         if (u % s.cores != core) continue;
         const std::int64_t nc = std::min(TC, s.cols - c0);
-        // Partition p holds, per column, the 4 values of rows k0 + 4p + j:
-        // the x4 layout the MX matmul contracts over.
+        // Partition p holds rows k0 + 4p + j; QuantizeMX reads them in the
+        // x4 order the MX matmul contracts over.
         const Tensor v = src[i].tile(0, parts, 0, 4 * nc);
         b.dma_copy(v, mx_source_view(x, s.cols, k0, c0, parts, nc));
         const Tensor oq = dq[i].tile(0, parts, 0, nc), os = ds[i].tile(0, parts / 8, 0, nc);
-        b.quantize_mx(oq, os, v);
+        b.quantize_mx(oq, os, mx_interleaved(v, nc));
         b.dma_copy(q.tile(static_cast<int>(k0 / 4), parts, c0, nc), oq, -1, false, Engine::vector);
         b.dma_copy(qs.tile(static_cast<int>(k0 / 32), parts / 8, c0, nc), os, -1, false,
                    Engine::vector);

@@ -23,7 +23,9 @@ TEST(Chip, Trn3Acceptance) {
   EXPECT_DOUBLE_EQ(mxfp8, 8.0 * 128 * 128 * 2 * 2.4e9 * 4);
   EXPECT_LT(std::fabs(mxfp8 / 2517e12 - 1.0), 0.01);
   EXPECT_DOUBLE_EQ(c.tensor_peak_per_core("fp32").value(), 128.0 * 128 * 2 * 2.4e9 / 4);
-  EXPECT_DOUBLE_EQ(c.dma_bandwidth_per_core().value(), 16 * 38.4);
+  // 16 engines at the sustained 33 B/ns of the DMA bandwidth guide (the
+  // 38.4 GB/s per engine of the DMA overview is the theoretical rate).
+  EXPECT_DOUBLE_EQ(c.dma_bandwidth_per_core().value(), 16 * 33.0);
   EXPECT_DOUBLE_EQ(c.vector.fp32_peak().value(), 128 * 8 * 1.2e9);
 }
 

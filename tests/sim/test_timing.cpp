@@ -133,6 +133,43 @@ TEST(Timing, DmaSizeClasses) {
   EXPECT_GE(efficiency(4096), 0.94);
 }
 
+// One HBM -> SBUF copy with the given free patterns on each side.
+double strided_dma_latency(const arch::ChipSpec& chip, std::vector<isa::Dim> hbm_free,
+                           std::vector<isa::Dim> sbuf_free) {
+  isa::Program p = program(chip);
+  auto dst = sbuf(0, 128, 0, 1);
+  dst.dims = std::move(sbuf_free);
+  auto src = hbm(0, 128, 1);
+  src.dims = {{1, 128}};
+  src.dims.insert(src.dims.end(), hbm_free.begin(), hbm_free.end());
+  add(p, ins(Engine::sync, Opcode::dma_copy, {dst, src}));
+  return run_timing(chip, p).latency_ns;
+}
+
+TEST(Timing, DmaPaysOneDescriptorPerContiguousChunk) {
+  const auto chip = arch::load_chip("trn3");
+  const double bw = chip.dma.engine_bandwidth.value();
+  const double ovh = static_cast<double>(chip.dma.overhead_bound_per_partition.value());
+  const double fixed = chip.dma.fixed_cost.value();
+  const double rows_per_engine = 128.0 / chip.dma.engines_per_core;
+  auto expect = [&](double descriptors, double row_bytes) {
+    return rows_per_engine * (descriptors * ovh + row_bytes) / bw + fixed;
+  };
+  // A transposing read (HBM row stride 1 element, free stride 128): each
+  // FP32 element is its own chunk, 64 descriptors per row.
+  EXPECT_DOUBLE_EQ(strided_dma_latency(chip, {{128, 64}}, {{1, 64}}), expect(64, 256));
+  // Four runs of 32 elements per row on the HBM side: 4 descriptors.
+  EXPECT_DOUBLE_EQ(strided_dma_latency(chip, {{256, 4}, {1, 32}}, {{1, 128}}), expect(4, 512));
+  // The same runs back to back are one contiguous row: 1 descriptor.
+  EXPECT_DOUBLE_EQ(strided_dma_latency(chip, {{32, 4}, {1, 32}}, {{1, 128}}), expect(1, 512));
+  // Every other SBUF element written from a contiguous row: 64 chunks.
+  EXPECT_DOUBLE_EQ(strided_dma_latency(chip, {{1, 64}}, {{2, 64}}), expect(64, 256));
+  // Runs of 48 (HBM) and 32 (SBUF) in a 96-element row cut it at 0, 32,
+  // 48, 64: 96/48 + 96/32 - ceil(96/96) = 4 chunks.
+  EXPECT_DOUBLE_EQ(strided_dma_latency(chip, {{64, 2}, {1, 48}}, {{64, 3}, {1, 32}}),
+                   expect(4, 384));
+}
+
 TEST(Timing, DependentVectorChainPaysTheStaticOverheadAndAccessStart) {
   const auto chip = arch::load_chip("trn3");
   const double ghz = chip.vector.clock.value();
