@@ -111,12 +111,20 @@ double dma_latency(const arch::ChipSpec& chip, int rows, std::int64_t row_bytes)
   return run_timing(chip, p).latency_ns;
 }
 
+// The DMA parameters of docs/sim.md's formula, from the chip file.
+struct DmaCosts {
+  double bw, ovh, fixed;  // bytes / ns, bytes per descriptor, ns
+  int engines;
+  explicit DmaCosts(const arch::ChipSpec& c)
+      : bw(c.dma.engine_bandwidth.value()),
+        ovh(static_cast<double>(c.dma.overhead_bound_per_partition.value())),
+        fixed(c.dma.fixed_cost.value()),
+        engines(c.dma.engines_per_core) {}
+};
+
 TEST(Timing, DmaSizeClasses) {
   const auto chip = arch::load_chip("trn3");
-  const double bw = chip.dma.engine_bandwidth.value();
-  const double ovh = static_cast<double>(chip.dma.overhead_bound_per_partition.value());
-  const double fixed = chip.dma.fixed_cost.value();
-  const int engines = chip.dma.engines_per_core;
+  const auto [bw, ovh, fixed, engines] = DmaCosts(chip);
   // 128 rows are split over 16 engines, 8 rows each; every row costs the
   // per-row overhead plus its bytes at the engine's bandwidth.
   for (std::int64_t b : {64, 256, 2048, 4096, 16384}) {
@@ -148,10 +156,8 @@ double strided_dma_latency(const arch::ChipSpec& chip, std::vector<isa::Dim> hbm
 
 TEST(Timing, DmaPaysOneDescriptorPerContiguousChunk) {
   const auto chip = arch::load_chip("trn3");
-  const double bw = chip.dma.engine_bandwidth.value();
-  const double ovh = static_cast<double>(chip.dma.overhead_bound_per_partition.value());
-  const double fixed = chip.dma.fixed_cost.value();
-  const double rows_per_engine = 128.0 / chip.dma.engines_per_core;
+  const auto [bw, ovh, fixed, engines] = DmaCosts(chip);
+  const double rows_per_engine = 128.0 / engines;
   auto expect = [&](double descriptors, double row_bytes) {
     return rows_per_engine * (descriptors * ovh + row_bytes) / bw + fixed;
   };
