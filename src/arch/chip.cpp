@@ -73,7 +73,7 @@ ChipSpec load_chip_file(const std::filesystem::path& file) {
   r.check_keys(
       "dma", r.table("dma"),
       {"engines_per_core", "queues_per_engine", "engine_bandwidth_gbps", "chip_bandwidth_gbps",
-       "fixed_cost_ns", "descriptor_gen_ns", "overhead_bound_bytes_per_partition",
+       "fixed_cost_ns", "descriptor_gen_ns", "dge_instances", "overhead_bound_bytes_per_partition",
        "efficient_bytes_per_partition", "saturating_bytes_per_partition", "priority_classes"});
   r.check_keys("costs", r.table("costs"),
                {"min_ii_cycles", "access_start_cycles", "static_overhead_cycles",
@@ -152,6 +152,7 @@ ChipSpec load_chip_file(const std::filesystem::path& file) {
   c.dma.chip_bandwidth = gigabytes_per_second(r.number("dma.chip_bandwidth_gbps", 0));
   c.dma.fixed_cost = Nanoseconds(r.number("dma.fixed_cost_ns", 0, false));
   c.dma.descriptor_gen = Nanoseconds(r.number("dma.descriptor_gen_ns", 0, false));
+  c.dma.dge_instances = static_cast<int>(r.integer("dma.dge_instances", 0, 64));
   c.dma.overhead_bound_per_partition =
       Bytes(r.integer("dma.overhead_bound_bytes_per_partition", 1, kBig));
   c.dma.efficient_per_partition = Bytes(r.integer("dma.efficient_bytes_per_partition", 1, kBig));

@@ -40,6 +40,7 @@ struct DmaSpec {
   Bandwidth chip_bandwidth;
   Nanoseconds fixed_cost;
   Nanoseconds descriptor_gen;
+  int dge_instances = 0;  // hardware descriptor generators per core (0: none)
   Bytes overhead_bound_per_partition;
   Bytes efficient_per_partition;
   Bytes saturating_per_partition;

@@ -398,6 +398,7 @@ std::string to_string(const Instruction& in) {
   }
   if (in.queue != def.queue) s += fmt::format(" queue={}", in.queue);
   if (in.priority != def.priority) s += fmt::format(" priority={}", in.priority);
+  if (in.hwdge) s += " dge=hw";
   if (in.perf == isa::PerfMode::double_row) s += " perf=double_row";
   if (in.rd >= 0) s += fmt::format(" rd={}", in.rd);
   if (in.ra >= 0) s += fmt::format(" ra={}", in.ra);
@@ -508,7 +509,11 @@ Instruction parse_instruction(const std::string& line) {
       in.perf = val == "double_row" ? PerfMode::double_row : PerfMode::none;
     } else if (key == "priority")
       in.priority = integer();
-    else if (key == "rd")
+    else if (key == "dge") {
+      if (val != "hw" && val != "none")
+        throw Error(fmt::format("dge '{}': expected none or hw in '{}'", val, line));
+      in.hwdge = val == "hw";
+    } else if (key == "rd")
       in.rd = integer();
     else if (key == "ra")
       in.ra = integer();

@@ -242,6 +242,9 @@ struct Instruction {
   int peer_core = -1;  // dma_copy: the destination is this core's SBUF (-1: the issuing core's)
   int queue = 0;       // dma_copy: DMA queue id
   int priority = 0;    // dma_copy: priority class (v4)
+  // dma_copy / dma_transpose: descriptors built at run time by the hardware
+  // descriptor generator (NKI dge_mode.hwdge, v3+), not before the run.
+  bool hwdge = false;
   PerfMode perf = PerfMode::none;  // load_stationary / multiply_moving
   int rd = -1, ra = -1, rb = -1;   // registers of reg_set / reg_alu / branch
   int target = -1;                 // branch: index in this engine's stream

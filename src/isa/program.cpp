@@ -265,7 +265,7 @@ std::vector<std::uint8_t> to_binary(const Program& p) {
         w.f(in.scale);
         w.u((in.accumulate ? 1u : 0u) | (in.negate ? 2u : 0u) | (in.col0 ? 4u : 0u) |
             (in.col1 ? 8u : 0u) | (in.oob_skip ? 16u : 0u) | (in.reverse0 ? 32u : 0u) |
-            (in.reverse1 ? 64u : 0u) | (has_v3_fields(in) ? 128u : 0u));
+            (in.reverse1 ? 64u : 0u) | (has_v3_fields(in) ? 128u : 0u) | (in.hwdge ? 256u : 0u));
         w.i(in.queue);
         w.i(in.priority);
         w.u(static_cast<std::uint64_t>(in.perf));
@@ -369,6 +369,7 @@ Program parse_program_binary(const std::vector<std::uint8_t>& bytes) {
         in.oob_skip = flags & 16u;
         in.reverse0 = flags & 32u;
         in.reverse1 = flags & 64u;
+        in.hwdge = flags & 256u;  // version 4
         in.queue = static_cast<int>(r.i());
         in.priority = static_cast<int>(r.i());
         in.perf = r.e<PerfMode>(2, "performance mode");

@@ -50,7 +50,7 @@ struct Program {
 // Version 2 added dma_gather / dma_scatter and their oob flag (flags bit
 // 16); a version-1 file is a version-2 file without them, so both load.
 // Files are always written at kProgramVersion.
-constexpr std::uint32_t kProgramVersion = 3;
+constexpr std::uint32_t kProgramVersion = 4;
 constexpr std::uint32_t kProgramMinVersion = 1;
 
 std::string to_text(const Program& p);

@@ -370,6 +370,7 @@ void Builder::dma_copy(const Tensor& dst, const Tensor& src, int queue, bool acc
   in.engine = engine;
   in.operands = {dst.ap, src.ap};
   in.accumulate = accumulate;
+  in.hwdge = hwdge_;
   if (queue < 0) {
     queue = next_queue_;
     next_queue_ = (next_queue_ + 1) % chip_.dma.queues_per_engine;
@@ -629,6 +630,7 @@ void Builder::partition_reduce(const Tensor& dst, const Tensor& src, isa::AluOp 
 void Builder::dma_transpose(const Tensor& dst, const Tensor& src, int queue,
                             std::source_location loc) {
   Instruction in = make(Opcode::dma_transpose, Engine::sync, {dst.ap, src.ap});
+  in.hwdge = hwdge_;
   if (queue < 0) {
     queue = next_queue_;
     next_queue_ = (next_queue_ + 1) % chip_.dma.queues_per_engine;

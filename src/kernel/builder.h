@@ -72,6 +72,9 @@ class Builder {
   // many buffers per tile as the memory holds (the NKI compiler allocates
   // loop tiles with several buffers so iterations overlap); off: first fit.
   void set_rotating_allocation(bool on) { rotating_ = on; }
+  // The DMA copies and transposes recorded while on take their descriptors
+  // from the hardware DGE (NKI dge_mode.hwdge; v3+, Scalar or Sync engine).
+  void set_hardware_dge(bool on) { hwdge_ = on; }
   // With overcommit, SBUF / PSUM allocations past the capacity succeed (at
   // addresses beyond it): a trace that only measures tiles' lifetimes, never
   // run (the program's rule checks refuse those addresses).
@@ -244,6 +247,7 @@ class Builder {
   int next_queue_ = 0;
   bool psum_packing_ = false;
   bool rotating_ = false;
+  bool hwdge_ = false;
   std::vector<std::int64_t> sbuf_next_, psum_next_;  // per core: where next fit starts
   bool overcommit_ = false;
   struct SyncWait {

@@ -204,6 +204,7 @@ PYBIND11_MODULE(_core, m) {
       .def("set_core", &Builder::set_core)
       .def("set_psum_packing", &Builder::set_psum_packing)
       .def("set_rotating_allocation", &Builder::set_rotating_allocation)
+      .def("set_hardware_dge", &Builder::set_hardware_dge)
       .def("set_overcommit", &Builder::set_overcommit)
       .def("release", &Builder::release)
       .def("hbm",

@@ -304,6 +304,25 @@ std::string check_declarations(const arch::ChipSpec& chip, const isa::Program& p
   return {};
 }
 
+namespace {
+// The hardware descriptor generator (Descriptor Generation Engine
+// reference): v3+ only, direct copies and transposes only (indirect DMAs
+// take software DGE), triggered from the Scalar or Sync engine.
+std::string dge_rules(const arch::ChipSpec& chip, const isa::Instruction& in) {
+  if (!in.hwdge) return {};
+  if (in.op != Opcode::dma_copy && in.op != Opcode::dma_transpose)
+    return fmt::format("dge=hw (hardware DGE) applies to dma_copy and dma_transpose, not {}",
+                       isa::opcode_name(in.op));
+  if (chip.dma.dge_instances == 0)
+    return fmt::format("dge=hw: {} ({}) has no hardware DGE (NeuronCore-v3 or newer)", chip.name,
+                       chip.core_generation);
+  if (in.engine != Engine::scalar && in.engine != Engine::sync)
+    return fmt::format("dge=hw: the hardware DGE is triggered by the Scalar or Sync engine, not {}",
+                       isa::engine_name(in.engine));
+  return {};
+}
+}  // namespace
+
 std::string check_instruction(const arch::ChipSpec& chip, const isa::Program& prog,
                               const isa::Instruction& in) {
   if (!engine_allowed(in.op, in.engine)) {
@@ -384,6 +403,7 @@ std::string check_instruction(const arch::ChipSpec& chip, const isa::Program& pr
   };
   if (in.oob_skip && !isa::is_indirect_dma(in.op))
     return "oob=skip applies to dma_gather and dma_scatter only";
+  if (auto e = dge_rules(chip, in); !e.empty()) return e;
   switch (in.op) {
     case Opcode::dma_gather:
     case Opcode::dma_scatter: {

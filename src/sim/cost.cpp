@@ -247,7 +247,9 @@ double HbmCalendar::reserve(double start, double duration, double horizon) {
 DmaModel::DmaModel(const arch::ChipSpec& chip, int cores)
     : chip_(chip),
       engine_free_(cores, std::vector<double>(chip.dma.engines_per_core, 0.0)),
-      queue_done_(cores, std::vector<double>(chip.dma.queues_per_engine, 0.0)) {}
+      queue_done_(cores, std::vector<double>(chip.dma.queues_per_engine, 0.0)),
+      dge_free_(cores, std::vector<double>(static_cast<std::size_t>(chip.dma.dge_instances), 0.0)) {
+}
 
 double DmaModel::transfer(int core, const isa::Instruction& in, double issue) {
   const auto& dst = in.operands[0];
@@ -264,6 +266,16 @@ double DmaModel::transfer(int core, const isa::Instruction& in, double issue) {
   // not the later moment an indirect transfer's rows can start.
   horizon_ = std::max(horizon_, issue);
   if (indirect) issue += chip_.dma.descriptor_gen.value();
+  if (in.hwdge && !dge_free_[core].empty()) {
+    // The first free DGE instance builds the descriptors (about 600 ns an
+    // instruction, Descriptor Generation Engine reference); the rows move
+    // after it.
+    auto& dge = dge_free_[core];
+    const auto it = std::min_element(dge.begin(), dge.end());
+    const double start = std::max(issue, *it);
+    *it = start + chip_.dma.descriptor_gen.value();
+    issue = *it;
+  }
   // Accumulating into HBM is a read-modify-write there: its bytes cross
   // HBM twice.
   const double hbm_passes = in.accumulate && dst.mem == Mem::hbm ? 2.0 : 1.0;

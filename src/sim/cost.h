@@ -50,7 +50,9 @@ class DmaModel {
  public:
   DmaModel(const arch::ChipSpec& chip, int cores);
   // Issues the transfer (dma_copy, dma_transpose, dma_gather, dma_scatter) at `issue_ns` on core
-  // `core`; returns its completion time. Indirect transfers start descriptor_gen later.
+  // `core`; returns its completion time. Indirect transfers start descriptor_gen later;
+  // hardware-DGE ones (hwdge) once one of the core's DGE instances has spent
+  // descriptor_gen on their descriptors.
   double transfer(int core, const isa::Instruction& in, double issue_ns);
   double busy_ns() const { return busy_; }
 
@@ -58,6 +60,7 @@ class DmaModel {
   const arch::ChipSpec& chip_;
   std::vector<std::vector<double>> engine_free_;  // [core][engine]
   std::vector<std::vector<double>> queue_done_;   // [core][queue]: in-order completion
+  std::vector<std::vector<double>> dge_free_;     // [core][hardware DGE instance]
   HbmCalendar hbm_;
   double horizon_ = 0;  // the latest issue time seen (issues arrive in time order)
   double busy_ = 0;

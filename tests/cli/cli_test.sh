@@ -155,7 +155,7 @@ bench_latency=$("$PY" -c "import json; print(json.load(open('$tmp/out'))['latenc
 expect_json "abs(j['latency_ns'] - $bench_latency) < 1e-6" run "$tmp/mm.tern" --json
 expect_json "abs(j['latency_ns'] - $bench_latency) < 1e-6" run "$tmp/mm.tern" --mode timing --json
 "$TERN" bench matmul --m 64 --n 64 --k 64 --save "$tmp/mm.txt" >/dev/null
-if head -1 "$tmp/mm.txt" | grep -q '^tern-program 3$'; then ok; else bad "the text program lacks its header"; fi
+if head -1 "$tmp/mm.txt" | grep -q '^tern-program 4$'; then ok; else bad "the text program lacks its header"; fi
 expect_ok "latency" run "$tmp/mm.txt" --trace "$tmp/run_trace.json"
 if [ -s "$tmp/run_trace.json" ]; then ok; else bad "tern run --trace wrote nothing"; fi
 expect_ok "latency" run "$tmp/mm.tern" --output "c=$tmp/c.bin"

@@ -306,9 +306,9 @@ TEST(IndirectDma, ReadsVersionOne) {
   bin[8] = 1;  // the version is outside the checksummed payload
   EXPECT_EQ(isa::parse_program_binary(bin), p);
   std::string text = isa::to_text(p);
-  text.replace(text.find("tern-program 3"), 14, "tern-program 1");
+  text.replace(text.find("tern-program 4"), 14, "tern-program 1");
   EXPECT_EQ(isa::parse_program_text(text), p);
-  bin[8] = 4;
+  bin[8] = 5;
   EXPECT_THROW(isa::parse_program_binary(bin), Error);
   EXPECT_THROW(isa::parse_instruction("sync dma_gather oob=maybe"), Error);
 }

@@ -35,6 +35,7 @@ isa::Program sample() {
   in.col1 = true;
   in.queue = 3;
   in.priority = 1;
+  in.hwdge = true;
   in.waits = {{4, 7}, {1, 2}};
   in.signals = {2};
   in.loc = "my kernel.py:12";
@@ -54,6 +55,21 @@ TEST(Program, TextRoundTrips) {
 TEST(Program, BinaryRoundTrips) {
   const isa::Program p = sample();
   EXPECT_EQ(isa::parse_program_binary(isa::to_binary(p)), p);
+}
+
+TEST(Program, HardwareDgeFlagIsTextAndBinary) {
+  // Format version 4 carries dge=hw; a version-3 text without it loads as
+  // descriptors built before the run.
+  const isa::Program p = sample();
+  const std::string text = isa::to_text(p);
+  EXPECT_EQ(text.rfind("tern-program 4\n", 0), 0u);
+  EXPECT_NE(text.find(" dge=hw"), std::string::npos);
+  EXPECT_TRUE(isa::parse_program_binary(isa::to_binary(p)).cores[1].streams[2].back().hwdge);
+  std::string v3 = text;
+  v3.replace(0, 14, "tern-program 3");
+  const std::size_t at = v3.find(" dge=hw");
+  v3.erase(at, 7);
+  EXPECT_FALSE(isa::parse_program_text(v3).cores[1].streams[2].back().hwdge);
 }
 
 TEST(Program, FilesSaveAtomicallyAndLoadEitherForm) {

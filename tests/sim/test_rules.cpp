@@ -294,6 +294,22 @@ TEST(Rules, SemaphoresAndQueuesMustExist) {
   expect_error(trn2, single(trn2, d), {"DMA priority 2 does not exist on trn2"});
 }
 
+TEST(Rules, HardwareDge) {
+  // Descriptor Generation Engine reference: hwdge is v3+, direct copies and
+  // transposes only, triggered by the Scalar or Sync engine.
+  auto d = ins(Engine::sync, Opcode::dma_copy, {sbuf(0, 128, 0, 8), hbm(0, 128, 8)});
+  d.hwdge = true;
+  const auto trn1 = arch::load_chip("trn1");
+  expect_error(trn1, single(trn1, d), {"dge=hw", "trn1", "has no hardware DGE"});
+  d.engine = Engine::gpsimd;
+  expect_error(trn3(), single(trn3(), d), {"triggered by the Scalar or Sync engine, not gpsimd"});
+  auto g = ins(Engine::sync, Opcode::dma_gather,
+               {sbuf(0, 128, 0, 8), hbm(0, 128, 8), sbuf(0, 128, 64, 1, DType::int32)});
+  g.hwdge = true;
+  expect_error(trn3(), single(trn3(), g),
+               {"applies to dma_copy and dma_transpose, not dma_gather"});
+}
+
 TEST(Rules, DoubleRow) {
   auto ls = ins(Engine::tensor, Opcode::load_stationary, {sbuf(0, 128, 0, 256, DType::bf16)});
   ls.perf = isa::PerfMode::double_row;

@@ -176,6 +176,31 @@ TEST(Timing, DmaPaysOneDescriptorPerContiguousChunk) {
                    expect(4, 384));
 }
 
+TEST(Timing, HardwareDgeBuildsDescriptorsOnOneOfTheCoresInstances) {
+  // trn2: two DGE instances a core, descriptor_gen (600 ns) per hwdge DMA.
+  // Three one-row copies on three queues: the first two get an instance
+  // each at 0, the third waits for one until descriptor_gen; each transfer
+  // then moves its row and completes the fixed cost later.
+  const auto chip = arch::load_chip("trn2");
+  const auto [bw, ovh, fixed, engines] = DmaCosts(chip);
+  const double gen = chip.dma.descriptor_gen.value();
+  ASSERT_EQ(chip.dma.dge_instances, 2);
+  auto copies = [&](bool hw) {
+    isa::Program p = program(chip);
+    for (int i = 0; i < 3; ++i) {
+      auto d = ins(Engine::sync, Opcode::dma_copy, {sbuf(0, 1, 64 * i, 16), hbm(4096 * i, 1, 16)});
+      d.queue = i;
+      d.hwdge = hw;
+      add(p, d);
+    }
+    return run_timing(chip, p).latency_ns;
+  };
+  // Engines (queue mod 16) differ, so only the DGE serializes.
+  EXPECT_DOUBLE_EQ(copies(true), 2 * gen + (ovh + 64) / bw + fixed);
+  EXPECT_DOUBLE_EQ(copies(false), (ovh + 64) / bw + fixed);
+  (void)engines;
+}
+
 TEST(Timing, DependentVectorChainPaysTheStaticOverheadAndAccessStart) {
   const auto chip = arch::load_chip("trn3");
   const double ghz = chip.vector.clock.value();

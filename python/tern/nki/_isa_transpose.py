@@ -44,6 +44,9 @@ def dma_transpose(dst, src, axes=None, dge_mode=dge_mode.unknown, oob_mode=oob_m
     if dge_mode == constants.dge_mode.hwdge and _core.dtype_size(src.dtype) != 2:
         raise ValueError(f"dma_transpose(dge_mode=hwdge) moves 2-byte types, not {src.dtype} "
                          f"({_tracer.kernel_location()})")
+    if dge_mode == constants.dge_mode.hwdge and _indirect(src):
+        raise ValueError(f"dma_transpose(dge_mode=hwdge) of an indirect source: the indirect transpose "
+                         f"takes software DGE (swdge) ({_tracer.kernel_location()})")
     if _indirect(src) and _indirect(src)[1] is not None and _indirect(src)[1].ndim == 2 \
             and _indirect(src)[1].shape[1] > 1:
         _transpose_index_columns(dst, src, axes, dge_mode, oob_mode)
@@ -56,15 +59,16 @@ def dma_transpose(dst, src, axes=None, dge_mode=dge_mode.unknown, oob_mode=oob_m
         ind.dma(staged, src, False, int(oob_mode) == int(constants.oob_mode.skip), _core.Engine.sync)
         src = staged
     if src.ndim <= 2:
-        _tracer.current().at().dma_transpose(_t(_flat2(dst), "dst"), _t(_flat2(src), "src"))
+        with _tracer.hardware_dge(_tracer.current().at(), dge_mode) as b:
+            b.dma_transpose(_t(_flat2(dst), "dst"), _t(_flat2(src), "src"))
         return
     if dst.ndim != src.ndim or tuple(dst.shape) != tuple(src.shape[i] for i in want):
         raise ValueError(f"dma_transpose: dst {tuple(dst.shape)} is not src {tuple(src.shape)} permuted by "
                          f"{want} ({_tracer.kernel_location()})")
     # One [A, D] -> [D, A] transpose per index of the middle dims.
-    b = _tracer.current().at()
-    for mid in itertools.product(*(range(n) for n in src.shape[1:-1])):
-        b.dma_transpose(_t(_plane(dst, mid), "dst"), _t(_plane(src, mid), "src"))
+    with _tracer.hardware_dge(_tracer.current().at(), dge_mode) as b:
+        for mid in itertools.product(*(range(n) for n in src.shape[1:-1])):
+            b.dma_transpose(_t(_plane(dst, mid), "dst"), _t(_plane(src, mid), "src"))
 
 
 def _transpose_index_columns(dst, src, axes, dge_mode, oob_mode):

@@ -5,6 +5,7 @@ import sys
 import weakref
 
 from tern import _core
+from tern.nki import isa_enums
 
 _current = None
 
@@ -31,6 +32,27 @@ def status(text):
         fn.__nki_status__ = text
         return fn
     return mark
+
+
+class hardware_dge:
+    """Within the block, the builder's DMA copies and transposes take their
+    descriptors from the hardware DGE (dge_mode.hwdge), timed by tern's DMA
+    model as the generator's time before the transfer; otherwise (unknown,
+    none, swdge) they are timed as descriptors built before the run."""
+
+    def __init__(self, builder, mode):
+        self.builder = builder
+        self.on = mode is not None and int(mode) == int(isa_enums.dge_mode.hwdge)
+
+    def __enter__(self):
+        if self.on:
+            self.builder.set_hardware_dge(True)
+        return self.builder
+
+    def __exit__(self, *exc):
+        if self.on:
+            self.builder.set_hardware_dge(False)
+        return False
 
 
 def target_name(explicit=None):

@@ -115,7 +115,7 @@ def _indirect(x):
     return getattr(x, "_indirect", None)
 
 
-@_tracer.status("partial: a PSUM source or destination is staged through SBUF by a Vector copy; dge_mode accepted (every DMA is timed by tern's one DMA model)")
+@_tracer.status("partial: a PSUM source or destination is staged through SBUF by a Vector copy; dge_mode=hwdge is timed as the hardware DGE's 600 ns, the other modes as descriptors built before the run")
 def dma_copy(dst, src, dst_rmw_op=None, oob_mode=oob_mode.error, dge_mode=dge_mode.unknown,
              unique_indices=True, engine=None, name=None, mask=None):
     """dst <- src (cast through FP32); dst_rmw_op=nl.add accumulates into dst.
@@ -125,6 +125,10 @@ def dma_copy(dst, src, dst_rmw_op=None, oob_mode=oob_mode.error, dge_mode=dge_mo
         raise NotImplementedError(f"not supported: dma_copy(dst_rmw_op={dst_rmw_op!r}): only nl.add "
                                   "(as the hardware)")
     skip = oob_mode is not None and int(oob_mode) == int(globals()["oob_mode"].skip)
+    hw = _tracer.hardware_dge(None, dge_mode).on
+    if hw and (_indirect(src) or _indirect(dst)):
+        raise ValueError(f"dma_copy(dge_mode=hwdge): the hardware DGE does not do indirect (gather / "
+                         f"scatter) transfers; use swdge ({_tracer.kernel_location()})")
     if _indirect(src) or _indirect(dst):
         from tern.nki import _indirect as ind
         ind.dma(dst, src, dst_rmw_op is not None, skip, _engine(engine, _core.Engine.sync))
@@ -138,11 +142,12 @@ def dma_copy(dst, src, dst_rmw_op=None, oob_mode=oob_mode.error, dge_mode=dge_mo
         src = staged
     if dst.buffer is nl.psum and dst_rmw_op is None:
         staged = _scratch(dst.shape, dst.dtype)
-        dma_copy(dst=staged, src=src, oob_mode=oob_mode, engine=engine)
+        dma_copy(dst=staged, src=src, oob_mode=oob_mode, dge_mode=dge_mode, engine=engine)
         tensor_copy(dst=dst, src=staged)
         return
-    b = _tracer.current().at()
-    b.dma_copy(_t(dst, "dst"), _t(src, "src"), -1, dst_rmw_op is not None, _engine(engine, _core.Engine.sync))
+    with _tracer.hardware_dge(_tracer.current().at(), dge_mode) as b:
+        b.dma_copy(_t(dst, "dst"), _t(src, "src"), -1, dst_rmw_op is not None,
+                   _engine(engine, _core.Engine.sync))
 
 
 def _fit_dma(src, dst):

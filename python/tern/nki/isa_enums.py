@@ -25,8 +25,9 @@ class reduce_cmd(enum.IntEnum):
 
 
 class dge_mode(enum.IntEnum):
-    """How DMA descriptors are generated (tern times every DMA the same way;
-    docs/nki.md)."""
+    """How DMA descriptors are generated. tern times hwdge as the hardware
+    DGE's time before the transfer, the others as descriptors built before
+    the run (docs/nki.md)."""
     unknown = 0
     swdge = 1
     hwdge = 2

@@ -203,7 +203,7 @@ def dma_copy(dst, src, mask=None, dst_rmw_op=None, oob_mode=oob_mode.error, dge_
     for ranges in F.mask_boxes(mask):
         try:
             d, s = _masked(T.Box(ranges) if ranges else None, dst, src)
-            cur.dma_copy(dst=d, src=s, dst_rmw_op=dst_rmw_op, oob_mode=oob_mode)
+            cur.dma_copy(dst=d, src=s, dst_rmw_op=dst_rmw_op, oob_mode=oob_mode, dge_mode=dge_mode)
         except T.Empty:
             pass
 
