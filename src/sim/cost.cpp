@@ -25,21 +25,15 @@ bool strided(const isa::AccessPattern& ap, std::int64_t penalty_bytes) {
 // Descriptors (contiguous chunks) per row of a copy: a chunk ends where
 // either side's contiguous run ends, and both sides walk a row's elements
 // in the same order, so runs of a and b elements cut an n-element row into
-// n/a + n/b - ceil(n/lcm(a, b)) chunks. A copy whose sides split their
-// elements into rows differently counts each side's chunks on its own.
-// Transposes (their own DMA path) and indirect rows are one descriptor.
-double descriptors_per_row(const isa::Instruction& in, int rows) {
+// n/a + n/b - ceil(n/lcm(a, b)) chunks (the rule checks give both sides
+// the same rows and elements). Transposes (their own DMA path) and indirect
+// rows are one descriptor.
+double descriptors_per_row(const isa::Instruction& in) {
   if (in.op != Opcode::dma_copy) return 1.0;
   const auto& dst = in.operands[0];
   const auto& src = in.operands[1];
   const std::int64_t a = dst.contiguous_run(), b = src.contiguous_run();
   const std::int64_t n = dst.free_size();
-  if (n != src.free_size() || dst.rows() != src.rows()) {
-    const double total =
-        std::max(static_cast<double>(dst.rows()) * static_cast<double>(dst.free_size() / a),
-                 static_cast<double>(src.rows()) * static_cast<double>(src.free_size() / b));
-    return std::max(1.0, total / rows);
-  }
   if (n <= 1) return 1.0;
   const std::int64_t l = std::lcm(a, b);
   return static_cast<double>(n / a + n / b - (n + l - 1) / l);
@@ -287,8 +281,8 @@ double DmaModel::transfer(int core, const isa::Instruction& in, double issue) {
   const double row_bytes = static_cast<double>(bytes) / rows;
   // Every descriptor pays the per-descriptor processing cost; a contiguous
   // row is one descriptor.
-  const double overhead = static_cast<double>(chip_.dma.overhead_bound_per_partition.value()) *
-                          descriptors_per_row(in, rows);
+  const double overhead =
+      static_cast<double>(chip_.dma.overhead_bound_per_partition.value()) * descriptors_per_row(in);
   const double bw = chip_.dma.engine_bandwidth.value();  // bytes per ns
   const bool hbm = dst.mem == Mem::hbm || src.mem == Mem::hbm;
   double done = 0;

@@ -182,23 +182,22 @@ TEST(Timing, HardwareDgeBuildsDescriptorsOnOneOfTheCoresInstances) {
   // each at 0, the third waits for one until descriptor_gen; each transfer
   // then moves its row and completes the fixed cost later.
   const auto chip = arch::load_chip("trn2");
-  const auto [bw, ovh, fixed, engines] = DmaCosts(chip);
+  const DmaCosts d(chip);
   const double gen = chip.dma.descriptor_gen.value();
   ASSERT_EQ(chip.dma.dge_instances, 2);
   auto copies = [&](bool hw) {
     isa::Program p = program(chip);
     for (int i = 0; i < 3; ++i) {
-      auto d = ins(Engine::sync, Opcode::dma_copy, {sbuf(0, 1, 64 * i, 16), hbm(4096 * i, 1, 16)});
-      d.queue = i;
-      d.hwdge = hw;
-      add(p, d);
+      auto c = ins(Engine::sync, Opcode::dma_copy, {sbuf(0, 1, 64 * i, 16), hbm(4096 * i, 1, 16)});
+      c.queue = i;
+      c.hwdge = hw;
+      add(p, c);
     }
     return run_timing(chip, p).latency_ns;
   };
   // Engines (queue mod 16) differ, so only the DGE serializes.
-  EXPECT_DOUBLE_EQ(copies(true), 2 * gen + (ovh + 64) / bw + fixed);
-  EXPECT_DOUBLE_EQ(copies(false), (ovh + 64) / bw + fixed);
-  (void)engines;
+  EXPECT_DOUBLE_EQ(copies(true), 2 * gen + (d.ovh + 64) / d.bw + d.fixed);
+  EXPECT_DOUBLE_EQ(copies(false), (d.ovh + 64) / d.bw + d.fixed);
 }
 
 TEST(Timing, DependentVectorChainPaysTheStaticOverheadAndAccessStart) {

@@ -41,10 +41,10 @@ def dma_transpose(dst, src, axes=None, dge_mode=dge_mode.unknown, oob_mode=oob_m
         raise NotImplementedError(f"not supported: dma_transpose of a {src.ndim}-D tile with axes="
                                   f"{None if axes is None else tuple(axes)} (NKI's are (1, 0), (2, 1, 0), "
                                   f"(3, 1, 2, 0))")
-    if dge_mode == constants.dge_mode.hwdge and _core.dtype_size(src.dtype) != 2:
+    if _tracer.is_hwdge(dge_mode) and _core.dtype_size(src.dtype) != 2:
         raise ValueError(f"dma_transpose(dge_mode=hwdge) moves 2-byte types, not {src.dtype} "
                          f"({_tracer.kernel_location()})")
-    if dge_mode == constants.dge_mode.hwdge and _indirect(src):
+    if _tracer.is_hwdge(dge_mode) and _indirect(src):
         raise ValueError(f"dma_transpose(dge_mode=hwdge) of an indirect source: the indirect transpose "
                          f"takes software DGE (swdge) ({_tracer.kernel_location()})")
     if _indirect(src) and _indirect(src)[1] is not None and _indirect(src)[1].ndim == 2 \

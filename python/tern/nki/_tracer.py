@@ -34,6 +34,11 @@ def status(text):
     return mark
 
 
+def is_hwdge(mode):
+    """Whether an NKI dge_mode asks for the hardware descriptor generator."""
+    return mode is not None and int(mode) == int(isa_enums.dge_mode.hwdge)
+
+
 class hardware_dge:
     """Within the block, the builder's DMA copies and transposes take their
     descriptors from the hardware DGE (dge_mode.hwdge), timed by tern's DMA
@@ -42,7 +47,7 @@ class hardware_dge:
 
     def __init__(self, builder, mode):
         self.builder = builder
-        self.on = mode is not None and int(mode) == int(isa_enums.dge_mode.hwdge)
+        self.on = is_hwdge(mode)
 
     def __enter__(self):
         if self.on:

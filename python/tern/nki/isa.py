@@ -125,8 +125,7 @@ def dma_copy(dst, src, dst_rmw_op=None, oob_mode=oob_mode.error, dge_mode=dge_mo
         raise NotImplementedError(f"not supported: dma_copy(dst_rmw_op={dst_rmw_op!r}): only nl.add "
                                   "(as the hardware)")
     skip = oob_mode is not None and int(oob_mode) == int(globals()["oob_mode"].skip)
-    hw = _tracer.hardware_dge(None, dge_mode).on
-    if hw and (_indirect(src) or _indirect(dst)):
+    if _tracer.is_hwdge(dge_mode) and (_indirect(src) or _indirect(dst)):
         raise ValueError(f"dma_copy(dge_mode=hwdge): the hardware DGE does not do indirect (gather / "
                          f"scatter) transfers; use swdge ({_tracer.kernel_location()})")
     if _indirect(src) or _indirect(dst):
