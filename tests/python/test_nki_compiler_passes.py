@@ -118,6 +118,20 @@ def test_a_loop_invariant_instruction_is_issued_once(tmp_path):
     assert ops.count(("vector", "tensor_scalar")) == 4
 
 
+def test_an_invariant_instruction_is_issued_once_when_tiles_are_freed_by_liveness(tmp_path):
+    """8192 FP32 columns: the loop's tiles do not all fit in trn1's 192 KiB a
+    partition, so tern frees each tile after its last use (as the compiler's
+    liveness does). b's last use is then the hoisted a * b of the first
+    iteration; later iterations still get that product (and never read b's
+    freed memory)."""
+    wide = 8192
+    a, b, c = _data((P, wide)), _data((P, wide), 1), _data((P, 4), 2)
+    out = nki.jit(invariant_product, platform_target="trn1")(a, b, c)
+    np.testing.assert_array_equal(out, _reference_invariant(a, b, c))
+    ops = _compute(_events(invariant_product, tmp_path, a, b, c))
+    assert ops.count(("vector", "tensor_tensor")) == 1 + 4
+
+
 def written_between(a, b):
     """x changes inside the loop: x * y is not invariant."""
     out = nl.ndarray((4,) + a.shape, dtype=a.dtype, buffer=nl.shared_hbm)

@@ -73,8 +73,11 @@ class Loop:
 
 def _tile_key(t, seq0):
     a = t._alloc
-    if a is None or a.released or a.seq >= seq0:
-        return None  # HBM (DMA-written), freed, or made inside the loop: not invariant
+    if a is None or a.seq >= seq0:
+        return None  # HBM (DMA-written) or made inside the loop: not invariant
+    # A tile the kernel still names can only have been released by liveness
+    # (Trace.free_dead): its last use was this call in an earlier iteration,
+    # hoisted out of the loop, so the call still matches that one.
     return ("tile", a.seq, a.version, t._p0, t._np, t._off, tuple(t._free), t.dtype, str(t.buffer))
 
 

@@ -110,7 +110,12 @@ class Allocation:
 
     def check_live(self):
         """SBUF and PSUM do not survive a collective: tern runs a kernel's parts
-        between its collectives as programs of their own."""
+        between its collectives as programs of their own. A tile freed after
+        its recorded last use (free_dead) is never named again: its memory
+        may hold another tile."""
+        if self.released:
+            raise RuntimeError(f"internal: a tile is used after its last use in the traced lifetimes "
+                               f"({kernel_location()}); its memory may already hold another tile")
         if self.builder is not self.trace.builder:
             raise NotImplementedError(
                 f"not supported: an SBUF/PSUM tile used across a collective ({kernel_location()}); "
