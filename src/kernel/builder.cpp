@@ -282,12 +282,13 @@ void Builder::record(Instruction& in, int producer, std::size_t first_read, bool
   // Waits: for each earlier producer, the latest conflicting access.
   std::vector<std::int64_t> need(prog_.semaphores, 0);
   const bool in_order_engine = producer < kQueueSemaphore0;
-  for (const Access& a : acc) {
-    if (a.producer == producer && in_order_engine) continue;  // same engine: program order
-    for (const Access& m : mine) {
-      const bool hazard = (m.write || a.write) && a.mem == m.mem && a.r0 < m.r1 && m.r0 < a.r1 &&
-                          a.b0 < m.b1 && m.b0 < a.b1;
-      if (hazard) need[a.producer] = std::max(need[a.producer], a.seq);
+  for (const Access& m : mine) {
+    for (int w = m.write ? 0 : 1; w < 2; ++w) {  // a read conflicts with writes only
+      for (const Access& a : acc[bucket(m.mem, w == 1)]) {
+        if (a.producer == producer && in_order_engine) continue;  // same engine: program order
+        if (a.r0 < m.r1 && m.r0 < a.r1 && a.b0 < m.b1 && m.b0 < a.b1)
+          need[a.producer] = std::max(need[a.producer], a.seq);
+      }
     }
   }
   auto& known = known_[core_][consumer];
@@ -298,17 +299,19 @@ void Builder::record(Instruction& in, int producer, std::size_t first_read, bool
     }
   }
   // Record, dropping older accesses that this one covers (they are now
-  // ordered before it, and so before anything that must wait for it).
+  // ordered before it, and so before anything that must wait for it): a
+  // write covers every access, a read the same producer's reads.
   for (const Access& m : mine) {
-    acc.erase(std::remove_if(acc.begin(), acc.end(),
-                             [&](const Access& a) {
-                               const bool covered = a.mem == m.mem && a.r0 >= m.r0 &&
-                                                    a.r1 <= m.r1 && a.b0 >= m.b0 && a.b1 <= m.b1;
-                               return covered &&
-                                      (m.write || (!a.write && a.producer == m.producer));
-                             }),
-              acc.end());
-    acc.push_back(m);
+    for (int w = 0; w < (m.write ? 2 : 1); ++w) {
+      auto& list = acc[bucket(m.mem, w == 1)];
+      list.erase(std::remove_if(list.begin(), list.end(),
+                                [&](const Access& a) {
+                                  return a.r0 >= m.r0 && a.r1 <= m.r1 && a.b0 >= m.b0 &&
+                                         a.b1 <= m.b1 && (m.write || a.producer == m.producer);
+                                }),
+                 list.end());
+    }
+    acc[bucket(m.mem, m.write)].push_back(m);
   }
   in.signals.push_back(producer);
   signals_[core_][producer] = seq;

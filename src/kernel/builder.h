@@ -5,6 +5,7 @@
 // program is correct however the engines overlap.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <source_location>
@@ -218,6 +219,9 @@ class Builder {
   // per DMA queue q at kQueueSemaphore0 + q.
   static constexpr int kQueueSemaphore0 = 4;
   static int engine_semaphore(isa::Engine e) { return static_cast<int>(e); }
+  static std::size_t bucket(isa::Mem m, bool write) {
+    return static_cast<std::size_t>(m) * 2 + (write ? 1 : 0);
+  }
   struct Alloc {
     std::int64_t lo, hi;
   };
@@ -241,7 +245,11 @@ class Builder {
   int core_ = 0;
   std::int64_t next_hbm_ = 0;
   std::vector<std::vector<Alloc>> sbuf_allocs_, psum_allocs_;  // per core
-  std::vector<std::vector<Access>> accesses_;                  // per core
+  // Earlier accesses still to be ordered against, per core, bucketed by
+  // memory and by read / write (a read only conflicts with writes, so a
+  // read scans one bucket: kernels read far more than they write).
+  using AccessBuckets = std::array<std::vector<Access>, 6>;  // [mem * 2 + write]
+  std::vector<AccessBuckets> accesses_;
   std::vector<std::vector<std::int64_t>> signals_;             // [core][sem] count
   std::vector<std::vector<std::vector<std::int64_t>>> known_;  // [core][engine][sem] waited
   int next_queue_ = 0;

@@ -197,44 +197,73 @@ double CostModel::duration_ns(const isa::Instruction& in, bool dependent) const 
   return cycles(in, dependent) / ghz;
 }
 
+std::size_t HbmCalendar::after(double t) const {
+  return static_cast<std::size_t>(
+      std::upper_bound(busy_.begin() + static_cast<std::ptrdiff_t>(head_), busy_.end(), t,
+                       [](double v, const Interval& i) { return v < i.start; }) -
+      busy_.begin());
+}
+
+std::size_t HbmCalendar::at_or_after(double t) const {
+  return static_cast<std::size_t>(
+      std::lower_bound(busy_.begin() + static_cast<std::ptrdiff_t>(head_), busy_.end(), t,
+                       [](const Interval& i, double v) { return i.start < v; }) -
+      busy_.begin());
+}
+
+void HbmCalendar::insert(double lo, double hi) {
+  // Most reservations extend the calendar's end: append or merge there.
+  if (busy_.size() == head_ || lo > busy_.back().start) {
+    if (busy_.size() > head_ && busy_.back().end >= lo) {
+      busy_.back().end = std::max(busy_.back().end, hi);
+    } else {
+      busy_.push_back({lo, hi});
+    }
+    return;
+  }
+  std::size_t left = at_or_after(lo);
+  if (left > head_ && busy_[left - 1].end >= lo) {  // touches the interval before
+    lo = busy_[left - 1].start;
+    busy_.erase(busy_.begin() + static_cast<std::ptrdiff_t>(--left));
+  }
+  const std::size_t right = at_or_after(hi);
+  if (right < busy_.size() && busy_[right].start <= hi) {  // touches the one after
+    hi = busy_[right].end;
+    busy_.erase(busy_.begin() + static_cast<std::ptrdiff_t>(right));
+  }
+  const std::size_t at = at_or_after(lo);
+  if (at < busy_.size() && busy_[at].start == lo) {
+    busy_[at].end = hi;
+  } else {
+    busy_.insert(busy_.begin() + static_cast<std::ptrdiff_t>(at), Interval{lo, hi});
+  }
+}
+
 double HbmCalendar::reserve(double start, double duration, double horizon) {
-  // Forget what can no longer matter.
-  while (!busy_.empty() && busy_.begin()->second < horizon) busy_.erase(busy_.begin());
+  // Forget what can no longer matter; compact once the forgotten prefix is
+  // most of the array.
+  while (head_ < busy_.size() && busy_[head_].end < horizon) ++head_;
+  if (head_ > 32 && 2 * head_ > busy_.size()) {
+    busy_.erase(busy_.begin(), busy_.begin() + static_cast<std::ptrdiff_t>(head_));
+    head_ = 0;
+  }
   double need = duration, cur = start;
   // The interval containing `cur`, if any, pushes it to that interval's end.
-  auto it = busy_.upper_bound(cur);
-  if (it != busy_.begin()) {
-    auto prev = std::prev(it);
-    if (prev->second > cur) cur = prev->second;
-  }
+  std::size_t it = after(cur);
+  if (it > head_ && busy_[it - 1].end > cur) cur = busy_[it - 1].end;
   while (true) {
-    it = busy_.upper_bound(cur);  // the next interval starting after cur
-    const double gap_end = it == busy_.end() ? std::numeric_limits<double>::infinity() : it->first;
+    it = after(cur);  // the next interval starting after cur
+    const double gap_end =
+        it == busy_.size() ? std::numeric_limits<double>::infinity() : busy_[it].start;
     const double take = std::min(need, gap_end - cur);
     if (take > 0) {
-      // Insert [cur, cur + take), merging with neighbours that touch it.
-      double lo = cur, hi = cur + take;
-      auto left = busy_.lower_bound(lo);
-      if (left != busy_.begin()) {
-        auto p = std::prev(left);
-        if (p->second >= lo) {
-          lo = p->first;
-          busy_.erase(p);
-        }
-      }
-      auto right = busy_.lower_bound(hi);
-      if (right != busy_.end() && right->first <= hi) {
-        hi = right->second;
-        busy_.erase(right);
-      }
-      busy_[lo] = hi;
+      insert(cur, cur + take);
       need -= take;
       cur += take;
     }
     if (need <= 0) return cur;
     // cur sits at the start of the next busy interval: skip past it.
-    const auto nxt = busy_.upper_bound(cur);
-    cur = std::prev(nxt)->second;
+    cur = busy_[after(cur) - 1].end;
   }
 }
 

@@ -43,7 +43,18 @@ class HbmCalendar {
   double reserve(double start, double duration, double horizon);
 
  private:
-  std::map<double, double> busy_;  // start -> end, disjoint, non-adjacent
+  // A flat sorted array, not a std::map: a DMA reserves up to one interval
+  // per engine, and the live ones are few (those ending before the horizon
+  // are dropped), so binary search and short moves beat a node allocation
+  // per insert.
+  struct Interval {
+    double start, end;
+  };
+  std::vector<Interval> busy_;              // sorted by start, disjoint, non-adjacent
+  std::size_t head_ = 0;                    // busy_[0, head_) are forgotten
+  std::size_t after(double t) const;        // first live interval starting after t
+  std::size_t at_or_after(double t) const;  // first live interval starting at or after t
+  void insert(double lo, double hi);        // [lo, hi), merged with intervals touching it
 };
 
 class DmaModel {

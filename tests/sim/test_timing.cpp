@@ -329,5 +329,19 @@ TEST(HbmCalendar, FillsGapsBeforeLaterReservations) {
   EXPECT_DOUBLE_EQ(c.reserve(50, 2, 50), 52);
 }
 
+// Reservations that bridge two intervals merge them; once most intervals end
+// before the horizon they are dropped, and the rest still fill and merge.
+TEST(HbmCalendar, MergesAndForgetsManyIntervals) {
+  tern::sim::HbmCalendar c;
+  for (int k = 0; k < 40; ++k) EXPECT_DOUBLE_EQ(c.reserve(10.0 * k, 1, 0), 10.0 * k + 1);
+  EXPECT_DOUBLE_EQ(c.reserve(1, 9, 0), 10);  // [1, 10) joins [0, 1) and [10, 11)
+  EXPECT_DOUBLE_EQ(c.reserve(0, 1, 0), 12);  // [0, 11) is one interval now: [11, 12)
+  // Horizon 350: [0, 12) and [20, 21) ... [340, 341) are forgotten (34 of 39
+  // intervals); [350, 351) ... [390, 391) stay.
+  EXPECT_DOUBLE_EQ(c.reserve(385, 10, 350), 396);  // [385, 390), then [391, 396)
+  EXPECT_DOUBLE_EQ(c.reserve(350, 3, 350), 354);   // waits for 351, then [351, 354)
+  EXPECT_DOUBLE_EQ(c.reserve(352, 8, 350), 363);   // [354, 360) and [361, 363)
+}
+
 }  // namespace
 }  // namespace tern
