@@ -221,22 +221,18 @@ void HbmCalendar::insert(double lo, double hi) {
     }
     return;
   }
-  std::size_t left = at_or_after(lo);
-  if (left > head_ && busy_[left - 1].end >= lo) {  // touches the interval before
-    lo = busy_[left - 1].start;
-    busy_.erase(busy_.begin() + static_cast<std::ptrdiff_t>(--left));
+  // [lo, hi) lies in a gap (reserve only inserts free time), so the first
+  // interval at or after lo is also the first at or after hi.
+  std::size_t at = at_or_after(lo);
+  if (at > head_ && busy_[at - 1].end >= lo) {  // touches the interval before
+    lo = busy_[at - 1].start;
+    busy_.erase(busy_.begin() + static_cast<std::ptrdiff_t>(--at));
   }
-  const std::size_t right = at_or_after(hi);
-  if (right < busy_.size() && busy_[right].start <= hi) {  // touches the one after
-    hi = busy_[right].end;
-    busy_.erase(busy_.begin() + static_cast<std::ptrdiff_t>(right));
+  if (at < busy_.size() && busy_[at].start <= hi) {  // touches the one after
+    hi = busy_[at].end;
+    busy_.erase(busy_.begin() + static_cast<std::ptrdiff_t>(at));
   }
-  const std::size_t at = at_or_after(lo);
-  if (at < busy_.size() && busy_[at].start == lo) {
-    busy_[at].end = hi;
-  } else {
-    busy_.insert(busy_.begin() + static_cast<std::ptrdiff_t>(at), Interval{lo, hi});
-  }
+  busy_.insert(busy_.begin() + static_cast<std::ptrdiff_t>(at), Interval{lo, hi});
 }
 
 double HbmCalendar::reserve(double start, double duration, double horizon) {
