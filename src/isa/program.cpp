@@ -31,6 +31,23 @@ const HbmTensor& Program::tensor(const std::string& name) const {
   throw Error(fmt::format("the program has no HBM tensor named '{}'", name));
 }
 
+std::vector<bool> written_tensors(const Program& p) {
+  std::vector<bool> w(p.tensors.size(), false);
+  for (const CoreProgram& c : p.cores)
+    for (const auto& stream : c.streams)
+      for (const Instruction& in : stream) {
+        if (in.operands.empty() || in.operands[0].mem != Mem::hbm) continue;
+        const AccessPattern& d = in.operands[0];
+        if (d.offset_reg >= 0) return std::vector<bool>(p.tensors.size(), true);
+        const std::int64_t lo = d.min_byte(), hi = d.max_byte();
+        for (std::size_t i = 0; i < p.tensors.size(); ++i) {
+          const HbmTensor& t = p.tensors[i];
+          if (lo < t.address + t.bytes() && t.address < hi) w[i] = true;
+        }
+      }
+  return w;
+}
+
 namespace {
 // Version-3 fields (the stream-shuffle table, cross-core DMA and waits):
 // written only for instructions that use them.

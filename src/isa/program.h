@@ -47,6 +47,11 @@ struct Program {
   bool operator==(const Program&) const = default;
 };
 
+// Per tensor, in `tensors` order: whether the program may write it. Only a
+// DMA writes HBM, through its destination (operand 0); a register-addressed
+// HBM destination may land in any tensor, so then every tensor counts.
+std::vector<bool> written_tensors(const Program& p);
+
 // Version 2 added dma_gather / dma_scatter and their oob flag (flags bit
 // 16); a version-1 file is a version-2 file without them, so both load.
 // Files are always written at kProgramVersion.

@@ -150,6 +150,170 @@ std::vector<float> Session::read(const std::string& name) const {
   return x;
 }
 
+std::span<std::uint8_t> Session::input_bytes(
+    const graph::Launch& l, const graph::Binding& b,
+    std::map<std::string, std::vector<std::uint8_t>>& temps) {
+  if (!b.state.empty()) {
+    const auto it = state_.find(b.state);
+    if (it == state_.end())
+      throw Error(
+          fmt::format("launch {} ({}): kept buffer {} has no value", l.group, l.kernel, b.state));
+    return it->second;
+  }
+  if (b.value < 0) {
+    const auto it = temps.find(b.temp);
+    if (it == temps.end())
+      throw Error(fmt::format("launch {} ({}): buffer {} read before it is written", l.group,
+                              l.kernel, b.temp));
+    return it->second;
+  }
+  const auto [p, n] = bytes_of(b.value);
+  if (!p)
+    throw Error(fmt::format("launch {} ({}): input %{} has no memory", l.group, l.kernel,
+                            exe_->graph.value(b.value).name));
+  return {p, n};
+}
+
+// Where an output lands: its value's bytes, or a kept buffer or temp made
+// the tensor's size; empty for a value nothing reads (it keeps the
+// program's own memory).
+std::span<std::uint8_t> Session::output_bytes(
+    const graph::Binding& b, std::int64_t size,
+    std::map<std::string, std::vector<std::uint8_t>>& temps) {
+  if (!b.state.empty() || b.value < 0) {
+    std::vector<std::uint8_t>& v = b.state.empty() ? temps[b.temp] : state_[b.state];
+    v.resize(static_cast<std::size_t>(size));
+    return v;
+  }
+  const auto [p, n] = bytes_of(b.value);
+  if (p && static_cast<std::int64_t>(n) != size)
+    throw Error(fmt::format("output {} has {} bytes, %{} needs {}", b.tensor, size,
+                            exe_->graph.value(b.value).name, n));
+  return {p, p ? n : 0};
+}
+
+namespace {
+
+// One tensor of a launch and the session bytes it runs on.
+struct Place {
+  std::string tensor;
+  std::span<std::uint8_t> in, out;  // what it reads from / leaves its result in
+  bool writes = false;              // the kernel writes it
+  bool copy = false;                // copied in / out instead of bound
+  bool snapshot = false;            // an input another tensor overwrites: runs on a copy
+};
+
+bool overlap(std::span<std::uint8_t> a, std::span<std::uint8_t> b) {
+  return !a.empty() && !b.empty() && a.data() < b.data() + b.size() &&
+         b.data() < a.data() + a.size();
+}
+
+// The bytes a place binds: its result's, else its input's.
+std::span<std::uint8_t> home(const Place& p) {
+  return p.out.empty() ? p.in : p.out;
+}
+
+// Distinct tensors on overlapping bytes, one of them written by the kernel,
+// would see each other's writes (an update the memory plan put in place,
+// as AdamW's): the input the other overwrites runs on a snapshot of its
+// bytes; two written tensors, the later is copied out.
+void separate(std::vector<Place>& places) {
+  auto apart = [](const Place& p) { return p.copy || p.snapshot; };
+  for (std::size_t a = 0; a < places.size(); ++a)
+    for (std::size_t b = a + 1; b < places.size(); ++b) {
+      Place &x = places[a], &y = places[b];
+      if (apart(x) || apart(y) || !(x.writes || y.writes) || !overlap(home(x), home(y))) continue;
+      if (x.writes && y.writes)
+        y.copy = true;
+      else
+        (x.writes ? y : x).snapshot = true;
+    }
+}
+
+}  // namespace
+
+sim::RunStats Session::run_launch(std::size_t index, const sim::Options& so,
+                                  std::map<std::string, std::vector<std::uint8_t>>& temps,
+                                  LaunchTraffic& traffic) {
+  const graph::Launch& l = exe_->launches[index];
+  const isa::Program& prog = l.program;
+  // The executable's own program (no copy); its rule checks ran on the
+  // first step.
+  sim_.load_shared(std::shared_ptr<const isa::Program>(exe_, &prog), steps_ > 0);
+  if (kernel_writes_.size() <= index) {
+    kernel_writes_.resize(exe_->launches.size());
+    constants_.resize(exe_->launches.size());
+  }
+  if (kernel_writes_[index].empty()) {
+    kernel_writes_[index] = isa::written_tensors(prog);
+    for (const auto& [tensor, value] : l.constants) {
+      const isa::HbmTensor& t = prog.tensor(tensor);
+      const std::vector<float> x(static_cast<std::size_t>(t.elements()), value);
+      std::vector<std::uint8_t>& bytes = constants_[index][tensor];
+      bytes.resize(static_cast<std::size_t>(t.bytes()));
+      sim::encode_row(t.dtype, x.data(), offsets(t.elements(), isa::size_bytes(t.dtype)),
+                      bytes.data(), {}, 0);
+    }
+  }
+  std::map<std::string, Place> by_tensor;
+  auto place = [&](const std::string& tensor) -> Place& {
+    Place& p = by_tensor[tensor];
+    if (p.tensor.empty()) {
+      p.tensor = tensor;
+      const auto& ts = prog.tensors;
+      const auto it = std::find_if(ts.begin(), ts.end(), [&](auto& t) { return t.name == tensor; });
+      if (it == ts.end()) prog.tensor(tensor);  // throws naming it
+      p.writes = kernel_writes_[index][static_cast<std::size_t>(it - ts.begin())];
+    }
+    return p;
+  };
+  for (auto& [tensor, bytes] : constants_[index]) place(tensor).in = bytes;
+  for (const graph::Binding& b : l.inputs) place(b.tensor).in = input_bytes(l, b, temps);
+  for (const graph::Binding& b : l.outputs)
+    place(b.tensor).out = output_bytes(b, prog.tensor(b.tensor).bytes(), temps);
+  std::vector<Place> places;
+  for (auto& [t, p] : by_tensor) places.push_back(std::move(p));
+  // A kernel that writes a tensor it reads from another value's bytes: run
+  // in place on the result's bytes seeded with the input (a constant, a
+  // kept input, a value the graph reads again must stay as it is).
+  for (Place& p : places)
+    if (p.writes && !p.in.empty() && p.out.data() != p.in.data()) {
+      if (p.out.empty()) {
+        p.copy = true;
+      } else if (p.out.size() == p.in.size() && !overlap(p.in, p.out)) {
+        std::memcpy(p.out.data(), p.in.data(), p.in.size());
+        p.in = p.out;
+        ++traffic.device_copies;
+      } else {
+        p.copy = true;
+      }
+    }
+  separate(places);
+  for (Place& p : places) {
+    if (p.snapshot) {
+      std::vector<std::uint8_t>& copy = snapshots_[p.tensor];
+      copy.assign(p.in.begin(), p.in.end());
+      p.in = copy;
+      ++traffic.device_copies;
+    }
+    if (p.copy) {
+      if (!p.in.empty()) sim_.write_bytes(p.tensor, p.in);
+      ++traffic.copied, traffic.copied_bytes += static_cast<std::int64_t>(p.in.size());
+    } else if (!home(p).empty()) {
+      sim_.bind(p.tensor, home(p), !p.in.empty());
+      ++traffic.bound;
+    }
+  }
+  const sim::RunStats st = sim_.run(so);
+  for (const Place& p : places)
+    if (p.copy && !p.out.empty()) {
+      const std::vector<std::uint8_t> got = sim_.read_bytes(p.tensor);
+      std::memcpy(p.out.data(), got.data(), p.out.size());
+      traffic.copied_bytes += static_cast<std::int64_t>(got.size());
+    }
+  return st;
+}
+
 StepResult Session::step(const std::map<std::string, std::vector<float>>& feeds,
                          const StepOptions& options) {
   // Every feed checked before any is written: a bad one changes nothing.
@@ -179,37 +343,8 @@ StepResult Session::step(const std::map<std::string, std::vector<float>>& feeds,
   StepResult r;
   // Buffers outside the graph's values that launches pass on (by name).
   std::map<std::string, std::vector<std::uint8_t>> temps;
-  for (const graph::Launch& l : exe_->launches) {
-    // The executable's own program (no copy); its rule checks ran on the
-    // first step.
-    sim_.load_shared(std::shared_ptr<const isa::Program>(exe_, &l.program), steps_ > 0);
-    for (const auto& [tensor, value] : l.constants) {
-      const isa::HbmTensor& t = l.program.tensor(tensor);
-      sim_.write(tensor, std::vector<float>(static_cast<std::size_t>(t.elements()), value));
-    }
-    for (const graph::Binding& b : l.inputs) {
-      if (!b.state.empty()) {
-        const auto it = state_.find(b.state);
-        if (it == state_.end())
-          throw Error(fmt::format("launch {} ({}): kept buffer {} has no value", l.group, l.kernel,
-                                  b.state));
-        sim_.write_bytes(b.tensor, it->second);
-        continue;
-      }
-      if (b.value < 0) {
-        const auto it = temps.find(b.temp);
-        if (it == temps.end())
-          throw Error(fmt::format("launch {} ({}): buffer {} read before it is written", l.group,
-                                  l.kernel, b.temp));
-        sim_.write_bytes(b.tensor, it->second);
-        continue;
-      }
-      const auto [p, n] = bytes_of(b.value);
-      if (!p)
-        throw Error(fmt::format("launch {} ({}): input %{} has no memory", l.group, l.kernel,
-                                g.value(b.value).name));
-      sim_.write_bytes(b.tensor, std::span<const std::uint8_t>(p, n));
-    }
+  for (std::size_t i = 0; i < exe_->launches.size(); ++i) {
+    const graph::Launch& l = exe_->launches[i];
     sim::Options so;
     so.stochastic_rounding = options.stochastic_rounding;
     // splitmix64 of (seed, launch): independent streams per launch.
@@ -217,27 +352,10 @@ StepResult Session::step(const std::map<std::string, std::vector<float>>& feeds,
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     so.seed = z ^ (z >> 31);
-    const sim::RunStats st = sim_.run(so);
+    const sim::RunStats st = run_launch(i, so, temps, r.traffic);
     r.events.push_back({l.group, l.kernel, l.detail, r.time_ns, st.latency_ns});
     r.kernel_ns.push_back(st.latency_ns);
     r.time_ns += st.latency_ns;
-    for (const graph::Binding& b : l.outputs) {
-      if (!b.state.empty()) {
-        state_[b.state] = sim_.read_bytes(b.tensor);
-        continue;
-      }
-      if (b.value < 0) {
-        temps[b.temp] = sim_.read_bytes(b.tensor);
-        continue;
-      }
-      const auto [p, n] = bytes_of(b.value);
-      if (!p) continue;  // an output nothing reads
-      const std::vector<std::uint8_t> got = sim_.read_bytes(b.tensor);
-      if (got.size() != n)
-        throw Error(fmt::format("launch {} ({}): output {} has {} bytes, %{} needs {}", l.group,
-                                l.kernel, b.tensor, got.size(), g.value(b.value).name, n));
-      std::memcpy(p, got.data(), n);
-    }
   }
   for (int o : g.outputs()) r.outputs[g.value(o).name] = read(g.value(o).name);
   // The carries, after the outputs are read: the next step's weights and

@@ -5,9 +5,9 @@
 // out by the executable's memory plan (values at their planned offsets, so
 // buffers whose lifetimes do not overlap really share bytes). Inputs and
 // params are written from the host once and stay on the device; each step
-// runs the launches in order (each loads its kernel program, copies its
-// bound values from the arena into the program's HBM tensors, runs on the
-// simulator and copies the outputs back); after a step the graph's carried
+// runs the launches in order (each loads its kernel program and runs on the
+// simulator on the arena's bytes in place: no copy in or out, LaunchTraffic);
+// after a step the graph's carried
 // outputs (graph::Graph::carry: updated weights, optimizer state) replace
 // their inputs, so a training loop only feeds the batch, and delayed FP8
 // scaling's scales move on from the step's amaxes (graph/quant.h). The executable is
@@ -22,12 +22,13 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "arch/chip.h"
-#include "graph/lower.h"
 #include "graph/quant.h"
+#include "graph/lower.h"
 #include "sim/simulator.h"
 
 namespace tern::runtime {
@@ -39,10 +40,25 @@ struct LaunchEvent {
   double start_ns = 0, ns = 0;
 };
 
+// How a step's launches reached their data. A launch runs on its tensors
+// where they live in the session's memory (bound, no copy); a tensor is
+// copied in or out only when the kernel writes a tensor it reads from
+// another value, or two of its tensors would share bytes.
+struct LaunchTraffic {
+  std::int64_t bound = 0;         // tensors run in place
+  std::int64_t copied = 0;        // tensors copied in or out
+  std::int64_t copied_bytes = 0;  // their bytes
+  // Device-side copies: a kernel's written tensor seeded from the value it
+  // reads, or an input snapshot before a tensor on the same bytes (an
+  // in-place update) overwrites it.
+  std::int64_t device_copies = 0;
+};
+
 struct StepResult {
   double time_ns = 0;                                 // simulated
   std::vector<double> kernel_ns;                      // per launch
   std::vector<LaunchEvent> events;                    // per launch, in order
+  LaunchTraffic traffic;                              // summed over the launches
   std::map<std::string, std::vector<float>> outputs;  // the graph outputs by name
   // Simulated time by launched kernel name, largest first: the step's
   // profile summary.
@@ -92,6 +108,15 @@ class Session {
   }
 
  private:
+  // One launch: its tensors bound to the arena, the kept buffers and
+  // `temps` (or copied where they must be), run, results in place.
+  sim::RunStats run_launch(std::size_t index, const sim::Options& so,
+                           std::map<std::string, std::vector<std::uint8_t>>& temps,
+                           LaunchTraffic& traffic);
+  std::span<std::uint8_t> input_bytes(const graph::Launch& l, const graph::Binding& b,
+                                      std::map<std::string, std::vector<std::uint8_t>>& temps);
+  std::span<std::uint8_t> output_bytes(const graph::Binding& b, std::int64_t size,
+                                       std::map<std::string, std::vector<std::uint8_t>>& temps);
   std::pair<std::uint8_t*, std::size_t> bytes_of(int v);
   std::pair<const std::uint8_t*, std::size_t> bytes_of(int v) const;
   int leaf(const std::string& name) const;  // an input or param by name
@@ -108,6 +133,13 @@ class Session {
   // scaling's histories behind them.
   std::map<std::string, std::vector<std::uint8_t>> state_;
   graph::DelayedScaling scaling_;
+  // Per launch, computed on its first run: which of its program's tensors
+  // the kernel writes, and its constants' encoded bytes.
+  std::vector<std::vector<bool>> kernel_writes_;
+  std::vector<std::map<std::string, std::vector<std::uint8_t>>> constants_;
+  // The current launch's snapshots of inputs it overwrites in place (kept:
+  // their allocations are reused launch after launch).
+  std::map<std::string, std::vector<std::uint8_t>> snapshots_;
   void update_scaling();
 };
 

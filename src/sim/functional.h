@@ -120,6 +120,11 @@ struct Simulator::Impl {
   // every read of them written, in the same order. HBM flags stay checked
   // (the host may leave an input unwritten on a later run).
   bool sram_flags = true;
+  // HBM written flags, for the tensors the host did not fill. A replay
+  // skips them when the host filled at least the tensors it filled for the
+  // recorded run (which found every read of the others written) and no
+  // write depends on data.
+  bool hbm_flags = true;
 
   Impl(Simulator& sim, const Options& o) : s(sim), opt(o) {
     threads = o.threads > 0 ? o.threads
@@ -139,12 +144,16 @@ struct Simulator::Impl {
       // load() checked that the whole pattern lies inside one declared tensor;
       // the last region found is reused while it holds the pattern (regions
       // never overlap, so it is the one; rows and loops repeat it).
-      const std::int64_t lo = ap.min_byte(), hi = ap.max_byte();
-      if (!region_ || lo < region_->address || hi > region_->address + region_->size)
+      // A row's first byte inside the last region means the pattern is in
+      // it (the pattern lies in one region and regions are disjoint).
+      const std::int64_t a = ap.row_address(r);
+      if (!region_ || a < region_->address || a >= region_->address + region_->size) {
+        const std::int64_t lo = ap.min_byte(), hi = ap.max_byte();
         region_ = s.hbm_.find(lo, hi - lo);
+      }
       Region* reg = region_;
-      const std::int64_t off = ap.row_address(r) - reg->address;
-      return {reg->data.get() + off, reg->written.get() + off};
+      const std::int64_t off = a - reg->address;
+      return {reg->data + off, hbm_flags && reg->written ? reg->written.get() + off : nullptr};
     }
     Sram& m = sram(core, ap.mem);
     return {m.row(ap.start_partition + r),

@@ -19,9 +19,17 @@ void Hbm::add(std::string name, std::int64_t address, std::int64_t size) {
   r.name = std::move(name);
   r.address = address;
   r.size = size;
-  r.data = zeroed_bytes(static_cast<std::size_t>(size));
-  r.written = zeroed_bytes(static_cast<std::size_t>(size));
   regions_.push_back(std::move(r));
+}
+
+void Hbm::storage() {
+  for (Region& r : regions_)
+    if (!r.data) r.own = zeroed_bytes(static_cast<std::size_t>(r.size)), r.data = r.own.get();
+}
+
+void Hbm::flags() {
+  for (Region& r : regions_)
+    if (!r.host_written && !r.written) r.written = zeroed_bytes(static_cast<std::size_t>(r.size));
 }
 
 Region* Hbm::find(std::int64_t address, std::int64_t len) {

@@ -28,15 +28,27 @@ struct FreeBytes {
 using Bytes = std::unique_ptr<std::uint8_t[], FreeBytes>;
 Bytes zeroed_bytes(std::size_t n);
 
+// One declared HBM tensor. Its bytes are its own (zeroed when first
+// needed) or memory a caller bound to it (Simulator::bind: a runtime's
+// device memory, used in place). Written flags exist only where a run
+// checks them: a tensor the host filled counts as written throughout.
 struct Region {
   std::string name;
   std::int64_t address = 0, size = 0;
-  Bytes data, written;
+  std::uint8_t* data = nullptr;  // `own`, bound memory, or nullptr before either
+  Bytes own, written;
+  bool host_written = false;  // every byte filled by the host (write_bytes, bind)
 };
 
 class Hbm {
  public:
+  // Declares a tensor; its memory comes later (storage() or a bind).
   void add(std::string name, std::int64_t address, std::int64_t size);
+  // Zeroed memory for every tensor that has none yet.
+  void storage();
+  // Written flags (all never-written) for every tensor the host did not
+  // fill that has none yet.
+  void flags();
   // The region holding [address, address + len), or nullptr.
   Region* find(std::int64_t address, std::int64_t len);
   Region& by_name(const std::string& name);

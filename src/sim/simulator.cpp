@@ -87,13 +87,26 @@ void Simulator::load_shared(std::shared_ptr<const isa::Program> shared, bool che
   loaded_ = true;
 }
 
+void Simulator::bind(const std::string& tensor, std::span<std::uint8_t> bytes, bool filled) {
+  Region& r = hbm_.by_name(tensor);
+  if (static_cast<std::int64_t>(bytes.size()) != r.size) {
+    throw Error(fmt::format("tensor '{}' holds {} bytes, got {}", tensor, r.size, bytes.size()));
+  }
+  r.own.reset();
+  r.written.reset();
+  r.data = bytes.data();
+  r.host_written = filled;
+}
+
 void Simulator::write_bytes(const std::string& tensor, std::span<const std::uint8_t> bytes) {
   Region& r = hbm_.by_name(tensor);
   if (static_cast<std::int64_t>(bytes.size()) != r.size) {
     throw Error(fmt::format("tensor '{}' holds {} bytes, got {}", tensor, r.size, bytes.size()));
   }
-  std::copy(bytes.begin(), bytes.end(), r.data.get());
-  std::memset(r.written.get(), mark_, static_cast<std::size_t>(r.size));
+  if (!r.data) r.own = zeroed_bytes(static_cast<std::size_t>(r.size)), r.data = r.own.get();
+  std::copy(bytes.begin(), bytes.end(), r.data);
+  r.written.reset();
+  r.host_written = true;
 }
 
 void Simulator::write(const std::string& tensor, std::span<const float> values) {
@@ -117,13 +130,14 @@ std::vector<float> Simulator::read(const std::string& tensor) const {
   std::vector<std::int64_t> offs(static_cast<std::size_t>(t.elements()));
   for (std::size_t i = 0; i < offs.size(); ++i) offs[i] = static_cast<std::int64_t>(i) * sz;
   std::vector<float> out(offs.size());
-  decode_row(t.dtype, r.data.get(), offs, out.data());
+  if (r.data) decode_row(t.dtype, r.data, offs, out.data());  // else never written: zeros
   return out;
 }
 
 std::vector<std::uint8_t> Simulator::read_bytes(const std::string& tensor) const {
   const Region& r = const_cast<Hbm&>(hbm_).by_name(tensor);
-  return {r.data.get(), r.data.get() + r.size};
+  if (!r.data) return std::vector<std::uint8_t>(static_cast<std::size_t>(r.size), 0);
+  return {r.data, r.data + r.size};
 }
 
 // ------------------------------------------------------------------ run
@@ -204,6 +218,8 @@ struct Simulator::Recording {
   // Elements each core's instructions move (operands summed): a replay puts
   // cores on threads only when that balances the threads' work.
   std::vector<std::int64_t> core_work;
+  // Per HBM tensor: whether the host had filled it when the run was recorded.
+  std::vector<bool> host_written;
 };
 
 namespace {
@@ -274,9 +290,17 @@ RunStats Simulator::replay(const Recording& rec, const Options& opt) {
     for (const std::int64_t w : rec.core_work) total += w, most = std::max(most, w);
     if (4 * most * t > 5 * total) t = 1;
   }
+  // The HBM flags are needed when a tensor filled for the recorded run is
+  // not filled now (its reads must be checked again) or writes depend on data.
+  bool hbm_flags = rec.data_dependent_writes;
+  for (std::size_t i = 0; i < hbm_.regions().size(); ++i)
+    if (rec.host_written[i] && !hbm_.regions()[i].host_written) hbm_flags = true;
+  hbm_.storage();
+  if (hbm_flags) hbm_.flags();
   if (t <= 1) {
     Impl impl(*this, opt);
     impl.sram_flags = rec.data_dependent_writes;
+    impl.hbm_flags = hbm_flags;
     impl.set_cores(ncores);
     std::uint64_t serial = 0;
     std::exception_ptr error;
@@ -294,6 +318,7 @@ RunStats Simulator::replay(const Recording& rec, const Options& opt) {
   {
     Impl impl(*this, opt);
     impl.sram_flags = rec.data_dependent_writes;
+    impl.hbm_flags = hbm_flags;
     impl.set_cores(ncores);
 #pragma omp for schedule(dynamic, 1)
     for (std::size_t i = 0; i < busy.size(); ++i)
@@ -343,6 +368,9 @@ RunStats Simulator::run(const Options& opt) {
   // This run is recorded for later ones, with each core's HBM writes and
   // reads (bounding bytes) to tell whether cores can replay independently.
   const std::shared_ptr<Recording> rec = replayable ? std::make_shared<Recording>() : nullptr;
+  if (data) hbm_.storage(), hbm_.flags();
+  if (rec)
+    for (const Region& r : hbm_.regions()) rec->host_written.push_back(r.host_written);
   std::vector<Ranges> hbm_writes(static_cast<std::size_t>(ncores)),
       hbm_reads(static_cast<std::size_t>(ncores));
   Impl impl(*this, opt);

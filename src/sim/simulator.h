@@ -86,12 +86,21 @@ class Simulator {
   const arch::ChipSpec& chip() const { return chip_; }
 
   // Checks the program against the chip (core count, semaphores, tensors)
-  // and allocates its HBM tensors (zeroed, marked never-written).
+  // and declares its HBM tensors (zeroed and never written until written
+  // or bound).
   void load(const isa::Program& p);
   // The same without copying the program: it stays the caller's and must
   // outlive the runs (a runtime Session's executable). `checked`: the caller
   // loaded this very program before, so its rule checks passed already.
   void load_shared(std::shared_ptr<const isa::Program> p, bool checked = false);
+
+  // Runs on `bytes` in place of the tensor's own memory (a runtime's device
+  // memory: no copy in or out), until the next load. `filled`: the bytes
+  // hold the tensor's data (an input); otherwise every byte counts as never
+  // written until the program writes it (an output). `bytes` must hold the
+  // tensor's size and outlive the runs; distinct tensors bound to
+  // overlapping bytes are the caller's to avoid.
+  void bind(const std::string& tensor, std::span<std::uint8_t> bytes, bool filled);
 
   // Input data: values are encoded into the tensor's dtype (RNE).
   void write(const std::string& tensor, std::span<const float> values);

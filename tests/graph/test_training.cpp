@@ -11,10 +11,10 @@
 #include "arch/chip.h"
 #include "graph/autodiff.h"
 #include "graph/eval.h"
-#include "graph/lower.h"
 #include "graph/models.h"
 #include "graph/optimizer.h"
 #include "graph/text.h"
+#include "graph/lower.h"
 #include "runtime/device.h"
 #include "util/error.h"
 #include "values.h"
@@ -67,6 +67,14 @@ TEST(Training, AdamWStepsOnTheChipFollowTheInterpreter) {
       host[m.graph.value(in).name] = want[static_cast<std::size_t>(out)];
     EXPECT_FALSE(r.events.empty());
     EXPECT_EQ(r.by_kernel().size() > 5, true);
+    // Every launch ran on its tensors where the session keeps them: no
+    // copy in or out of a kernel's HBM tensors.
+    EXPECT_EQ(r.traffic.copied, 0) << "step " << step;
+    EXPECT_EQ(r.traffic.copied_bytes, 0) << "step " << step;
+    EXPECT_GE(r.traffic.bound, 2 * static_cast<std::int64_t>(exe->launches.size()));
+    // Only AdamW's in-place update snapshots what it overwrites: a param,
+    // its m and v (the master is written by the same tensor it is read by).
+    EXPECT_LE(r.traffic.device_copies, 3 * static_cast<std::int64_t>(m.params.size()));
   }
   EXPECT_EQ(s.steps(), 4);
   for (std::size_t i = 0; i < chip_loss.size(); ++i)
