@@ -17,10 +17,10 @@
 #include "arch/chip.h"
 #include "graph/autodiff.h"
 #include "graph/fusion.h"
-#include "graph/lower.h"
 #include "graph/memplan.h"
 #include "graph/models.h"
 #include "graph/optimizer.h"
+#include "lower/lower.h"
 #include "timing.h"
 
 namespace {

@@ -18,12 +18,12 @@
 #include "graph/autocast.h"
 #include "graph/autodiff.h"
 #include "graph/fusion.h"
-#include "graph/lower.h"
 #include "graph/memplan.h"
 #include "graph/models.h"
 #include "graph/optimizer.h"
 #include "graph/recompute.h"
 #include "graph/text.h"
+#include "lower/lower.h"
 #include "sim/simulator.h"
 #include "util/error.h"
 

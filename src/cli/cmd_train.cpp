@@ -17,7 +17,7 @@
 #include "arch/chip.h"
 #include "cli/commands.h"
 #include "cli/options.h"
-#include "graph/lower.h"
+#include "lower/lower.h"
 #include "profile/profile.h"
 #include "runtime/comm.h"
 #include "runtime/system.h"

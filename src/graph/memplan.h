@@ -6,7 +6,7 @@
 // from greedy-by-size placement (largest first, lowest offset that no
 // overlapping lifetime uses), 64-byte aligned, so buffers whose lifetimes do
 // not overlap share memory. The buffers a lowering passes between launches
-// (graph/lower.h Binding::temp: transposed q / k for attention, a norm's
+// (lower/lower.h Binding::temp: transposed q / k for attention, a norm's
 // statistics, the FP32 embedding gradient before its cast) are known only
 // after lowering, which adds their peak (temp_peak).
 #pragma once
@@ -40,7 +40,7 @@ struct MemoryPlan {
   std::int64_t arena_bytes = 0;       // persistent + placed transient span
   std::int64_t optimizer_bytes = 0;
   std::int64_t param_elements = 0;
-  // Known after lowering (graph/lower.h fills it): the most bytes of the
+  // Known after lowering (lower/lower.h fills it): the most bytes of the
   // buffers launches pass on outside the plan live at once.
   std::int64_t temp_peak = 0;
   bool temps_counted = false;

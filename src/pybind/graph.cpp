@@ -17,9 +17,9 @@
 #include "graph/autodiff.h"
 #include "graph/eval.h"
 #include "graph/ir.h"
-#include "graph/lower.h"
 #include "graph/optimizer.h"
 #include "graph/text.h"
+#include "lower/lower.h"
 #include "runtime/device.h"
 #include "util/error.h"
 
@@ -266,7 +266,7 @@ void bind_graph(py::module_& m) {
         py::arg("beta1"), py::arg("beta2"), py::arg("step"),
         "the adamw.scalars feed of step `step` (from 1)");
 
-  // Compiled graphs and the device that runs them (graph/lower.h,
+  // Compiled graphs and the device that runs them (lower/lower.h,
   // runtime/device.h).
   py::class_<graph::Executable, std::shared_ptr<graph::Executable>>(m, "Executable")
       .def_property_readonly("launches",

@@ -12,7 +12,7 @@
 #include <pybind11/stl.h>
 #include <nlohmann/json.hpp>
 
-#include "graph/lower.h"
+#include "lower/lower.h"
 #include "train/trainer.h"
 #include "util/error.h"
 

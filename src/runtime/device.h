@@ -1,4 +1,4 @@
-// The runtime: a simulated chip that runs compiled graphs (graph/lower.h)
+// The runtime: a simulated chip that runs compiled graphs (lower/lower.h)
 // step after step.
 //
 // A Session is one executable loaded on a device: its HBM is one arena laid
@@ -28,7 +28,7 @@
 
 #include "arch/chip.h"
 #include "graph/quant.h"
-#include "graph/lower.h"
+#include "lower/lower.h"
 #include "sim/simulator.h"
 
 namespace tern::runtime {

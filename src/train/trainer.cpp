@@ -18,7 +18,7 @@
 #include "graph/autocast.h"
 #include "graph/autodiff.h"
 #include "graph/eval.h"
-#include "graph/lower.h"
+#include "lower/lower.h"
 #include "graph/models.h"
 #include "graph/optimizer.h"
 #include "graph/partition.h"

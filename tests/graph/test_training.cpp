@@ -14,7 +14,7 @@
 #include "graph/models.h"
 #include "graph/optimizer.h"
 #include "graph/text.h"
-#include "graph/lower.h"
+#include "lower/lower.h"
 #include "runtime/device.h"
 #include "util/error.h"
 #include "values.h"

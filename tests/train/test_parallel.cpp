@@ -13,7 +13,7 @@
 
 #include "agreement.h"
 #include "fabric/collective.h"
-#include "graph/lower.h"
+#include "lower/lower.h"
 #include "runtime/system.h"
 #include "train/trainer.h"
 #include "util/error.h"

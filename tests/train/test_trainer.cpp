@@ -5,7 +5,7 @@
 
 #include <gtest/gtest.h>
 
-#include "graph/lower.h"
+#include "lower/lower.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
 #include "util/error.h"
