@@ -13,7 +13,7 @@ small step. Writes bench/TRAIN.md.
    model FLOPs (6 N + 12 L h s per token, PaLM) / simulated step time /
    the chip's dense BF16 or MXFP8 peak.
 
-Usage: /usr/bin/python3 bench/train_vs_torch.py [--tern build/tern] [--steps 12]
+Usage: /usr/bin/python3 bench/train_vs_torch.py [--tern build/tern] [--steps 12] [--before OLD/tern]
        [--threads 2] [--out bench/TRAIN.md]
 """
 import argparse
@@ -26,6 +26,8 @@ import time
 
 import torch
 import torch.nn.functional as F
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 L, D, H, V, B, S = 2, 128, 2, 65, 8, 128
 
@@ -98,6 +100,38 @@ def tern_step_ms(tern, recipe, steps):
     return stat([r["wall_ms"] for r in rows[2:]]), rows[-1]["sim_ns"]
 
 
+def default_run(tern, steps):
+    """Per-step wall times (steps 3..) and the (loss, simulated ns) of every
+    step of the README's default `tern train`."""
+    env = dict(os.environ, TERN_DATA_DIR=os.path.join(ROOT, "data"))
+    out = subprocess.run([tern, "train", "--steps", str(steps), "--json", "--eval-batches", "1"],
+                         capture_output=True, text=True, check=True, env=env).stdout
+    rows = [json.loads(l) for l in out.splitlines() if '"wall_ms"' in l]
+    return [r["wall_ms"] for r in rows[2:]], [(r["loss"], r["sim_ns"]) for r in rows]
+
+
+def before_after(before, after, steps, rounds=3):
+    """The default run of two builds, alternated `rounds` times in this run
+    (the host's speed drifts): Markdown lines."""
+    walls = {before: [], after: []}
+    trace = {}
+    for _ in range(rounds):
+        for b in (before, after):
+            w, t = default_run(b, steps)
+            walls[b] += w
+            trace[b] = t
+    (mb, bb), (ma, ba) = stat(walls[before]), stat(walls[after])
+    same = trace[before] == trace[after]
+    return ["", "## The default step before and after a change (same run)", "",
+            "`--before %s`: the README's default `tern train` (mxfp8), steps 3..%d, %d runs of "
+            "each build alternated." % (before, steps, rounds), "",
+            "| build | wall ms/step, median | best |", "|---|---:|---:|",
+            "| before | %.1f | %.1f |" % (mb, bb), "| after | %.1f | %.1f |" % (ma, ba), "",
+            "After / before: %.2f by the median step, %.2f by the best. Losses and simulated "
+            "times of every step: %s." % (ma / mb, ba / bb,
+                                          "identical" if same else "DIFFERENT")]
+
+
 def gpt2_mfu(tern, autocast):
     args = [tern, "compile", "--model", "gpt2", "--train", "--batch", "8", "--seq", "1024",
             "--estimate", "--json", "--no-progress"]
@@ -118,6 +152,7 @@ def main():
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "TRAIN.md"))
+    ap.add_argument("--before", help="another build's tern: its default step beside this one's")
     a = ap.parse_args()
     torch_ms = torch_step_ms(max(a.steps, 50), a.threads)  # cheap: more steps, a steadier median
     rows = [("PyTorch fp32 (CPU, %d threads)" % a.threads, torch_ms, None)]
@@ -166,6 +201,8 @@ def main():
         lines.append("| %s | %.2f ms | %.2f | %.1f %% | %.1f %% |" % (
             autocast + (" (trn3 scales)" if autocast != "bf16" else ""), ns / 1e6, flops / 1e12, 100 * flops / (ns * 1e-9) / bf16,
             100 * flops / (ns * 1e-9) / mx))
+    if a.before:
+        lines += before_after(a.before, a.tern, a.steps)
     open(a.out, "w").write("\n".join(lines) + "\n")
     print("\n".join(lines))
 
