@@ -13,7 +13,8 @@ small step. Writes bench/TRAIN.md.
    model FLOPs (6 N + 12 L h s per token, PaLM) / simulated step time /
    the chip's dense BF16 or MXFP8 peak.
 
-Usage: /usr/bin/python3 bench/train_vs_torch.py [--tern build/tern] [--steps 12] [--before OLD/tern]
+Usage: /usr/bin/python3 bench/train_vs_torch.py [--tern build/tern] [--steps 12]
+       [--before OLD/tern --before-label COMMIT]
        [--threads 2] [--out bench/TRAIN.md]
 """
 import argparse
@@ -110,7 +111,7 @@ def default_run(tern, steps):
     return [r["wall_ms"] for r in rows[2:]], [(r["loss"], r["sim_ns"]) for r in rows]
 
 
-def before_after(before, after, steps, rounds=3):
+def before_after(before, label, after, steps, rounds=3):
     """The default run of two builds, alternated `rounds` times in this run
     (the host's speed drifts): Markdown lines."""
     walls = {before: [], after: []}
@@ -123,8 +124,8 @@ def before_after(before, after, steps, rounds=3):
     (mb, bb), (ma, ba) = stat(walls[before]), stat(walls[after])
     same = trace[before] == trace[after]
     return ["", "## The default step before and after a change (same run)", "",
-            "`--before %s`: the README's default `tern train` (mxfp8), steps 3..%d, %d runs of "
-            "each build alternated." % (before, steps, rounds), "",
+            "Before: %s. The README's default `tern train` (mxfp8), steps 3..%d, %d runs of "
+            "each build alternated." % (label, steps, rounds), "",
             "| build | wall ms/step, median | best |", "|---|---:|---:|",
             "| before | %.1f | %.1f |" % (mb, bb), "| after | %.1f | %.1f |" % (ma, ba), "",
             "After / before: %.2f by the median step, %.2f by the best. Losses and simulated "
@@ -153,6 +154,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "TRAIN.md"))
     ap.add_argument("--before", help="another build's tern: its default step beside this one's")
+    ap.add_argument("--before-label", default="another build",
+                    help="what --before is, for the table (a commit)")
     a = ap.parse_args()
     torch_ms = torch_step_ms(max(a.steps, 50), a.threads)  # cheap: more steps, a steadier median
     rows = [("PyTorch fp32 (CPU, %d threads)" % a.threads, torch_ms, None)]
@@ -202,7 +205,7 @@ def main():
             autocast + (" (trn3 scales)" if autocast != "bf16" else ""), ns / 1e6, flops / 1e12, 100 * flops / (ns * 1e-9) / bf16,
             100 * flops / (ns * 1e-9) / mx))
     if a.before:
-        lines += before_after(a.before, a.tern, a.steps)
+        lines += before_after(a.before, a.before_label, a.tern, a.steps)
     open(a.out, "w").write("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -7,11 +7,11 @@
 // params are written from the host once and stay on the device; each step
 // runs the launches in order (each loads its kernel program and runs on the
 // simulator on the arena's bytes in place: no copy in or out, LaunchTraffic);
-// after a step the graph's carried
-// outputs (graph::Graph::carry: updated weights, optimizer state) replace
-// their inputs, so a training loop only feeds the batch, and delayed FP8
-// scaling's scales move on from the step's amaxes (graph/quant.h). The executable is
-// compiled once and reused by every step.
+// after a step the graph's carried outputs (graph::Graph::carry: updated
+// weights, optimizer state) replace their inputs, so a training loop only
+// feeds the batch, and delayed FP8 scaling's scales move on from the step's
+// amaxes (graph/quant.h). The executable is compiled once and reused by
+// every step.
 //
 // Simulated time is the sum of the kernels' latencies (they run one after
 // another; no launch overhead is modelled); each launch is reported with
