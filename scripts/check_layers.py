@@ -177,11 +177,11 @@ def build_graph(src):
 
 def public_closure(graph, folder):
     """The folder and everything it exposes through PUBLIC/INTERFACE edges."""
-    seen, todo = {folder}, [folder]
-    while todo:
-        for dep in graph.public[todo.pop()] - seen:
+    seen, frontier = {folder}, [folder]
+    while frontier:
+        for dep in graph.public[frontier.pop()] - seen:
             seen.add(dep)
-            todo.append(dep)
+            frontier.append(dep)
     return seen
 
 
