@@ -338,14 +338,41 @@ StepMetrics Trainer::attempt(std::int64_t s, const LoaderState& start, int& redo
   m.step = s;
   m.lr = learning_rate(c_, s);
   redo = 0;
+  raise_injected_failure(s);
+  const std::vector<Batch> batches = step_batches(s, start);
+  inject_nans(s, m);
+  if (c_.monitor_every > 0 && s % c_.monitor_every == 0) monitor(batches[0], m);
+  double loss = 0;
+  const runtime::StepResult r = run_replicas(s, batches, m, loss);
+  const auto micro = static_cast<double>(c_.accum * c_.dp);
+  m.loss = loss / micro;
+  double sumsq = 0;
+  for (const std::string& n : sumsq_names_) sumsq += r.outputs.at(n)[0];
+  // The accumulators hold the sum of accum x dp micro-batch means.
+  m.grad_norm = std::sqrt(sumsq) / micro;
+  std::map<std::int64_t, std::int64_t> bad_by_layer;
+  if (!healthy(s, sumsq, m, bad_by_layer)) {
+    unhealthy(s, start, m, bad_by_layer, redo);
+    return m;
+  }
+  watch_spikes(s, m);
+  update(m);
+  step_ = s;
+  return m;
+}
+
+void Trainer::raise_injected_failure(std::int64_t s) {
   for (const Fault& f : c_.faults)
     if (f.kind == Fault::Kind::fail && f.step == s && fails_done_[s] < f.count) {
       ++fails_done_[s];
       throw InjectedFault(fmt::format("injected device fault {} of {}", fails_done_[s], f.count));
     }
-  // The batches: a step whose batches were found bad (rollback) draws them
-  // and takes the next ones instead. dp replicas take accum each, replica r
-  // the r-th block, in the loader's order.
+}
+
+std::vector<Batch> Trainer::step_batches(std::int64_t s, const LoaderState& start) {
+  // A step whose batches were found bad (rollback) draws them and takes the
+  // next ones instead. dp replicas take accum each, replica r the r-th
+  // block, in the loader's order.
   const std::int64_t micro = c_.accum * c_.dp;
   train_->restore(start);
   if (skip_batches_.contains(s))
@@ -353,6 +380,10 @@ StepMetrics Trainer::attempt(std::int64_t s, const LoaderState& start, int& redo
   std::vector<Batch> batches;
   for (std::int64_t i = 0; i < micro; ++i)
     batches.push_back(given_ ? (*given_)[static_cast<std::size_t>(i)] : train_->next());
+  return batches;
+}
+
+void Trainer::inject_nans(std::int64_t s, StepMetrics& m) {
   for (const Fault& f : c_.faults)
     if (f.kind == Fault::Kind::nan && f.step == s && !nans_done_.contains(s)) {
       nans_done_.insert(s);
@@ -370,19 +401,14 @@ StepMetrics Trainer::attempt(std::int64_t s, const LoaderState& start, int& redo
       }
       m.actions.push_back(fmt::format("injected a NaN into the gradient of {} at step {}", p, s));
     }
-  if (c_.monitor_every > 0 && s % c_.monitor_every == 0) monitor(batches[0], m);
-  double loss = 0;
-  const runtime::StepResult r = run_replicas(s, batches, m, loss);
-  m.loss = loss / static_cast<double>(micro);
-  double sumsq = 0;
-  for (const std::string& n : sumsq_names_) sumsq += r.outputs.at(n)[0];
-  // The accumulators hold the sum of accum x dp micro-batch means.
-  m.grad_norm = std::sqrt(sumsq) / static_cast<double>(micro);
+}
 
-  // Numeric health: a non-finite sum (a NaN or Inf element, or squares
-  // past FP32's range) sends the host to the accumulators: it counts the
-  // non-finite elements by layer and sums the squares again in double.
-  std::map<std::int64_t, std::int64_t> bad_by_layer;
+bool Trainer::healthy(std::int64_t s, double& sumsq, StepMetrics& m,
+                      std::map<std::int64_t, std::int64_t>& bad_by_layer) {
+  // A non-finite sum (a NaN or Inf element, or squares past FP32's range)
+  // sends the host to the accumulators: it counts the non-finite elements
+  // by layer and sums the squares again in double.
+  const auto micro = static_cast<double>(c_.accum * c_.dp);
   std::map<std::size_t, std::vector<float>> with_bad;  // accumulators holding NaN/Inf
   if (!std::isfinite(sumsq)) {
     double host = 0;
@@ -398,7 +424,7 @@ StepMetrics Trainer::attempt(std::int64_t s, const LoaderState& start, int& redo
       m.nonfinite += n;
     }
     sumsq = host;
-    m.grad_norm = std::sqrt(sumsq) / static_cast<double>(micro);
+    m.grad_norm = std::sqrt(sumsq) / micro;
   }
   const bool bad = !std::isfinite(m.loss) ||
                    static_cast<double>(m.nonfinite) > c_.nan_rate * static_cast<double>(params_) ||
@@ -415,63 +441,66 @@ StepMetrics Trainer::attempt(std::int64_t s, const LoaderState& start, int& redo
                     "{}): zeroed",
                     s, m.nonfinite, c_.nan_rate));
   }
-  if (bad) {
-    const std::string why = fmt::format(
-        "step {}: {} non-finite gradient elements ({:.2e} of {}), loss {}", s, m.nonfinite,
-        static_cast<double>(m.nonfinite) / static_cast<double>(params_), params_, m.loss);
-    zero_accumulators();
-    std::string policy = c_.nan_policy;
-    // The offending layer: the last one with bad gradients (a fault in
-    // layer L's backward reaches the layers below it, not above); a bad
-    // loss points at the forward pass: no single layer.
-    std::int64_t layer = -1;
-    if (std::isfinite(m.loss) && !bad_by_layer.empty()) layer = bad_by_layer.rbegin()->first;
-    if (policy == "fallback-layer" && (layer < 0 || bf16_layers_.contains(layer)))
-      policy = "fallback-global";
-    if (policy == "fallback-global" && (recipe_ == "bf16" || recipe_ == "fp32")) {
-      m.actions.push_back(why +
-                          fmt::format("; the recipe is already {}: skipped the update", recipe_));
-      policy = "done";
-    }
-    if (policy == "stop") throw Error(why + " (nan_policy stop)");
-    if (policy == "skip") m.actions.push_back(why + "; skipped the update");
-    if (policy == "fallback-layer" || policy == "fallback-global") {
-      if (policy == "fallback-layer") {
-        bf16_layers_.insert(layer);
-        m.actions.push_back(why + fmt::format("; layer {} falls back to bf16, step redone", layer));
-      } else {
-        m.actions.push_back(why +
-                            fmt::format("; recipe {} falls back to bf16, step redone", recipe_));
-        recipe_ = "bf16";
-      }
-      rebuild();
-      train_->restore(start);
-      redo = -1;
-      return m;
-    }
-    if (policy == "rollback") {
-      if (skip_batches_.contains(s))  // the batch was skipped already: not the batch's fault
-        throw Error(why +
-                    "; again after a rollback that skipped the step's batch (nan_policy "
-                    "rollback cannot help: try fallback-global or a lower lr)");
-      std::vector<std::string> notes;
-      auto good = latest_good(c_.ckpt_dir, notes, step_);
-      if (!good)
-        throw Error(why + fmt::format("; no checkpoint in {} to roll back to", c_.ckpt_dir));
-      skip_batches_.insert(s);
-      restore_checkpoint(good->second);
-      m.actions.insert(m.actions.end(), notes.begin(), notes.end());
-      m.actions.push_back(why + fmt::format("; rolled back to {} (step {}), the batch skipped",
-                                            good->first.string(), step_));
-      m.updated = false;
-      return m;
-    }
-    m.updated = false;
-    step_ = s;
-    return m;
-  }
+  return !bad;
+}
 
-  // Spikes: the norm's z-score against the last spike_window steps.
+void Trainer::unhealthy(std::int64_t s, const LoaderState& start, StepMetrics& m,
+                        const std::map<std::int64_t, std::int64_t>& bad_by_layer, int& redo) {
+  const std::string why = fmt::format(
+      "step {}: {} non-finite gradient elements ({:.2e} of {}), loss {}", s, m.nonfinite,
+      static_cast<double>(m.nonfinite) / static_cast<double>(params_), params_, m.loss);
+  zero_accumulators();
+  std::string policy = c_.nan_policy;
+  // The offending layer: the last one with bad gradients (a fault in layer
+  // L's backward reaches the layers below it, not above); a bad loss points
+  // at the forward pass: no single layer.
+  std::int64_t layer = -1;
+  if (std::isfinite(m.loss) && !bad_by_layer.empty()) layer = bad_by_layer.rbegin()->first;
+  if (policy == "fallback-layer" && (layer < 0 || bf16_layers_.contains(layer)))
+    policy = "fallback-global";
+  if (policy == "fallback-global" && (recipe_ == "bf16" || recipe_ == "fp32")) {
+    m.actions.push_back(why +
+                        fmt::format("; the recipe is already {}: skipped the update", recipe_));
+    policy = "done";
+  }
+  if (policy == "stop") throw Error(why + " (nan_policy stop)");
+  if (policy == "skip") m.actions.push_back(why + "; skipped the update");
+  if (policy == "fallback-layer" || policy == "fallback-global") {
+    if (policy == "fallback-layer") {
+      bf16_layers_.insert(layer);
+      m.actions.push_back(why + fmt::format("; layer {} falls back to bf16, step redone", layer));
+    } else {
+      m.actions.push_back(why +
+                          fmt::format("; recipe {} falls back to bf16, step redone", recipe_));
+      recipe_ = "bf16";
+    }
+    rebuild();
+    train_->restore(start);
+    redo = -1;
+    return;
+  }
+  if (policy == "rollback") {
+    if (skip_batches_.contains(s))  // the batch was skipped already: not the batch's fault
+      throw Error(why +
+                  "; again after a rollback that skipped the step's batch (nan_policy "
+                  "rollback cannot help: try fallback-global or a lower lr)");
+    std::vector<std::string> notes;
+    auto good = latest_good(c_.ckpt_dir, notes, step_);
+    if (!good) throw Error(why + fmt::format("; no checkpoint in {} to roll back to", c_.ckpt_dir));
+    skip_batches_.insert(s);
+    restore_checkpoint(good->second);
+    m.actions.insert(m.actions.end(), notes.begin(), notes.end());
+    m.actions.push_back(why + fmt::format("; rolled back to {} (step {}), the batch skipped",
+                                          good->first.string(), step_));
+    m.updated = false;
+    return;
+  }
+  m.updated = false;
+  step_ = s;
+}
+
+void Trainer::watch_spikes(std::int64_t s, StepMetrics& m) {
+  // The norm's z-score against the last spike_window steps.
   if (c_.spike_z > 0 &&
       static_cast<std::int64_t>(norms_.size()) >= std::min<std::int64_t>(10, c_.spike_window)) {
     const double n = static_cast<double>(norms_.size());
@@ -489,11 +518,14 @@ StepMetrics Trainer::attempt(std::int64_t s, const LoaderState& start, int& redo
   }
   norms_.push_back(m.grad_norm);
   while (static_cast<std::int64_t>(norms_.size()) > c_.spike_window) norms_.pop_front();
+}
 
-  // Clipping (torch.nn.utils.clip_grad_norm_: max_norm / (norm + 1e-6),
-  // at most 1) and the mean over micro-batches, folded into the scalars.
+void Trainer::update(StepMetrics& m) {
+  // Clipping (torch.nn.utils.clip_grad_norm_: max_norm / (norm + 1e-6), at
+  // most 1) and the mean over micro-batches, folded into the scalars.
+  const auto micro = static_cast<double>(c_.accum * c_.dp);
   if (c_.clip > 0 && m.grad_norm > c_.clip) m.clip_scale = c_.clip / (m.grad_norm + 1e-6);
-  const double g = m.clip_scale / static_cast<double>(micro);
+  const double g = m.clip_scale / micro;
   ++opt_step_;
   auto scalars = [&](double wd) {
     std::vector<float> k = runtime::adamw_scalars(m.lr, wd, c_.beta1, c_.beta2, opt_step_);
@@ -509,16 +541,13 @@ StepMetrics Trainer::attempt(std::int64_t s, const LoaderState& start, int& redo
     grads_.clear();
     for (std::size_t i = 0; i < acc_names_.size(); ++i) {
       std::vector<float> x = reduced_.at(acc_names_[i]);
-      for (float& e : x)
-        e = static_cast<float>(static_cast<double>(e) / static_cast<double>(micro));
+      for (float& e : x) e = static_cast<float>(static_cast<double>(e) / micro);
       grads_[param_names_[i]] = std::move(x);
     }
   }
   m.sim_ns += run_update(k, m);
   zero_accumulators();
   push_weights();
-  step_ = s;
-  return m;
 }
 
 // The step's first micro-batch through the graph interpreter (float64,

@@ -38,7 +38,8 @@
 
 namespace tern::graph {
 struct Executable;
-}
+class Graph;
+}  // namespace tern::graph
 namespace tern::runtime {
 class Session;
 class System;
@@ -144,6 +145,23 @@ class Trainer {
 
  private:
   void build();  // compiles grad, update and eval programs for recipe_ / bf16_layers_
+  // The steps of build(), in order: the grad program (forward, backward,
+  // accumulators) ...
+  struct BuildContext;  // defined in trainer_build.cpp
+  void build_grad(const BuildContext& b);
+  // ... the pipeline stages (pp > 1) or the tensor-parallel pieces, each a
+  // piece of the forward pass and its backward (make_piece) ...
+  struct Stage;
+  Stage make_piece(const BuildContext& b, const graph::Graph& part, std::vector<std::string> ins,
+                   std::vector<std::string> outs, int rank) const;
+  void build_stages(const BuildContext& b);
+  void build_pieces(const BuildContext& b);
+  // ... and the optimizer's shards (which params, which chips) and their
+  // update and gradient-norm programs.
+  void partition_shards();
+  void zero_shards();
+  void build_shard_programs(const BuildContext& b);
+  bool one_chip() const { return c_.dp == 1 && c_.pp == 1 && c_.tp == 1; }
   void init_weights();
   void push_weights();  // weights_ -> every grad session of this process
   void zero_accumulators();
@@ -153,6 +171,47 @@ class Trainer {
   // sums of squares (the returned outputs "<param>.grad_sumsq").
   runtime::StepResult run_replicas(std::int64_t s, const std::vector<Batch>& batches,
                                    StepMetrics& m, double& loss);
+  // One replica's results of a step: its micro-batches' losses, program
+  // times [stage][micro-batch] (forward f, backward b) and the last
+  // backward program's result.
+  struct ReplicaRun;  // defined in trainer_sync.cpp
+  // accs[r][st][p]: replica r's accumulator of stage st's p-th param.
+  using Accumulators = std::vector<std::vector<std::vector<std::vector<float>>>>;
+  // The phases of run_replicas, in order: every local replica's
+  // micro-batches (host threads) ...
+  std::vector<ReplicaRun> run_micro_batches(std::int64_t s, const std::vector<Batch>& batches);
+  void replica_micro_batches(std::size_t k, std::int64_t s, const std::vector<Batch>& batches,
+                             ReplicaRun& out);
+  // ... when the overlapped reduction's gradients become final (ns into
+  // the last backward program, from its launches' events) ...
+  std::vector<double> gradient_ready(const ReplicaRun& first) const;
+  // ... every replica's losses, times and accumulators on every rank (MPI),
+  // each replica's timeline advanced on its chips, the losses summed in
+  // global micro-batch order into `loss` ...
+  Accumulators gather_accumulators(const std::vector<ReplicaRun>& ran, bool overlap, StepMetrics& m,
+                                   double& loss);
+  void replica_timeline(std::int64_t r, const std::vector<std::vector<double>>& f,
+                        const std::vector<std::vector<double>>& b, bool overlap, StepMetrics& m);
+  // ... the reductions into reduced_ on the simulated fabric (the tied
+  // embedding's two stages; then tensor parallel, ZeRO-1's reduce-scatter,
+  // DDP's overlapped buckets, or one all-reduce per stage) ...
+  void reduce_tied(Accumulators& accs, StepMetrics& m);
+  void reduce_tensor_parallel(const Accumulators& accs, StepMetrics& m);
+  std::vector<std::vector<float>> whole_accumulators(const Accumulators& accs,
+                                                     std::int64_t r) const;
+  void time_tied_tensor_parallel(StepMetrics& m);
+  void reduce_zero(const Accumulators& accs, StepMetrics& m);
+  std::vector<std::vector<std::size_t>> gradient_buckets(const std::vector<double>& ready) const;
+  void reduce_buckets(const Accumulators& accs, const std::vector<double>& ready, double program,
+                      StepMetrics& m);
+  void reduce_stages(const Accumulators& accs, StepMetrics& m);
+  // ... and the gradient's sums of squares, per shard, all-gathered.
+  runtime::StepResult gradient_norm(StepMetrics& m);
+  std::vector<std::vector<int>> sumsq_groups() const;
+  std::size_t position(std::size_t st, std::size_t i) const;  // param i among stage st's
+  // Adds the last collective's time to comm and exposed comm (nothing
+  // overlaps it: it follows the backward pass).
+  void exposed_collective(StepMetrics& m) const;
   // pp or tp > 1: the timeline of one replica's micro-batches on its chips
   // (1F1B over the stages; each stage's pieces on its tp chips) from the
   // programs' times f[piece][i] (forward) and b[piece][i] (backward); adds
@@ -201,6 +260,20 @@ class Trainer {
   void restore_checkpoint(const struct Checkpoint& ck);
   std::map<std::string, std::vector<float>> model_inputs(const Batch& b) const;
   StepMetrics attempt(std::int64_t step, const LoaderState& start, int& fails_left);
+  // The parts of attempt(), in order: an injected device fault (throws
+  // InjectedFault), the step's batches, injected NaNs, then after the
+  // replicas ran the gradient's health (false: too many non-finite
+  // elements or a non-finite loss; the nan_policy then applies), the
+  // spike watch and the update.
+  void raise_injected_failure(std::int64_t s);
+  std::vector<Batch> step_batches(std::int64_t s, const LoaderState& start);
+  void inject_nans(std::int64_t s, StepMetrics& m);
+  bool healthy(std::int64_t s, double& sumsq, StepMetrics& m,
+               std::map<std::int64_t, std::int64_t>& bad_by_layer);
+  void unhealthy(std::int64_t s, const LoaderState& start, StepMetrics& m,
+                 const std::map<std::int64_t, std::int64_t>& bad_by_layer, int& redo);
+  void watch_spikes(std::int64_t s, StepMetrics& m);
+  void update(StepMetrics& m);  // clipping, AdamW on every shard, the weights pushed
   StepMetrics run_step(const std::vector<Batch>* given);
   void monitor(const Batch& b, StepMetrics& m);
   void rebuild();
