@@ -487,7 +487,8 @@ isa::Program embedding_kernel(const arch::ChipSpec& chip, const EmbeddingSpec& s
 // tile into them, one scatter after the other.
 isa::Program embedding_backward_kernel(const arch::ChipSpec& chip, const EmbeddingSpec& spec);
 
-// Attention (FlashAttention-2 style, see attention.cpp and docs/kernels.md).
+// Attention (FlashAttention-2 style, see attention.cpp, attention_forward.cpp,
+// attention_backward.cpp and docs/kernels.md).
 // HBM layouts (like NKI's flash attention; "q" and "k" pre-transposed so that
 // the head dim is the matmul contraction on partitions without a transpose):
 //   q [B, Hq, D, Sq], k [B, Hkv, D, Sk], v [B, Hkv, Sk, D]  (dtype)
