@@ -23,8 +23,7 @@ void Hbm::add(std::string name, std::int64_t address, std::int64_t size) {
 }
 
 void Hbm::storage() {
-  for (Region& r : regions_)
-    if (!r.data) r.own = zeroed_bytes(static_cast<std::size_t>(r.size)), r.data = r.own.get();
+  for (Region& r : regions_) r.memory();
 }
 
 void Hbm::flags() {

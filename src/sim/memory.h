@@ -38,6 +38,12 @@ struct Region {
   std::uint8_t* data = nullptr;  // `own`, bound memory, or nullptr before either
   Bytes own, written;
   bool host_written = false;  // every byte filled by the host (write_bytes, bind)
+  // Its bytes: the bound memory, else its own (zeroed, allocated now when
+  // it has none).
+  std::uint8_t* memory() {
+    if (!data) own = zeroed_bytes(static_cast<std::size_t>(size)), data = own.get();
+    return data;
+  }
 };
 
 class Hbm {

@@ -103,8 +103,7 @@ void Simulator::write_bytes(const std::string& tensor, std::span<const std::uint
   if (static_cast<std::int64_t>(bytes.size()) != r.size) {
     throw Error(fmt::format("tensor '{}' holds {} bytes, got {}", tensor, r.size, bytes.size()));
   }
-  if (!r.data) r.own = zeroed_bytes(static_cast<std::size_t>(r.size)), r.data = r.own.get();
-  std::copy(bytes.begin(), bytes.end(), r.data);
+  std::copy(bytes.begin(), bytes.end(), r.memory());
   r.written.reset();
   r.host_written = true;
 }
