@@ -127,8 +127,7 @@ struct Simulator::Impl {
   bool hbm_flags = true;
 
   Impl(Simulator& sim, const Options& o) : s(sim), opt(o) {
-    threads = o.threads > 0 ? o.threads
-                            : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    threads = o.threads > 0 ? o.threads : host_threads();
   }
 
   // ---- functional model

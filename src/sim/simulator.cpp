@@ -21,6 +21,14 @@
 
 namespace tern::sim {
 
+int host_threads() {
+  return std::max(1, omp_get_max_threads());
+}
+
+void set_host_threads(int n) {
+  omp_set_num_threads(std::max(1, n));
+}
+
 Mode parse_mode(std::string_view s) {
   if (s == "both") return Mode::both;
   if (s == "functional") return Mode::functional;
@@ -277,9 +285,7 @@ RunStats Simulator::replay(const Recording& rec, const Options& opt) {
   std::vector<int> busy;
   for (int c = 0; c < ncores; ++c)
     if (!rec.per_core[static_cast<std::size_t>(c)].empty()) busy.push_back(c);
-  const int hw = opt.threads > 0
-                     ? opt.threads
-                     : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int hw = opt.threads > 0 ? opt.threads : host_threads();
   // Cores on threads when they are independent and their work balances
   // (the busiest core at most a quarter over an even share); otherwise one
   // thread runs the recorded order and splits large instructions' rows.

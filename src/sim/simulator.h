@@ -24,6 +24,14 @@
 
 namespace tern::sim {
 
+// The host threads a simulation started from the calling thread may use
+// when Options::threads is 0: OpenMP's default (OMP_NUM_THREADS, else the
+// host's cores), or what set_host_threads gave this thread. A caller that
+// runs simulations on several threads of its own gives each its share, so
+// that the host is not oversubscribed (OpenMP's waiting threads spin).
+int host_threads();
+void set_host_threads(int n);  // n >= 1
+
 enum class Mode : std::uint8_t {
   both,        // compute data and time
   functional,  // data only (times are still computed: they decide nothing)
@@ -39,8 +47,9 @@ struct Options {
   // A program that loops forever stops with an error after this many
   // executed instructions.
   std::int64_t max_instructions = 2'000'000'000;
-  // Host threads for the functional model's matmul arithmetic (0: all the
-  // host's cores). Results are bit-identical for any value.
+  // Host threads for the functional model's arithmetic and the replay of
+  // independent cores (0: host_threads()). Results are bit-identical for
+  // any value.
   int threads = 0;
   // Reads of SBUF/PSUM bytes no instruction wrote return what the memory
   // holds (as the hardware does; NKI kernels may read padding they later

@@ -29,6 +29,7 @@
 #include "runtime/comm.h"
 #include "runtime/device.h"
 #include "runtime/system.h"
+#include "sim/simulator.h"
 #include "train/checkpoint.h"
 #include "train/shard.h"
 #include "util/error.h"
@@ -120,10 +121,11 @@ std::vector<Trainer::ReplicaRun> Trainer::run_micro_batches(std::int64_t s,
     }
   };
   // Replicas are independent until the reduction: host threads take them
-  // in turn (each has its own Sessions; results do not depend on the count).
+  // in turn (each has its own Sessions; results do not depend on the count),
+  // each simulating on its share of the host's threads.
+  const auto host = static_cast<std::size_t>(sim::host_threads());
   const std::size_t threads =
-      std::min<std::size_t>(n, c_.threads > 0 ? static_cast<std::size_t>(c_.threads)
-                                              : std::max(1u, std::thread::hardware_concurrency()));
+      std::min<std::size_t>(n, c_.threads > 0 ? static_cast<std::size_t>(c_.threads) : host);
   if (threads <= 1) {
     for (std::size_t k = 0; k < n; ++k) run(k);
   } else {
@@ -131,6 +133,7 @@ std::vector<Trainer::ReplicaRun> Trainer::run_micro_batches(std::int64_t s,
     std::vector<std::thread> pool;
     for (std::size_t t = 0; t < threads; ++t)
       pool.emplace_back([&] {
+        sim::set_host_threads(static_cast<int>(std::max<std::size_t>(1, host / threads)));
         for (std::size_t k; (k = next++) < n;) run(k);
       });
     for (std::thread& t : pool) t.join();
