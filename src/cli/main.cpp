@@ -1,4 +1,6 @@
 // tern: a software Trainium-class training system. Entry point of the CLI.
+#include <malloc.h>
+
 #include <cstdio>
 #include <exception>
 #include <filesystem>
@@ -9,7 +11,24 @@
 #include "cli/commands.h"
 #include "util/error.h"
 
+namespace {
+// The simulator allocates and frees operand buffers of up to a few MiB for
+// every instruction. glibc serves those from fresh mmap'd pages and hands
+// the heap's top back to the kernel whenever 128 KiB are free, so each
+// instruction paid page faults and zeroing (measured: the default `tern
+// train` step 10-15 % faster with the settings below). Buffers up to
+// glibc's largest mmap threshold (32 MiB on 64-bit) stay on the heap, and
+// freed heap memory is kept for the next instruction.
+void keep_freed_memory() {
+  constexpr int kMmapThreshold = 32 << 20;  // DEFAULT_MMAP_THRESHOLD_MAX, 64-bit glibc
+  constexpr int kTrimThreshold = 1 << 30;
+  mallopt(M_MMAP_THRESHOLD, kMmapThreshold);
+  mallopt(M_TRIM_THRESHOLD, kTrimThreshold);
+}
+}  // namespace
+
 int main(int argc, char** argv) {
+  keep_freed_memory();
   CLI::App app{
       "tern: a Trainium3-class AI training system in software (simulated chip, SDK, trainer, "
       "planner)",

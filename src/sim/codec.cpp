@@ -94,6 +94,17 @@ bool decode_run(DType d, const std::uint8_t* p, std::size_t n, float* out) {
 }
 }  // namespace
 
+bool decode_columns(DType d, const std::uint8_t* p, std::size_t per, std::size_t cols,
+                    std::int64_t stride, float* out, float* scratch) {
+  for (std::size_t j = 0; j < cols; ++j) {
+    const std::uint8_t* run = p + static_cast<std::int64_t>(j) * stride;
+    if (!decode_run(d, run, per, scratch + j * per)) return false;
+  }
+  for (std::size_t i = 0; i < per; ++i)
+    for (std::size_t j = 0; j < cols; ++j) out[i * cols + j] = scratch[j * per + i];
+  return true;
+}
+
 bool is_run(std::span<const std::int64_t> offs, int sz) {
   for (std::size_t i = 1; i < offs.size(); ++i)
     if (offs[i] - offs[i - 1] != sz) return false;

@@ -218,7 +218,7 @@ struct Simulator::Impl {
   // the instruction moves enough elements to pay for waking them. Rows are
   // independent (each its own partition, or disjoint HBM rows), so the bits
   // do not depend on the split. f must not throw.
-  static constexpr std::int64_t kParallelElements = 16384;
+  static constexpr std::int64_t kParallelElements = 65536;
   template <typename F>
   void for_rows(int rows, std::int64_t elements, F&& f) const {
     // Inside a replay's per-core threads the rows stay on the caller's.

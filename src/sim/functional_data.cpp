@@ -20,11 +20,21 @@ Floats Simulator::Impl::read(int core, const AccessPattern& ap, const char* what
   for (int r = 0; r < rows; ++r)
     check_written(b[static_cast<std::size_t>(r)].second, ap, r, w, what);
   if (rows == 0) return v;
-  decode_row(ap.dtype, b[0].first, w.offs, v.data(), w.run);  // may throw (x4 types)
-  for_rows(rows - 1, static_cast<std::int64_t>(v.size()), [&](int r) {
-    decode_row(ap.dtype, b[static_cast<std::size_t>(r) + 1].first, w.offs,
-               v.data() + static_cast<std::size_t>(r + 1) * n, w.run);
-  });
+  auto one = [&](int r) {
+    const std::uint8_t* base = b[static_cast<std::size_t>(r)].first;
+    float* out = v.data() + static_cast<std::size_t>(r) * n;
+    if (w.cols > 0) {
+      thread_local Floats scratch;
+      scratch.resize(n);
+      const auto cols = static_cast<std::size_t>(w.cols);
+      if (decode_columns(ap.dtype, base + w.offs[0], n / cols, cols, w.col_stride, out,
+                         scratch.data()))
+        return;
+    }
+    decode_row(ap.dtype, base, w.offs, out, w.run);  // may throw (x4 types)
+  };
+  one(0);
+  for_rows(rows - 1, static_cast<std::int64_t>(v.size()), [&](int r) { one(r + 1); });
   return v;
 }
 

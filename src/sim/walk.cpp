@@ -10,12 +10,31 @@ namespace tern::sim {
 
 using isa::Mem;
 
+namespace {
+// The columns of a walk read across runs (Walk::cols), or 0.
+std::int64_t columns(const std::vector<std::int64_t>& offs, int size) {
+  const auto n = static_cast<std::int64_t>(offs.size());
+  if (n < 4) return 0;
+  const std::int64_t stride = offs[1] - offs[0];
+  if (stride == size) return 0;
+  std::int64_t cols = 1;
+  while (cols < n && offs[static_cast<std::size_t>(cols)] == offs[0] + cols * stride) ++cols;
+  if (cols < 2 || cols == n || n % cols != 0) return 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t want = offs[0] + (i % cols) * stride + (i / cols) * size;
+    if (offs[static_cast<std::size_t>(i)] != want) return 0;
+  }
+  return cols;
+}
+}  // namespace
+
 Walk make_walk(std::vector<std::int64_t> offs, int size) {
   Walk w;
   w.size = size;
   w.offs = std::move(offs);
   if (w.offs.empty()) return w;
   w.run = is_run(w.offs, w.size);
+  if (!w.run && (w.cols = columns(w.offs, size)) > 0) w.col_stride = w.offs[1] - w.offs[0];
   const auto [mn, mx] = std::minmax_element(w.offs.begin(), w.offs.end());
   w.lo = *mn;
   w.hi = *mx + size;

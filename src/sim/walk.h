@@ -21,6 +21,10 @@ struct Walk {
   int size = 1;                 // bytes per element
   bool run = false;             // the offsets are one ascending run of adjacent elements
   std::int64_t lo = 0, hi = 0;  // the bytes [lo, hi) the elements span (empty: lo == hi)
+  // Not a run but `cols` > 1 runs read across: offs[i * cols + j] is
+  // offs[0] + j * col_stride + i * size (decode_columns reads it run by
+  // run). 0 otherwise.
+  std::int64_t cols = 0, col_stride = 0;
 };
 
 // The walk of a pattern's free dims (rows are not part of it).
