@@ -156,6 +156,8 @@ def main():
     ap.add_argument("--before", help="another build's tern: its default step beside this one's")
     ap.add_argument("--before-label", default="another build",
                     help="what --before is, for the table (a commit)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="runs of each build, alternated, for --before (the host's speed drifts)")
     a = ap.parse_args()
     torch_ms = torch_step_ms(max(a.steps, 50), a.threads)  # cheap: more steps, a steadier median
     rows = [("PyTorch fp32 (CPU, %d threads)" % a.threads, torch_ms, None)]
@@ -205,7 +207,7 @@ def main():
             autocast + (" (trn3 scales)" if autocast != "bf16" else ""), ns / 1e6, flops / 1e12, 100 * flops / (ns * 1e-9) / bf16,
             100 * flops / (ns * 1e-9) / mx))
     if a.before:
-        lines += before_after(a.before, a.before_label, a.tern, a.steps)
+        lines += before_after(a.before, a.before_label, a.tern, a.steps, a.rounds)
     open(a.out, "w").write("\n".join(lines) + "\n")
     print("\n".join(lines))
 

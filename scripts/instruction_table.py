@@ -10,7 +10,7 @@ comment (engine and meaning), where the functional model implements it (the
 `case Opcode::X:` of Simulator::Impl::execute in src/sim/functional_ops.cpp,
 followed into the function it calls, into execute_select and the row
 functions of src/isa/select_ops.h, or into the sequencer in
-src/sim/simulator.cpp) and where its cost is (the case of CostModel::cycles
+src/sim/scheduler.cpp) and where its cost is (the case of CostModel::cycles
 in src/sim/cost.cpp with its comment and formula; DMA instructions are timed
 by DmaModel::transfer). Links are relative to docs/. The table lives between
 the markers `<!-- instruction-table:begin -->` and `<!-- instruction-table:end -->`.
@@ -26,7 +26,7 @@ BEGIN, END = "<!-- instruction-table:begin -->", "<!-- instruction-table:end -->
 INSTRUCTION_H = "src/isa/instruction.h"
 FUNCTIONAL = "src/sim/functional_ops.cpp"
 SELECT_H = "src/isa/select_ops.h"
-SIMULATOR = "src/sim/simulator.cpp"
+SIMULATOR = "src/sim/scheduler.cpp"
 COST = "src/sim/cost.cpp"
 DMA_COST = ("rows over the core's DMA engines, each (descriptor overhead + row bytes) / engine "
             "bandwidth, HBM bandwidth shared, plus a fixed cost; a queue completes in order")

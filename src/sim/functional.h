@@ -1,7 +1,8 @@
 // The simulator's functional model: the state one run keeps (Tensor
 // engine weights, accumulator registers) and what each instruction does to
-// the bytes of SBUF, PSUM and HBM. Internal to sim: simulator.cpp schedules
-// instructions, functional_*.cpp execute them.
+// the bytes of SBUF, PSUM and HBM. Internal to sim: scheduler.cpp orders
+// instructions and replay.cpp replays a recorded order; functional_*.cpp
+// execute them.
 #pragma once
 
 #include <algorithm>
