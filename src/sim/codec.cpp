@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "sim/codec_simd.h"
 #include "util/error.h"
 
 namespace tern::sim {
@@ -65,11 +66,7 @@ bool decode_run(DType d, const std::uint8_t* p, std::size_t n, float* out) {
       std::memcpy(out, p, n * 4);
       return true;
     case DType::bf16:
-      for (std::size_t i = 0; i < n; ++i) {
-        std::uint16_t h;
-        std::memcpy(&h, p + 2 * i, 2);
-        out[i] = std::bit_cast<float>(std::uint32_t{h} << 16);
-      }
+      decode_bf16_run(p, n, out);
       return true;
     case DType::fp16: {
       const float* t = table(d);
@@ -96,6 +93,10 @@ bool decode_run(DType d, const std::uint8_t* p, std::size_t n, float* out) {
 
 bool decode_columns(DType d, const std::uint8_t* p, std::size_t per, std::size_t cols,
                     std::int64_t stride, float* out, float* scratch) {
+  if (cols == 4 && (d == DType::bf16 || d == DType::fp32 || d == DType::tf32)) {
+    decode_4_columns(d == DType::bf16, p, per, stride, out);
+    return true;
+  }
   for (std::size_t j = 0; j < cols; ++j) {
     const std::uint8_t* run = p + static_cast<std::int64_t>(j) * stride;
     if (!decode_run(d, run, per, scratch + j * per)) return false;

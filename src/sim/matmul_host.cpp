@@ -136,8 +136,10 @@ void matmul_accumulate(const float* w, const float* x, std::ptrdiff_t ldx, float
                        std::ptrdiff_t lda, int k, int m, int n, bool fp32, int threads) {
   // Output rows are independent: split them over threads. Each row's sum
   // keeps its contraction order, so the bits do not depend on the split.
+  // A thread per 2^20 multiply-adds (tens of microseconds): a smaller
+  // product costs less than waking the pool's threads.
   const long long work = static_cast<long long>(k) * m * n;
-  const int t = std::max(1, std::min({threads, m, static_cast<int>(work >> 16) + 1}));
+  const int t = std::max(1, std::min({threads, m, static_cast<int>(work >> 20) + 1}));
   if (t == 1 || omp_in_parallel()) {
     HWY_DYNAMIC_DISPATCH(MatmulAccumulate)(w, m, x, ldx, acc, lda, k, m, n, fp32);
     return;

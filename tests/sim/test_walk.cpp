@@ -1,6 +1,7 @@
 // Walks of access patterns and the row decoders the functional model reads
 // operands with: a pattern read across runs (Walk::cols) decodes to the
 // same floats as element by element.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -50,33 +51,53 @@ TEST(Walk, OtherPatternsAreNotColumns) {
   EXPECT_EQ(make_walk(std::vector<std::int64_t>{0, 8, 4, 12, 16}, 4).cols, 0);  // ragged
 }
 
-// Every type with a run decoder: decode_columns gives decode_row's floats;
-// the others are refused untouched.
+// Every type with a run decoder, 3 and 4 runs (4: the vectorized path),
+// lengths with and without a vector tail: decode_columns gives
+// decode_row's floats; the other types are refused untouched.
 TEST(Codec, DecodeColumnsEqualsElementByElement) {
   std::mt19937 rng(7);
   std::vector<std::uint8_t> mem(4 * 4 * 96);
   for (auto& b : mem) b = static_cast<std::uint8_t>(rng());
   for (DType d : {DType::fp32, DType::bf16, DType::fp16, DType::fp8_e4m3, DType::fp8_e5m2,
-                  DType::int8, DType::int32}) {
-    SCOPED_TRACE(isa::name(d));
-    const int sz = isa::size_bytes(d);
-    const std::int64_t per = 96 / sz, cols = 3;
-    std::vector<std::int64_t> offs;
-    for (std::int64_t i = 0; i < per; ++i)
-      for (std::int64_t j = 0; j < cols; ++j) offs.push_back(j * per * sz + i * sz);
-    std::vector<float> want(offs.size()), got(offs.size(), -1.0f), scratch(offs.size());
-    decode_row(d, mem.data(), offs, want.data(), 0);
-    const bool ok =
-        decode_columns(d, mem.data(), static_cast<std::size_t>(per), static_cast<std::size_t>(cols),
-                       per * sz, got.data(), scratch.data());
-    if (d == DType::int8 || d == DType::int32) {
-      EXPECT_FALSE(ok);
-      EXPECT_EQ(got[0], -1.0f);
-      continue;
+                  DType::int8, DType::int32})
+    for (std::int64_t cols : {3, 4})
+      for (std::int64_t per : {std::int64_t{37}, std::int64_t{96 / isa::size_bytes(d)}}) {
+        SCOPED_TRACE(fmt::format("{} cols {} per {}", isa::name(d), cols, per));
+        const int sz = isa::size_bytes(d);
+        std::vector<std::int64_t> offs;
+        for (std::int64_t i = 0; i < per; ++i)
+          for (std::int64_t j = 0; j < cols; ++j) offs.push_back(j * per * sz + i * sz);
+        std::vector<float> want(offs.size()), got(offs.size(), -1.0f), scratch(offs.size());
+        decode_row(d, mem.data(), offs, want.data(), 0);
+        const bool ok =
+            decode_columns(d, mem.data(), static_cast<std::size_t>(per),
+                           static_cast<std::size_t>(cols), per * sz, got.data(), scratch.data());
+        if (d == DType::int8 || d == DType::int32) {
+          EXPECT_FALSE(ok);
+          EXPECT_EQ(got[0], -1.0f);
+          continue;
+        }
+        ASSERT_TRUE(ok);
+        for (std::size_t i = 0; i < got.size(); ++i)
+          ASSERT_EQ(std::bit_cast<std::uint32_t>(got[i]), std::bit_cast<std::uint32_t>(want[i]))
+              << i;
+      }
+}
+
+// BF16 runs of every length up to a few vectors decode to the codes'
+// high halves (the vector body and its tail).
+TEST(Codec, Bf16RunsOfEveryLength) {
+  std::vector<std::uint8_t> mem(2 * 100);
+  for (std::size_t i = 0; i < mem.size(); ++i) mem[i] = static_cast<std::uint8_t>(i * 37 + 11);
+  for (std::size_t n = 1; n <= 100; ++n) {
+    std::vector<std::int64_t> offs(n);
+    for (std::size_t i = 0; i < n; ++i) offs[i] = static_cast<std::int64_t>(2 * i);
+    std::vector<float> got(n);
+    decode_row(DType::bf16, mem.data(), offs, got.data(), 1);
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint32_t code = mem[2 * i] | (std::uint32_t{mem[2 * i + 1]} << 8);
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(got[i]), code << 16) << n << " " << i;
     }
-    ASSERT_TRUE(ok);
-    for (std::size_t i = 0; i < got.size(); ++i)
-      ASSERT_EQ(std::bit_cast<std::uint32_t>(got[i]), std::bit_cast<std::uint32_t>(want[i])) << i;
   }
 }
 
