@@ -116,11 +116,15 @@ def before_after(before, label, after, steps, rounds=3):
     (the host's speed drifts): Markdown lines."""
     walls = {before: [], after: []}
     trace = {}
+    round_ratios = []  # each round's after / before median: the spread of the host's drift
     for _ in range(rounds):
+        med = {}
         for b in (before, after):
             w, t = default_run(b, steps)
             walls[b] += w
             trace[b] = t
+            med[b] = statistics.median(w)
+        round_ratios.append(med[after] / med[before])
     (mb, bb), (ma, ba) = stat(walls[before]), stat(walls[after])
     same = trace[before] == trace[after]
     return ["", "## The default step before and after a change (same run)", "",
@@ -128,9 +132,11 @@ def before_after(before, label, after, steps, rounds=3):
             "each build alternated." % (label, steps, rounds), "",
             "| build | wall ms/step, median | best |", "|---|---:|---:|",
             "| before | %.1f | %.1f |" % (mb, bb), "| after | %.1f | %.1f |" % (ma, ba), "",
-            "After / before: %.2f by the median step, %.2f by the best. Losses and simulated "
-            "times of every step: %s." % (ma / mb, ba / bb,
-                                          "identical" if same else "DIFFERENT")]
+            "After / before: %.2f by the median step, %.2f by the best; round by round "
+            "(each round's medians): %s, median %.2f. Losses and simulated times of every "
+            "step: %s." % (ma / mb, ba / bb, ", ".join("%.2f" % r for r in round_ratios),
+                           statistics.median(round_ratios),
+                           "identical" if same else "DIFFERENT")]
 
 
 def gpt2_mfu(tern, autocast):
