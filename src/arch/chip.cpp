@@ -75,9 +75,10 @@ ChipSpec load_chip_file(const std::filesystem::path& file) {
       {"engines_per_core", "queues_per_engine", "engine_bandwidth_gbps", "chip_bandwidth_gbps",
        "fixed_cost_ns", "descriptor_gen_ns", "dge_instances", "overhead_bound_bytes_per_partition",
        "efficient_bytes_per_partition", "saturating_bytes_per_partition", "priority_classes"});
-  r.check_keys("costs", r.table("costs"),
-               {"min_ii_cycles", "access_start_cycles", "static_overhead_cycles",
-                "gpsimd_fixed_cycles", "stride_penalty_bytes"});
+  r.check_keys(
+      "costs", r.table("costs"),
+      {"min_ii_cycles", "access_start_cycles", "static_overhead_cycles", "gpsimd_fixed_cycles",
+       "stride_penalty_bytes", "strided_slowdown", "load_stationary_speedup", "fast_exp_speedup"});
   r.check_keys("neuronlink", r.table("neuronlink"), {"version", "bandwidth_gbps"});
   r.check_keys("sequencer", r.table("sequencer"), {"registers", "op_cycles", "sync_clock_ghz"});
 
@@ -164,6 +165,12 @@ ChipSpec load_chip_file(const std::filesystem::path& file) {
   c.costs.static_overhead = Cycles(r.integer("costs.static_overhead_cycles", 0, 1 << 20));
   c.costs.gpsimd_fixed = Cycles(r.integer("costs.gpsimd_fixed_cycles", 0, 1 << 20));
   c.costs.stride_penalty = Bytes(r.integer("costs.stride_penalty_bytes", 1, 1 << 20));
+  c.costs.strided_slowdown = static_cast<int>(r.integer("costs.strided_slowdown", 1, 64));
+  c.costs.load_stationary_speedup =
+      static_cast<int>(r.integer("costs.load_stationary_speedup", 1, 64));
+  c.costs.fast_exp_speedup = r.has("costs.fast_exp_speedup")
+                                 ? static_cast<int>(r.integer("costs.fast_exp_speedup", 1, 64))
+                                 : 0;
 
   c.sequencer.registers = static_cast<int>(r.integer("sequencer.registers", 1, 4096));
   c.sequencer.op_cycles = Cycles(r.integer("sequencer.op_cycles", 0, 1 << 20));

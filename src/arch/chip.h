@@ -55,11 +55,18 @@ struct SequencerSpec {
 };
 
 struct CostSpec {
-  Cycles min_ii;           // minimum initiation interval
-  Cycles access_start;     // cycles to start a tensor access
-  Cycles static_overhead;  // dependent back-to-back Vector/Scalar instruction overhead
-  Cycles gpsimd_fixed;     // fixed part of iota / affine_select (~150 + N)
-  Bytes stride_penalty;    // innermost stride at which SBUF/PSUM access halves
+  Cycles min_ii;             // minimum initiation interval
+  Cycles access_start;       // cycles to start a tensor access
+  Cycles static_overhead;    // dependent back-to-back Vector/Scalar instruction overhead
+  Cycles gpsimd_fixed;       // fixed part of iota / affine_select (~150 + N)
+  Bytes stride_penalty;      // innermost stride at which SBUF/PSUM access slows down
+  int strided_slowdown = 1;  // by this factor (engine cycles per element)
+  // LoadStationary runs this many times faster than a MultiplyMoving of
+  // the same free size.
+  int load_stationary_speedup = 1;
+  // The Vector engine's fast exponential (NeuronCore-v4) runs this many
+  // times the Scalar engine's exp rate; 0 where the chip has none.
+  int fast_exp_speedup = 0;
 };
 
 struct ChipSpec {

@@ -6,6 +6,10 @@
 #include <limits>
 #include <numeric>
 
+#include <fmt/format.h>
+
+#include "util/error.h"
+
 namespace tern::sim {
 
 using isa::DType;
@@ -40,6 +44,12 @@ double descriptors_per_row(const isa::Instruction& in) {
 }
 }  // namespace
 
+CostModel::CostModel(const arch::ChipSpec& chip) : chip_(chip) {
+  const auto bf16 = chip.tensor.rate.find("bf16"), fp32 = chip.tensor.rate.find("fp32");
+  if (bf16 != chip.tensor.rate.end() && fp32 != chip.tensor.rate.end() && fp32->second > 0)
+    fp32_passes_ = bf16->second / fp32->second;
+}
+
 double CostModel::cycles(const isa::Instruction& in, bool dependent) const {
   if (in.op == Opcode::reg_set || in.op == Opcode::reg_alu || in.op == Opcode::branch ||
       in.op == Opcode::core_sync) {
@@ -51,17 +61,18 @@ double CostModel::cycles(const isa::Instruction& in, bool dependent) const {
   double n = static_cast<double>(d.free_size());
   bool any_strided = false;
   for (const auto& ap : in.operands) any_strided |= strided(ap, chip_.costs.stride_penalty.value());
-  const double penalty = any_strided ? 2.0 : 1.0;
+  const double penalty = any_strided ? chip_.costs.strided_slowdown : 1.0;
   double c = 0;
   switch (in.op) {
     case Opcode::load_stationary: {
-      // Up to 4x faster than a MultiplyMoving of the same free size.
-      const double fp32 = d.dtype == DType::fp32 ? 4.0 : 1.0;
-      return std::max(1.0, std::ceil(n / 4.0)) * fp32;
+      // Up to load_stationary_speedup (4) times faster than a
+      // MultiplyMoving of the same free size; FP32 takes fp32_passes_ (4).
+      const double fp32 = d.dtype == DType::fp32 ? fp32_passes_ : 1.0;
+      return std::max(1.0, std::ceil(n / chip_.costs.load_stationary_speedup)) * fp32;
     }
     case Opcode::multiply_moving: {
       const auto& mv = in.operands[1];
-      const double fp32 = mv.dtype == DType::fp32 ? 4.0 : 1.0;
+      const double fp32 = mv.dtype == DType::fp32 ? fp32_passes_ : 1.0;
       // max(min(64, N_stationary), N_moving), N_stationary = output partitions,
       // N_moving = output columns (a double-row tile streams 2 rows per column).
       return std::max(std::min(min_ii, static_cast<double>(d.partitions)),
@@ -118,9 +129,13 @@ double CostModel::cycles(const isa::Instruction& in, bool dependent) const {
     case Opcode::bn_aggr:
       c = std::max(min_ii, 13.0 * static_cast<double>(in.operands[1].free_size()) / 3.0 * penalty);
       break;
-    case Opcode::exponential:  // the v4 fast exp: 4x the Scalar engine's rate
-      c = std::max(min_ii, n / 4.0 * penalty) + (in.accumulate ? min_ii : 0.0);
+    case Opcode::exponential: {  // the v4 fast exp: fast_exp_speedup (4) x the Scalar rate
+      if (chip_.costs.fast_exp_speedup == 0)
+        throw NotSupported(fmt::format("exponential on {}: the chip has no fast exp", chip_.name));
+      c = std::max(min_ii, n / chip_.costs.fast_exp_speedup * penalty) +
+          (in.accumulate ? min_ii : 0.0);
       break;
+    } break;
     case Opcode::affine_select:
     case Opcode::partition_reduce:
       c = gpsimd + static_cast<double>(in.operands[1].free_size());  // GpSimd ~150 + N

@@ -18,7 +18,7 @@ namespace tern::sim {
 
 class CostModel {
  public:
-  explicit CostModel(const arch::ChipSpec& chip) : chip_(chip) {}
+  explicit CostModel(const arch::ChipSpec& chip);
   // Engine cycles of a compute instruction. `dependent`: it reads what the
   // previous instruction of the same engine wrote (static overhead applies).
   double cycles(const isa::Instruction& in, bool dependent) const;
@@ -26,6 +26,9 @@ class CostModel {
 
  private:
   const arch::ChipSpec& chip_;
+  // Passes of an FP32 matmul: the Tensor engine's BF16 rate over its FP32
+  // rate (tensor.rate), 1 where the chip has no FP32 rate of its own.
+  double fp32_passes_ = 1;
 };
 
 // The chip's HBM as a shared resource in time: busy intervals, and
