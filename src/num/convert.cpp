@@ -170,7 +170,7 @@ namespace {
 
 template <typename OutT>
 CastStats encode_array_impl(const Format& f, std::span<const float> in, std::span<OutT> out,
-                            const CastOptions& opt, std::uint64_t index_base) {
+                            const CastOptions& opt, std::uint64_t index_base, bool count = true) {
   if (in.size() != out.size()) {
     throw Error(fmt::format("encode_array: {} inputs but {} outputs", in.size(), out.size()));
   }
@@ -189,7 +189,7 @@ CastStats encode_array_impl(const Format& f, std::span<const float> in, std::spa
     return st;
   }
   detail::encode_simd<OutT>(detail::make_params(f, opt.overflow), in.data(), out.data(), in.size(),
-                            nullptr, in.size(), sr, opt.seed, index_base, &st);
+                            nullptr, in.size(), sr, opt.seed, index_base, count ? &st : nullptr);
   return st;
 }
 
@@ -224,6 +224,18 @@ void decode_array_impl(const Format& f, std::span<const InT> in, std::span<float
 
 }  // namespace
 
+void encode_codes(const Format& f, std::span<const float> in, std::span<std::uint8_t> out,
+                  const CastOptions& opt, std::uint64_t index_base) {
+  encode_array_impl(f, in, out, opt, index_base, false);
+}
+void encode_codes(const Format& f, std::span<const float> in, std::span<std::uint16_t> out,
+                  const CastOptions& opt, std::uint64_t index_base) {
+  encode_array_impl(f, in, out, opt, index_base, false);
+}
+void encode_codes(const Format& f, std::span<const float> in, std::span<std::uint32_t> out,
+                  const CastOptions& opt, std::uint64_t index_base) {
+  encode_array_impl(f, in, out, opt, index_base, false);
+}
 CastStats encode_array(const Format& f, std::span<const float> in, std::span<std::uint8_t> out,
                        const CastOptions& opt, std::uint64_t index_base) {
   return encode_array_impl(f, in, out, opt, index_base);

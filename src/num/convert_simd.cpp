@@ -10,6 +10,7 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "num/encode_params.h"
@@ -172,6 +173,32 @@ void EncodeLoop(const EncodeParams& p, const float* in, OutT* out, std::size_t n
   }
 }
 
+// Round to nearest even with a scale exponent per value (block 1): MX
+// tiles encoded row by row, where a block is shorter than a vector.
+template <typename OutT, bool kStats>
+void EncodeLaneK(const EncodeParams& p, const float* in, OutT* out, std::size_t n,
+                 const std::int32_t* k, Counts& c) {
+  const DI di;
+  const std::size_t N = hn::Lanes(di);
+  const auto none = hn::Zero(hn::RebindToUnsigned<DI>());
+  std::size_t i = 0;
+  for (; i + N <= n; i += N) {
+    const VI bits = hn::BitCast(di, hn::LoadU(hn::RebindToFloat<DI>(), in + i));
+    StoreCodes(EncodeVec<false, kStats>(p, bits, hn::LoadU(di, k + i), none, c), out + i);
+  }
+  if (i < n) {
+    HWY_ALIGN std::int32_t tail_in[hn::MaxLanes(di)] = {};
+    HWY_ALIGN std::int32_t tail_k[hn::MaxLanes(di)] = {};
+    HWY_ALIGN OutT tail_out[hn::MaxLanes(di)];
+    std::memcpy(tail_in, in + i, (n - i) * sizeof(float));
+    std::memcpy(tail_k, k + i, (n - i) * sizeof(std::int32_t));
+    // Zero padding counts nothing.
+    StoreCodes(EncodeVec<false, kStats>(p, hn::Load(di, tail_in), hn::Load(di, tail_k), none, c),
+               tail_out);
+    std::memcpy(out + i, tail_out, (n - i) * sizeof(OutT));
+  }
+}
+
 // FP32 -> BF16 with RNE, the most common cast: BF16 shares FP32's exponent
 // range, so rounding the dropped 16 bits (ties to even) is the whole job,
 // FP32 subnormals included. Same results as EncodeVec (tested).
@@ -225,7 +252,12 @@ void EncodeImpl(const EncodeParams& p, const float* in, OutT* out, std::size_t n
   Counts c;
   if (block == 0) block = n == 0 ? 1 : n;
   const bool bf16 = p.m == 7 && p.T == 1 && !p.twos_complement && sizeof(OutT) >= 2;
-  if (bf16 && !stochastic && block_k == nullptr) {
+  if (block == 1 && block_k != nullptr && !stochastic) {
+    if (stats)
+      EncodeLaneK<OutT, true>(p, in, out, n, block_k, c);
+    else
+      EncodeLaneK<OutT, false>(p, in, out, n, block_k, c);
+  } else if (bf16 && !stochastic && block_k == nullptr) {
     if (stats)
       Bf16RneLoop<OutT, true>(p, in, out, n, c);
     else
@@ -265,6 +297,32 @@ void Encode32(const EncodeParams& p, const float* in, std::uint32_t* out, std::s
   EncodeImpl(p, in, out, n, k, block, sr, seed, base, st);
 }
 
+// out[i] = the largest |in[r * cols + i]| over the rows, as FP32 bits
+// (NaN and Inf bits above every finite value).
+void AbsMaxColumns(const float* in, std::size_t rows, std::size_t cols, std::uint32_t* out) {
+  const DU du;
+  const std::size_t N = hn::Lanes(du);
+  const auto mask = hn::Set(du, 0x7FFFFFFFu);
+  std::size_t i = 0;
+  for (; i + N <= cols; i += N) {
+    auto m = hn::Zero(du);
+    for (std::size_t r = 0; r < rows; ++r) {
+      const auto b = hn::BitCast(du, hn::LoadU(hn::RebindToFloat<DU>(), in + r * cols + i));
+      m = hn::Max(m, hn::And(b, mask));
+    }
+    hn::StoreU(m, du, out + i);
+  }
+  for (; i < cols; ++i) {
+    std::uint32_t m = 0;
+    for (std::size_t r = 0; r < rows; ++r) {
+      std::uint32_t b;
+      std::memcpy(&b, in + r * cols + i, sizeof b);
+      m = std::max(m, b & 0x7FFFFFFFu);
+    }
+    out[i] = m;
+  }
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace tern::num::detail
 HWY_AFTER_NAMESPACE();
@@ -275,6 +333,11 @@ namespace tern::num::detail {
 HWY_EXPORT(Encode8);
 HWY_EXPORT(Encode16);
 HWY_EXPORT(Encode32);
+HWY_EXPORT(AbsMaxColumns);
+
+void abs_max_columns(const float* in, std::size_t rows, std::size_t cols, std::uint32_t* out) {
+  HWY_DYNAMIC_DISPATCH(AbsMaxColumns)(in, rows, cols, out);
+}
 
 template <>
 void encode_simd<std::uint8_t>(const EncodeParams& p, const float* in, std::uint8_t* out,

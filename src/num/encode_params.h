@@ -104,4 +104,7 @@ void encode_simd(const EncodeParams& p, const float* in, OutT* out, std::size_t 
                  const std::int32_t* block_k, std::size_t block, bool stochastic,
                  std::uint64_t seed, std::uint64_t index_base, CastStats* stats);
 
+// out[i] = max over rows r of |in[r * cols + i]|'s FP32 bits (sign cleared).
+void abs_max_columns(const float* in, std::size_t rows, std::size_t cols, std::uint32_t* out);
+
 }  // namespace tern::num::detail

@@ -179,6 +179,72 @@ void mx_quantize(const MxFormat& f, ScalePolicy policy, std::span<const float> i
   }
 }
 
+namespace {
+
+// The tile's blocks gathered one after the other, quantized, and scattered
+// back: the order stochastic rounding numbers values by.
+void quantize_tile_gathered(const MxFormat& f, ScalePolicy policy, const float* in,
+                            std::size_t rows, std::size_t cols, std::uint8_t* elements,
+                            std::span<std::uint8_t> scales, const CastOptions& opt,
+                            std::uint64_t index_base) {
+  const std::size_t w = kMxBlock / rows, nb = cols / w;
+  std::vector<float> blocks(rows * cols);
+  for (std::size_t c = 0; c < nb; ++c)
+    for (std::size_t r = 0; r < rows; ++r)
+      std::memcpy(&blocks[c * kMxBlock + r * w], in + r * cols + c * w, w * sizeof(float));
+  std::vector<std::uint8_t> codes(blocks.size());
+  mx_quantize(f, policy, blocks, codes, scales, opt, index_base);
+  for (std::size_t c = 0; c < nb; ++c)
+    for (std::size_t r = 0; r < rows; ++r)
+      std::memcpy(elements + r * cols + c * w, &codes[c * kMxBlock + r * w], w);
+}
+
+}  // namespace
+
+void mx_quantize_tile(const MxFormat& f, ScalePolicy policy, std::span<const float> in,
+                      std::size_t rows, std::span<std::uint8_t> elements,
+                      std::span<std::uint8_t> scales, const CastOptions& opt,
+                      std::uint64_t index_base) {
+  if (rows == 0 || kMxBlock % rows != 0 || in.size() % kMxBlock != 0) {
+    throw Error(
+        fmt::format("{}: a tile of {} values in {} rows is not whole {}-value blocks of "
+                    "{} rows",
+                    f.name, in.size(), rows, kMxBlock, rows));
+  }
+  const std::size_t cols = in.size() / rows, w = kMxBlock / rows, nb = cols / w;
+  if (elements.size() != in.size() || scales.size() != nb) {
+    throw Error(fmt::format("{}: {} values need {} element codes and {} scales, got {} and {}",
+                            f.name, in.size(), in.size(), nb, elements.size(), scales.size()));
+  }
+  if (opt.rounding == Rounding::stochastic) {
+    quantize_tile_gathered(f, policy, in.data(), rows, cols, elements.data(), scales, opt,
+                           index_base);
+    return;
+  }
+  // Round to nearest even depends on the value and its block's scale alone:
+  // each row encodes in place with the blocks' exponents.
+  std::vector<std::uint32_t> amax(cols);
+  detail::abs_max_columns(in.data(), rows, cols, amax.data());
+  const ScaleRule rule = mx_scale_rule(f, policy);
+  // Each value's exponent (a block is shorter than a vector).
+  std::vector<std::int32_t> ks(cols);
+  for (std::size_t c = 0; c < nb; ++c) {
+    const std::uint32_t m = *std::max_element(amax.begin() + c * w, amax.begin() + (c + 1) * w);
+    const int k = block_exponent(rule, m);
+    scales[c] = mx_scale_code(k);
+    std::fill_n(ks.begin() + c * w, w, k == kMxNanScale ? 0 : k);
+  }
+  const auto params = detail::make_params(format(f.element), Overflow::saturate);
+  for (std::size_t r = 0; r < rows; ++r) {
+    detail::encode_simd<std::uint8_t>(params, in.data() + r * cols, elements.data() + r * cols,
+                                      cols, ks.data(), 1, false, opt.seed, 0, nullptr);
+  }
+  for (std::size_t c = 0; c < nb; ++c) {
+    if (scales[c] != 0xFF) continue;
+    for (std::size_t r = 0; r < rows; ++r) std::fill_n(elements.begin() + r * cols + c * w, w, 0);
+  }
+}
+
 void mx_dequantize(const MxFormat& f, std::span<const std::uint8_t> elements,
                    std::span<const std::uint8_t> scales, std::span<float> out) {
   if (elements.size() % kMxBlock != 0 || scales.size() != elements.size() / kMxBlock ||

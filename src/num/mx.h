@@ -72,6 +72,18 @@ void mx_quantize(const MxFormat& f, ScalePolicy policy, std::span<const float> i
                  std::span<std::uint8_t> elements, std::span<std::uint8_t> scales,
                  const CastOptions& opt = {}, std::uint64_t index_base = 0);
 
+// Quantizes a [rows][cols] FP32 tile (row-major) whose block c holds the
+// rows x w values of columns [c w, (c + 1) w), w = 32 / rows: Trainium3's
+// QuantizeMX shape (8 partitions x 4 values). Codes land in the tile's own
+// layout (one byte per value, [rows][cols]), one E8M0 scale per block. The
+// bits equal mx_quantize on the blocks gathered in order (row by row inside
+// a block), including stochastic rounding's index (index_base + the value's
+// position in that order). Throws tern::Error on shapes.
+void mx_quantize_tile(const MxFormat& f, ScalePolicy policy, std::span<const float> in,
+                      std::size_t rows, std::span<std::uint8_t> elements,
+                      std::span<std::uint8_t> scales, const CastOptions& opt = {},
+                      std::uint64_t index_base = 0);
+
 // v * 2^e rounded to FP32 as std::ldexp does: a multiplication by the power
 // of two when 2^e is a normal float (the exact product rounded once: the
 // same bits), std::ldexp beyond (a fifth of an MX step's time was ldexp).

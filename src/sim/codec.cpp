@@ -198,11 +198,23 @@ void encode_row(DType d, const float* in, std::span<const std::int64_t> offs, st
     o.overflow = (isa::is_fp8(d) || d == DType::e8m0) ? num::Overflow::saturate
                                                       : num::Overflow::non_saturating;
     const num::Format& f = *isa::format_of(d);
+    if (run && f.bits <= 16) {  // straight into the row
+      std::uint8_t* p = base + offs[0];
+      if (f.bits <= 8) {
+        num::encode_codes(f, std::span<const float>(in, n), std::span<std::uint8_t>(p, n), o,
+                          index_base);
+      } else {
+        num::encode_codes(f, std::span<const float>(in, n),
+                          std::span<std::uint16_t>(reinterpret_cast<std::uint16_t*>(p), n), o,
+                          index_base);
+      }
+      return;
+    }
     constexpr std::size_t kChunk = 1024;
     std::uint32_t codes[kChunk];
     for (std::size_t at = 0; at < n; at += kChunk) {
       const std::size_t m = std::min(kChunk, n - at);
-      num::encode_array(f, std::span<const float>(in + at, m), std::span<std::uint32_t>(codes, m),
+      num::encode_codes(f, std::span<const float>(in + at, m), std::span<std::uint32_t>(codes, m),
                         o, index_base + at);
       // The store loop per element size, chosen once (a switch per
       // element was a twentieth of a training step); a run is one block.

@@ -61,6 +61,29 @@ void Decode4Columns(bool bf16, const std::uint8_t* p, std::size_t per, std::int6
     }
 }
 
+void DecodeMx8Row(const std::uint8_t* codes, const std::uint8_t* scales, std::size_t F,
+                  const float* table, float* out) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToSigned<decltype(df)> di;
+  const hn::RebindToUnsigned<decltype(df)> du;
+  const hn::Rebind<std::uint8_t, decltype(du)> d8;
+  const std::size_t L = hn::Lanes(df);
+  const auto byte = hn::Set(du, 0xFFu);
+  std::size_t f = 0;
+  for (; f + L <= F; f += L) {
+    const auto x = hn::LoadU(du, reinterpret_cast<const std::uint32_t*>(codes + 4 * f));
+    const auto row = hn::ShiftLeft<8>(hn::PromoteTo(du, hn::LoadU(d8, scales + f)));
+    auto at = [&](auto v) { return hn::BitCast(di, hn::Or(row, hn::And(v, byte))); };
+    hn::StoreU(hn::GatherIndex(df, table, at(x)), df, out + f);
+    hn::StoreU(hn::GatherIndex(df, table, at(hn::ShiftRight<8>(x))), df, out + F + f);
+    hn::StoreU(hn::GatherIndex(df, table, at(hn::ShiftRight<16>(x))), df, out + 2 * F + f);
+    hn::StoreU(hn::GatherIndex(df, table, at(hn::ShiftRight<24>(x))), df, out + 3 * F + f);
+  }
+  for (; f < F; ++f)
+    for (std::size_t j = 0; j < 4; ++j)
+      out[j * F + f] = table[std::size_t{scales[f]} * 256 + codes[4 * f + j]];
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace tern::sim
 HWY_AFTER_NAMESPACE();
@@ -69,6 +92,11 @@ HWY_AFTER_NAMESPACE();
 namespace tern::sim {
 HWY_EXPORT(DecodeBf16Run);
 HWY_EXPORT(Decode4Columns);
+HWY_EXPORT(DecodeMx8Row);
+void decode_mx8_row(const std::uint8_t* codes, const std::uint8_t* scales, std::size_t F,
+                    const float* table, float* out) {
+  HWY_DYNAMIC_DISPATCH(DecodeMx8Row)(codes, scales, F, table, out);
+}
 void decode_bf16_run(const std::uint8_t* p, std::size_t n, float* out) {
   HWY_DYNAMIC_DISPATCH(DecodeBf16Run)(p, n, out);
 }

@@ -8,6 +8,7 @@
 
 #include "num/mx.h"
 #include "sim/codec.h"
+#include "sim/codec_simd.h"
 
 namespace tern::sim {
 
@@ -216,8 +217,18 @@ Floats Simulator::Impl::read_mx(int core, const AccessPattern& data, const Acces
   for (std::size_t g = 0; g < sb.size(); ++g)
     for (std::size_t f = 0; f < F; ++f)
       luts[g * F + f] = scaled_lut(data.dtype, sb[g].first[soffs[f]]);
+  // MX-FP8 rows of adjacent elements and scales: a table lookup per lane.
+  const bool lanes = !fp4 && dwk.run && swk.run && F > 0;
+  // The rows live in one [256 scales][256 codes] table: its start is any
+  // row less that row's offset.
+  const float* table = F > 0 ? luts[0] - std::size_t{sb[0].first[soffs[0]]} * 256 : nullptr;
   for_rows(data.partitions, static_cast<std::int64_t>(out.size()), [&](int p) {
     const std::uint8_t* base = db[static_cast<std::size_t>(p)].first;
+    if (lanes) {
+      decode_mx8_row(base + dwk.lo, sb[static_cast<std::size_t>(p / 8)].first + swk.lo, F, table,
+                     out.data() + static_cast<std::size_t>(p) * 4 * F);
+      return;
+    }
     const float* const* lut = luts.data() + static_cast<std::size_t>(p / 8) * F;
     float* o = out.data() + static_cast<std::size_t>(p) * 4 * F;
     for (std::size_t f = 0; f < F; ++f) {
@@ -254,24 +265,25 @@ void Simulator::Impl::quantize_mx(int core, const Instruction& in) {
   const Walk& swk = walk(sc);
   const auto db = bases(core, d);
   const auto sb = bases(core, sc);
-  const std::size_t block = num::kMxBlock;
   for_rows(static_cast<int>(groups), static_cast<std::int64_t>(x.size()), [&](int gi) {
     const std::size_t g = static_cast<std::size_t>(gi);
-    Floats blocks(C * block);
-    for (std::size_t pp = 0; pp < 8; ++pp) {
-      const float* xr = x.data() + (8 * g + pp) * F;
-      float* br = blocks.data() + 4 * pp;
-      for (std::size_t c = 0; c < C; ++c) std::memcpy(br + c * block, xr + 4 * c, 16);
-    }
-    std::vector<std::uint8_t> codes(blocks.size()), scales(C);
-    num::mx_quantize(mf, num::ScalePolicy::trn3, blocks, codes, scales, co,
-                     (serial << 24) + g * C * block);
+    // [8][F] codes in the tile's layout: byte 4c + j of a row is packed
+    // value j of the row's x4 element c.
+    thread_local std::vector<std::uint8_t> codes, scales;
+    codes.resize(8 * F);
+    scales.resize(C);
+    num::mx_quantize_tile(mf, num::ScalePolicy::trn3, {x.data() + 8 * g * F, 8 * F}, 8, codes,
+                          scales, co, (serial << 24) + g * C * num::kMxBlock);
     for (std::size_t c = 0; c < C; ++c) sb[g].first[swk.offs[c]] = scales[c];
     mark_written(sb[g].second, swk);
     for (std::size_t pp = 0; pp < 8; ++pp) {
       std::uint8_t* drow = db[8 * g + pp].first;
-      for (std::size_t c = 0; c < C; ++c)
-        std::memcpy(drow + dwk.offs[c], &codes[c * block + 4 * pp], 4);
+      const std::uint8_t* crow = codes.data() + pp * F;
+      if (dwk.run) {
+        std::memcpy(drow + dwk.lo, crow, F);
+      } else {
+        for (std::size_t c = 0; c < C; ++c) std::memcpy(drow + dwk.offs[c], crow + 4 * c, 4);
+      }
       mark_written(db[8 * g + pp].second, dwk);
     }
   });

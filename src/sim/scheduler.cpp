@@ -94,8 +94,12 @@ RunStats Simulator::run(const Options& opt) {
     if (const auto it = recordings_.find(program_.get()); it != recordings_.end()) {
       const Recording& rec = *it->second;
       if (rec.program.lock() == program_ && rec.stats.instructions <= opt.max_instructions) {
-        sbuf_used_ = std::max(sbuf_used_, rec.stats.sbuf_high_water);
-        psum_used_ = std::max(psum_used_, rec.stats.psum_high_water);
+        // The flags a wrapping mark must clear: a replay sets SBUF/PSUM
+        // flags only when its writes depend on data.
+        if (rec.data_dependent_writes) {
+          sbuf_used_ = std::max(sbuf_used_, rec.stats.sbuf_high_water);
+          psum_used_ = std::max(psum_used_, rec.stats.psum_high_water);
+        }
         return replay(rec, opt);
       }
     }

@@ -45,6 +45,9 @@ void check(const Format& f, const std::vector<float>& xs, const CastOptions& opt
     }
   }
   EXPECT_EQ(bad, 0u);
+  std::vector<T> codes(xs.size());  // the same codes without the counts
+  encode_codes(f, xs, std::span<T>(codes), opt, base);
+  EXPECT_TRUE(codes == out);
   EXPECT_EQ(got.overflow, want.overflow);
   EXPECT_EQ(got.underflow, want.underflow);
   EXPECT_EQ(got.nan, want.nan);

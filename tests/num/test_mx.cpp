@@ -189,6 +189,59 @@ TEST(Mx, StochasticElementsAreReproducibleAndBracketed) {
   }
 }
 
+// A tile quantized in place gives the codes and scales of its blocks
+// gathered one after the other (rows within a block), for every block
+// shape, policy, rounding and a tile with NaN, Inf, zero and tiny blocks.
+TEST(Mx, TileEqualsGatheredBlocks) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const MxId id : {MxId::mxfp8_e4m3, MxId::mxfp8_e5m2, MxId::mxfp4})
+    for (const ScalePolicy p : {ScalePolicy::ocp_floor, ScalePolicy::rceil, ScalePolicy::trn3})
+      for (const Rounding r : {Rounding::nearest_even, Rounding::stochastic})
+        for (const std::size_t rows : {1, 2, 8, 32})
+          for (const std::size_t nb : {1, 3, 17, 96}) {
+            const std::size_t w = kMxBlock / rows, cols = w * nb;
+            std::vector<float> x(rows * cols);
+            for (auto& v : x) v = normal(rng) * std::ldexp(1.0f, static_cast<int>(rng() % 30) - 15);
+            auto at = [&](std::size_t b, std::size_t i) -> float& {
+              return x[(i / w) * cols + (b % nb) * w + i % w];
+            };
+            at(0, 5 % kMxBlock) = nan;
+            at(1, 3) = -inf;
+            for (std::size_t i = 0; i < kMxBlock; ++i) at(2, i) = 0.0f;
+            for (std::size_t i = 0; i < kMxBlock; ++i) at(3, i) = 1e-40f * static_cast<float>(i);
+            std::vector<float> blocks(x.size());
+            for (std::size_t b = 0; b < nb; ++b)
+              for (std::size_t i = 0; i < kMxBlock; ++i) blocks[b * kMxBlock + i] = at(b, i);
+            const CastOptions opt{r, Overflow::saturate, 9};
+            std::vector<std::uint8_t> want(x.size()), want_sc(nb), got(x.size()), got_sc(nb);
+            mx_quantize(mx_format(id), p, blocks, want, want_sc, opt, 1000);
+            mx_quantize_tile(mx_format(id), p, x, rows, got, got_sc, opt, 1000);
+            SCOPED_TRACE(::testing::Message() << mx_format(id).name << " " << policy_name(p)
+                                              << " rows " << rows << " blocks " << nb);
+            ASSERT_EQ(got_sc, want_sc);
+            for (std::size_t b = 0; b < nb; ++b)
+              for (std::size_t i = 0; i < kMxBlock; ++i)
+                ASSERT_EQ(got[(i / w) * cols + b * w + i % w], want[b * kMxBlock + i])
+                    << b << " " << i;
+          }
+}
+
+TEST(Mx, TileShapeErrors) {
+  const MxFormat& f = mx_format(MxId::mxfp8_e4m3);
+  std::vector<float> x(64);
+  std::vector<std::uint8_t> el(64), sc(2), sc1(1);
+  EXPECT_THROW(mx_quantize_tile(f, ScalePolicy::trn3, x, 3, el, sc), Error);  // 32 % 3
+  EXPECT_THROW(mx_quantize_tile(f, ScalePolicy::trn3, x, 0, el, sc), Error);
+  EXPECT_THROW(mx_quantize_tile(f, ScalePolicy::trn3, x, 8, el, sc1), Error);
+  EXPECT_THROW(mx_quantize_tile(f, ScalePolicy::trn3, std::span<const float>(x.data(), 40), 8,
+                                std::span<std::uint8_t>(el.data(), 40), sc1),
+               Error);
+  EXPECT_NO_THROW(mx_quantize_tile(f, ScalePolicy::trn3, x, 8, el, sc));
+}
+
 TEST(Mx, BadSizesAndNames) {
   std::vector<float> xs(33);
   std::vector<std::uint8_t> el(33), sc(1);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "sim/codec.h"
+#include "sim/codec_simd.h"
 #include "sim/walk.h"
 
 namespace tern::sim {
@@ -98,6 +99,25 @@ TEST(Codec, Bf16RunsOfEveryLength) {
       const std::uint32_t code = mem[2 * i] | (std::uint32_t{mem[2 * i + 1]} << 8);
       ASSERT_EQ(std::bit_cast<std::uint32_t>(got[i]), code << 16) << n << " " << i;
     }
+  }
+}
+
+// MX-FP8 rows of every length up to a few vectors: each packed byte looks
+// up its element's scale row (the vector body's gathers and the tail).
+TEST(Codec, Mx8RowsLookUpEachByteInItsScaleRow) {
+  std::vector<float> table(256 * 256);
+  for (std::size_t i = 0; i < table.size(); ++i) table[i] = static_cast<float>(i) * 0.5f - 7.0f;
+  std::mt19937 rng(3);
+  for (std::size_t F = 1; F <= 70; ++F) {
+    std::vector<std::uint8_t> codes(4 * F), scales(F);
+    for (auto& b : codes) b = static_cast<std::uint8_t>(rng());
+    for (auto& b : scales) b = static_cast<std::uint8_t>(rng());
+    std::vector<float> got(4 * F);
+    decode_mx8_row(codes.data(), scales.data(), F, table.data(), got.data());
+    for (std::size_t f = 0; f < F; ++f)
+      for (std::size_t j = 0; j < 4; ++j)
+        ASSERT_EQ(got[j * F + f], table[std::size_t{scales[f]} * 256 + codes[4 * f + j]])
+            << F << " " << f << " " << j;
   }
 }
 
