@@ -101,10 +101,17 @@ def tern_step_ms(tern, recipe, steps):
     return stat([r["wall_ms"] for r in rows[2:]]), rows[-1]["sim_ns"]
 
 
+def data_dir(tern):
+    """The data directory of the tree a tern binary was built in (BUILD/tern:
+    BUILD/../data), else this tree's: an older build reads its own chip files."""
+    d = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(tern))), "data")
+    return d if os.path.isdir(os.path.join(d, "arch")) else os.path.join(ROOT, "data")
+
+
 def default_run(tern, steps):
     """Per-step wall times (steps 3..) and the (loss, simulated ns) of every
     step of the README's default `tern train`."""
-    env = dict(os.environ, TERN_DATA_DIR=os.path.join(ROOT, "data"))
+    env = dict(os.environ, TERN_DATA_DIR=data_dir(tern))
     out = subprocess.run([tern, "train", "--steps", str(steps), "--json", "--eval-batches", "1"],
                          capture_output=True, text=True, check=True, env=env).stdout
     rows = [json.loads(l) for l in out.splitlines() if '"wall_ms"' in l]

@@ -92,11 +92,15 @@ bool decode_run(DType d, const std::uint8_t* p, std::size_t n, float* out) {
 }  // namespace
 
 bool decode_columns(DType d, const std::uint8_t* p, std::size_t per, std::size_t cols,
-                    std::int64_t stride, float* out, float* scratch) {
+                    std::int64_t stride, float* out) {
   if (cols == 4 && (d == DType::bf16 || d == DType::fp32 || d == DType::tf32)) {
     decode_4_columns(d == DType::bf16, p, per, stride, out);
     return true;
   }
+  // Run by run, then interleaved (on this thread's scratch row).
+  thread_local std::vector<float> scratch_row;
+  scratch_row.resize(per * cols);
+  float* scratch = scratch_row.data();
   for (std::size_t j = 0; j < cols; ++j) {
     const std::uint8_t* run = p + static_cast<std::int64_t>(j) * stride;
     if (!decode_run(d, run, per, scratch + j * per)) return false;

@@ -25,11 +25,10 @@ void decode_row(isa::DType d, const std::uint8_t* base, std::span<const std::int
 // A row stored as `cols` runs of `per` adjacent elements, run j starting
 // j * stride bytes after p, read in the walk's order: out[i * cols + j] is
 // element i of run j (a free pattern whose inner dim strides across
-// partition-sized blocks and whose outer dim is contiguous). `scratch`
-// holds per * cols floats. False, with nothing written, for a type read
-// element by element only (decode_row then handles it, or says why not).
+// partition-sized blocks and whose outer dim is contiguous). False, with nothing written, for a
+// type read element by element only (decode_row then handles it, or says why not).
 bool decode_columns(isa::DType d, const std::uint8_t* p, std::size_t per, std::size_t cols,
-                    std::int64_t stride, float* out, float* scratch);
+                    std::int64_t stride, float* out);
 // Encodes n floats into elements of `d` at base + offs[i]. `index_base`
 // numbers the elements for stochastic rounding. `run`: whether offs is_run
 // (1 / 0), when the caller knows; -1: checked here.

@@ -25,12 +25,8 @@ Floats Simulator::Impl::read(int core, const AccessPattern& ap, const char* what
     const std::uint8_t* base = b[static_cast<std::size_t>(r)].first;
     float* out = v.data() + static_cast<std::size_t>(r) * n;
     if (w.cols > 0) {
-      thread_local Floats scratch;
-      scratch.resize(n);
       const auto cols = static_cast<std::size_t>(w.cols);
-      if (decode_columns(ap.dtype, base + w.offs[0], n / cols, cols, w.col_stride, out,
-                         scratch.data()))
-        return;
+      if (decode_columns(ap.dtype, base + w.offs[0], n / cols, cols, w.col_stride, out)) return;
     }
     decode_row(ap.dtype, base, w.offs, out, w.run);  // may throw (x4 types)
   };

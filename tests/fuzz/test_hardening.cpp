@@ -13,6 +13,7 @@
 
 #include "arch/chip.h"
 #include "arch/system.h"
+#include "common/expect_error.h"
 #include "fabric/network.h"
 #include "fixtures.h"
 #include "graph/models.h"
@@ -32,18 +33,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The error `f` throws must contain `what`.
-template <class F>
-void expect_error(F&& f, const std::string& what) {
-  try {
-    f();
-    ADD_FAILURE() << "accepted; expected an error containing '" << what << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
-  }
-}
-
 using fuzz::trn3;
+using tern::test_util::expect_error;
 isa::Program matmul128() {
   return fuzz::small_matmul(128, 128, 128);
 }

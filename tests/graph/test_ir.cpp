@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "common/expect_error.h"
 #include "graph/autodiff.h"
 #include "graph/text.h"
 #include "util/error.h"
@@ -12,17 +13,7 @@
 namespace tern::graph {
 namespace {
 
-// Expects `f` to throw tern::Error whose message contains every `parts`.
-template <typename F>
-void expect_error(F f, std::initializer_list<std::string_view> parts) {
-  try {
-    f();
-    ADD_FAILURE() << "no error";
-  } catch (const Error& e) {
-    for (std::string_view p : parts)
-      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what() << "\nlacks: " << p;
-  }
-}
+using tern::test_util::expect_error;
 
 Graph llama_block() {
   Graph g("llama_block");

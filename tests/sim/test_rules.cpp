@@ -3,6 +3,7 @@
 // builder recorded it, the kernel source line.
 #include <gtest/gtest.h>
 
+#include "common/expect_error.h"
 #include "helpers.h"
 #include "kernel/builder.h"
 #include "sim/simulator.h"
@@ -19,18 +20,15 @@ using namespace testing_helpers;
 // Loads (and runs, functional+timing) `p`; the error must contain every needle.
 void expect_error(const arch::ChipSpec& chip, const isa::Program& p,
                   std::initializer_list<std::string> needles, sim::Mode mode = sim::Mode::both) {
-  sim::Simulator s(chip);
-  try {
-    s.load(p);
-    sim::Options o;
-    o.mode = mode;
-    s.run(o);
-    ADD_FAILURE() << "no error; wanted: " << *needles.begin();
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    for (const auto& n : needles)
-      EXPECT_NE(msg.find(n), std::string::npos) << msg << "\n  missing: " << n;
-  }
+  test_util::expect_error_words(
+      [&] {
+        sim::Simulator s(chip);
+        s.load(p);
+        sim::Options o;
+        o.mode = mode;
+        s.run(o);
+      },
+      needles);
 }
 
 isa::Program single(const arch::ChipSpec& chip, isa::Instruction in) {

@@ -68,11 +68,10 @@ TEST(Codec, DecodeColumnsEqualsElementByElement) {
         std::vector<std::int64_t> offs;
         for (std::int64_t i = 0; i < per; ++i)
           for (std::int64_t j = 0; j < cols; ++j) offs.push_back(j * per * sz + i * sz);
-        std::vector<float> want(offs.size()), got(offs.size(), -1.0f), scratch(offs.size());
+        std::vector<float> want(offs.size()), got(offs.size(), -1.0f);
         decode_row(d, mem.data(), offs, want.data(), 0);
-        const bool ok =
-            decode_columns(d, mem.data(), static_cast<std::size_t>(per),
-                           static_cast<std::size_t>(cols), per * sz, got.data(), scratch.data());
+        const bool ok = decode_columns(d, mem.data(), static_cast<std::size_t>(per),
+                                       static_cast<std::size_t>(cols), per * sz, got.data());
         if (d == DType::int8 || d == DType::int32) {
           EXPECT_FALSE(ok);
           EXPECT_EQ(got[0], -1.0f);
