@@ -11,6 +11,7 @@
 #include <random>
 
 #include "arch/chip.h"
+#include "common/graph_values.h"
 #include "graph/autocast.h"
 #include "graph/autodiff.h"
 #include "graph/models.h"
@@ -18,7 +19,6 @@
 #include "lower/lower.h"
 #include "runtime/device.h"
 #include "util/error.h"
-#include "values.h"
 
 namespace tern::graph {
 namespace {

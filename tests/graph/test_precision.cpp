@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 #include "arch/chip.h"
 
+#include "common/graph_values.h"
 #include "graph/autocast.h"
 #include "graph/autodiff.h"
 #include "graph/eval.h"
@@ -23,7 +24,6 @@
 #include "lower/lower.h"
 #include "runtime/device.h"
 #include "util/error.h"
-#include "values.h"
 
 namespace tern::graph {
 namespace {

@@ -10,6 +10,7 @@
 
 #include "arch/chip.h"
 #include "common/expect_error.h"
+#include "common/graph_values.h"
 #include "graph/autodiff.h"
 #include "graph/eval.h"
 #include "graph/models.h"
@@ -18,7 +19,6 @@
 #include "lower/lower.h"
 #include "runtime/device.h"
 #include "util/error.h"
-#include "values.h"
 
 namespace tern::graph {
 namespace {

@@ -62,7 +62,7 @@ def test_backward_equals_torch_autograd(chip, tokens, vocab, dim, cores):
     tokens, where it switches code paths), as the
     kernel does (zero start, one rounding per add), so the bits agree; a
     different summation order would miss by a few ulps (see
-    tests/sim/test_embedding.cpp, ReverseOrderDiffers)."""
+    tests/kernel/test_embedding.cpp, ReverseOrderDiffers)."""
     rng = np.random.default_rng(2)
     ids = token_ids(rng, tokens, vocab)
     dout = rng.standard_normal((tokens, dim)).astype(np.float32)

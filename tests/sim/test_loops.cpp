@@ -3,7 +3,7 @@
 // the iteration.
 #include <gtest/gtest.h>
 
-#include "helpers.h"
+#include "common/sim_helpers.h"
 #include "sim/simulator.h"
 #include "util/error.h"
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "arch/chip.h"
-#include "helpers.h"
+#include "common/sim_helpers.h"
 #include "kernel/builder.h"
 #include "kernel/kernels.h"
 #include "sim/simulator.h"

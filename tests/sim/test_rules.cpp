@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "common/expect_error.h"
-#include "helpers.h"
+#include "common/sim_helpers.h"
 #include "kernel/builder.h"
 #include "sim/simulator.h"
 #include "util/error.h"

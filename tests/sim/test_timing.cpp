@@ -6,7 +6,7 @@
 
 #include <cmath>
 
-#include "helpers.h"
+#include "common/sim_helpers.h"
 #include "kernel/builder.h"
 #include "sim/cost.h"
 #include "sim/simulator.h"

@@ -9,13 +9,13 @@
 #include <vector>
 
 #include "arch/chip.h"
-#include "helpers.h"
+#include "common/run_kernel.h"
+#include "common/sim_helpers.h"
 #include "isa/program.h"
 #include "kernel/builder.h"
 #include "kernel/kernels.h"
 #include "kernel/reference.h"
 #include "num/convert.h"
-#include "run_kernel.h"
 #include "sim/simulator.h"
 #include "util/error.h"
 

@@ -10,10 +10,10 @@
 #include <vector>
 
 #include "arch/chip.h"
+#include "common/run_kernel.h"
 #include "kernel/kernels.h"
 #include "kernel/reference.h"
 #include "num/convert.h"
-#include "run_kernel.h"
 #include "sim/simulator.h"
 #include "util/error.h"
 

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "arch/chip.h"
+#include "common/run_kernel.h"
 #include "kernel/registry.h"
-#include "run_kernel.h"
 #include "sim/simulator.h"
 #include "util/error.h"
 

@@ -9,6 +9,7 @@
 #include <random>
 
 #include "arch/chip.h"
+#include "common/graph_values.h"
 #include "graph/autocast.h"
 #include "graph/autodiff.h"
 #include "graph/eval.h"
@@ -18,7 +19,6 @@
 #include "num/convert.h"
 #include "runtime/device.h"
 #include "util/error.h"
-#include "values.h"
 
 namespace tern::graph {
 namespace {

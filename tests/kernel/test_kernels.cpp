@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "arch/chip.h"
-#include "helpers.h"
+#include "common/sim_helpers.h"
 #include "kernel/kernels.h"
 #include "num/convert.h"
 #include "num/mx.h"

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "arch/chip.h"
+#include "common/run_kernel.h"
 #include "kernel/kernels.h"
-#include "run_kernel.h"
 
 namespace tern {
 namespace {

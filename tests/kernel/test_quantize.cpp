@@ -12,11 +12,11 @@
 #include <vector>
 
 #include "arch/chip.h"
+#include "common/run_kernel.h"
 #include "kernel/kernels.h"
 #include "kernel/reference.h"
 #include "num/convert.h"
 #include "num/mx.h"
-#include "run_kernel.h"
 #include "util/error.h"
 
 namespace tern {
