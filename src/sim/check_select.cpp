@@ -64,6 +64,8 @@ std::string eight_rules(const arch::ChipSpec& chip, const isa::Instruction& in) 
 }  // namespace
 
 std::string select_rules(const arch::ChipSpec& chip, const isa::Instruction& in) {
+  // Sequencer instructions (no operands) reach here too: nothing to check.
+  if (in.operands.empty()) return {};
   const auto& d = in.operands[0];
   const int nops = static_cast<int>(in.operands.size());
   switch (in.op) {
