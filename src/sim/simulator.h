@@ -131,6 +131,7 @@ class Simulator {
  private:
   struct Impl;
   struct Recording;
+  struct Schedule;  // one simulated run's timing state (scheduler.cpp)
   RunStats replay(const Recording& rec, const Options& opt);
   arch::ChipSpec chip_;
   std::shared_ptr<const isa::Program> program_;
