@@ -78,7 +78,9 @@ ChipSpec load_chip_file(const std::filesystem::path& file) {
   r.check_keys(
       "costs", r.table("costs"),
       {"min_ii_cycles", "access_start_cycles", "static_overhead_cycles", "gpsimd_fixed_cycles",
-       "stride_penalty_bytes", "strided_slowdown", "load_stationary_speedup", "fast_exp_speedup"});
+       "stride_penalty_bytes", "strided_slowdown", "load_stationary_speedup", "fast_exp_speedup",
+       "tensor_tensor_cycles_per_element", "reciprocal_cycles_per_element",
+       "bn_aggr_cycles_per_3_elements", "bf16_reduce_speedup", "memset_zero_16bit_speedup"});
   r.check_keys("neuronlink", r.table("neuronlink"), {"version", "bandwidth_gbps"});
   r.check_keys("sequencer", r.table("sequencer"), {"registers", "op_cycles", "sync_clock_ghz"});
 
@@ -168,6 +170,12 @@ ChipSpec load_chip_file(const std::filesystem::path& file) {
   c.costs.strided_slowdown = static_cast<int>(r.integer("costs.strided_slowdown", 1, 64));
   c.costs.load_stationary_speedup =
       static_cast<int>(r.integer("costs.load_stationary_speedup", 1, 64));
+  auto factor = [&](const char* key) { return static_cast<int>(r.integer(key, 1, 64)); };
+  c.costs.tensor_tensor_cycles = factor("costs.tensor_tensor_cycles_per_element");
+  c.costs.reciprocal_cycles = factor("costs.reciprocal_cycles_per_element");
+  c.costs.bn_aggr_cycles_per_3 = factor("costs.bn_aggr_cycles_per_3_elements");
+  c.costs.bf16_reduce_speedup = factor("costs.bf16_reduce_speedup");
+  c.costs.memset_zero_16bit_speedup = factor("costs.memset_zero_16bit_speedup");
   c.costs.fast_exp_speedup = r.has("costs.fast_exp_speedup")
                                  ? static_cast<int>(r.integer("costs.fast_exp_speedup", 1, 64))
                                  : 0;

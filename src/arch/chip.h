@@ -67,6 +67,17 @@ struct CostSpec {
   // The Vector engine's fast exponential (NeuronCore-v4) runs this many
   // times the Scalar engine's exp rate; 0 where the chip has none.
   int fast_exp_speedup = 0;
+  // Cycles per element (the NeuronCore-v2 cost table): a tensor_tensor
+  // that reads neither PSUM nor two contiguous SBUF bf16 operands of
+  // add/multiply/subtract (those take one), and a reciprocal.
+  int tensor_tensor_cycles = 1;
+  int reciprocal_cycles = 1;
+  // bn_aggr: cycles per three elements of its source (13 N / 3).
+  int bn_aggr_cycles_per_3 = 3;
+  // Faster by this factor: a bf16 add/max tensor_reduce, a memset of zero
+  // into a 16-bit type.
+  int bf16_reduce_speedup = 1;
+  int memset_zero_16bit_speedup = 1;
 };
 
 struct ChipSpec {

@@ -94,7 +94,8 @@ double CostModel::cycles(const isa::Instruction& in, bool dependent) const {
                              b.contiguous_inner() &&
                              (in.alu0 == isa::AluOp::add || in.alu0 == isa::AluOp::multiply ||
                               in.alu0 == isa::AluOp::subtract);
-      c = std::max(min_ii, (psum_in || fast_bf16 ? 1.0 : 2.0) * n * penalty);
+      const double per = psum_in || fast_bf16 ? 1.0 : chip_.costs.tensor_tensor_cycles;
+      c = std::max(min_ii, per * n * penalty);
       break;
     }
     case Opcode::tensor_reduce: {
@@ -102,7 +103,7 @@ double CostModel::cycles(const isa::Instruction& in, bool dependent) const {
       const double ns = static_cast<double>(s.free_size());
       const bool half =
           s.dtype == DType::bf16 && (in.alu0 == isa::AluOp::add || in.alu0 == isa::AluOp::max);
-      c = (half ? ns / 2.0 : ns) * penalty;
+      c = (half ? ns / chip_.costs.bf16_reduce_speedup : ns) * penalty;
       break;
     }
     case Opcode::rng:  // one element per lane and cycle, as a memset
@@ -111,7 +112,7 @@ double CostModel::cycles(const isa::Instruction& in, bool dependent) const {
       break;
     case Opcode::memset: {
       const bool half = in.imm0 == 0.0f && isa::size_bytes(d.dtype) == 2;
-      c = std::max(min_ii, (half ? n / 2.0 : n) * penalty);
+      c = std::max(min_ii, (half ? n / chip_.costs.memset_zero_16bit_speedup : n) * penalty);
       break;
     }
     case Opcode::activation:
@@ -121,13 +122,14 @@ double CostModel::cycles(const isa::Instruction& in, bool dependent) const {
       c = std::max(min_ii, static_cast<double>(in.operands[2].free_size()) * penalty);
       break;
     case Opcode::reciprocal:
-      c = std::max(min_ii, 8.0 * n * penalty);
+      c = std::max(min_ii, chip_.costs.reciprocal_cycles * n * penalty);
       break;
     case Opcode::bn_stats:
       c = std::max(min_ii, static_cast<double>(in.operands[1].free_size()) * penalty);
       break;
     case Opcode::bn_aggr:
-      c = std::max(min_ii, 13.0 * static_cast<double>(in.operands[1].free_size()) / 3.0 * penalty);
+      c = std::max(min_ii, chip_.costs.bn_aggr_cycles_per_3 *
+                               static_cast<double>(in.operands[1].free_size()) / 3.0 * penalty);
       break;
     case Opcode::exponential: {  // the v4 fast exp: fast_exp_speedup (4) x the Scalar rate
       if (chip_.costs.fast_exp_speedup == 0)
