@@ -92,6 +92,18 @@ constexpr std::int64_t kMxRowMultiple = 32 * 4;
 // descriptors; the x4 order (element 4c + j) would cost one per element.
 Tensor mx_source_view(const Tensor& x, std::int64_t cols, std::int64_t k0, std::int64_t c0,
                       int parts, std::int64_t nc);
+// Loads rows k0 .. k0 + 4 parts, columns c0 .. c0 + nc of the [K, cols]
+// operand into `staged` (a [parts, 4 nc] BF16 tile) and returns the view
+// QuantizeMX reads (x4 order: element 4c + j is row k0 + 4p + j of column
+// c). `x` is the operand as stored: [K, cols], loaded in mx_source_view's
+// j-major layout (four descriptors a partition), or with `trans` its
+// transpose [cols, K] (K contiguous, e.g. activations [tokens, features]),
+// which four DMA transposes bring in, one per j (the nc rows' elements
+// k0 + 4p + j onto partitions p), so no transpose pass is needed before
+// quantizing along K. Both write the j-major layout (the four transposes
+// write disjoint ranges, so they run in parallel).
+Tensor load_mx_source(Builder& b, const Tensor& staged, const Tensor& x, bool trans,
+                      std::int64_t k0, std::int64_t c0, int parts, std::int64_t nc);
 // The SBUF tile mx_source_view filled, read in the x4 order the MX matmul
 // contracts over: element 4c + j of the view is value j of column c.
 Tensor mx_interleaved(const Tensor& staged, std::int64_t nc);

@@ -387,6 +387,10 @@ struct MxQuantizeSpec {
   isa::DType elem = isa::DType::fp8_e4m3_x4;
   num::ScalePolicy policy = num::ScalePolicy::trn3;
   bool software = false;
+  // x given transposed, as [cols, K] (K contiguous): the tiles load by DMA
+  // transposes, so a [tokens, features] activation quantizes along its
+  // features without a transpose pass first. The outputs are the same.
+  bool trans = false;
   int cores = 1;
 };
 isa::Program mx_quantize_kernel(const arch::ChipSpec& chip, const MxQuantizeSpec& spec);

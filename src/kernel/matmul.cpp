@@ -66,16 +66,23 @@ isa::Program mx_matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
     return (real_parts(kt) + G - 1) / G * G;
   };
   const std::int64_t budget = chip.sbuf_partition_bytes.value();
-  // Per partition: all of A quantized (4 B x M per k tile, + 1 B scales), two
-  // sets of one B column tile (4 B x TN, + scales), staging and outputs.
-  const std::int64_t need = KT * (5 * s.m + 2 * 5 * TN) + 4 * (4 * TM * 2 + 4 * TN * 2) +
-                            4 * TN * 4 + epilogue_sbuf_bytes(ep, TM, TN);
-  if (need > budget) {
+  // Per partition: a block of BM columns of A quantized (4 B x BM per k
+  // tile, + 1 B scales), two sets of one B column tile (4 B x TN, +
+  // scales), staging and outputs. A block is as many of a core's M tiles
+  // as fit (all of them when K is short); B is quantized (or loaded) again
+  // for every block.
+  auto need = [&](std::int64_t bm) {
+    return KT * (5 * bm + 2 * 5 * TN) + 4 * (4 * TM * 2 + 4 * TN * 2) + 4 * TN * 4 +
+           epilogue_sbuf_bytes(ep, TM, TN);
+  };
+  if (need(TM) > budget) {
     throw NotSupported(
-        fmt::format("MX matmul with M = {}, K = {}: the quantized A ({} bytes per partition) "
-                    "does not fit SBUF in one pass (budget {})",
-                    s.m, s.k, need, budget));
+        fmt::format("MX matmul with K = {}: one quantized A tile and two B tiles ({} bytes per "
+                    "partition) do not fit SBUF (budget {})",
+                    s.k, need(TM), budget));
   }
+  std::int64_t block_tiles = ceil_div(s.m, TM);
+  while (block_tiles > 1 && need(block_tiles * TM) > budget) --block_tiles;
   // Cores split C by M tiles (core, core + cores, ...), every core then
   // quantizing all of B, or by N tiles, every core quantizing all of A:
   // whichever leaves the busiest core fewer columns to quantize (its share
@@ -93,11 +100,15 @@ isa::Program mx_matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
     const std::int64_t m_first = split_n ? 0 : core * TM, m_step = split_n ? TM : TM * s.cores;
     if (n_first >= s.n || m_first >= s.m) continue;  // nothing for this core
     b.set_core(core);
+    // This core's M tiles, in blocks of at most block_tiles.
+    std::vector<std::int64_t> m_tiles;
+    for (std::int64_t m0 = m_first; m0 < s.m; m0 += m_step) m_tiles.push_back(m0);
+    const std::int64_t BM = std::min<std::int64_t>(block_tiles, std::ssize(m_tiles)) * TM;
     std::vector<Tensor> aq(KT), as(KT), bq[2], bs[2];
     for (std::int64_t kt = 0; kt < KT; ++kt) {
       const int parts = padded_parts(kt);
-      aq[kt] = b.sbuf(parts, s.m, s.in);
-      as[kt] = b.sbuf(parts / 8, s.m, DType::uint8);
+      aq[kt] = b.sbuf(parts, BM, s.in);
+      as[kt] = b.sbuf(parts / 8, BM, DType::uint8);
       for (int i = 0; i < 2; ++i) {
         bq[i].push_back(b.sbuf(parts, TN, inb));
         bs[i].push_back(b.sbuf(parts / 8, TN, DType::uint8));
@@ -141,46 +152,48 @@ isa::Program mx_matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
                       mx_interleaved(src, nc));
       }
     };
-    // A's columns are quantized once, just before the first N tile uses them;
-    // B column tiles one step ahead of the matmuls that use them
-    // (double-buffered), so quantization overlaps the Tensor engine.
-    auto prepare_a = [&](std::int64_t m0) {
-      quantize_columns(at, at_s, a_src, m0, std::min(TM, s.m - m0), aq, as, m0);
-    };
+    // A's columns are quantized once per block, just before the block's
+    // first N tile uses them; B column tiles one step ahead of the matmuls
+    // that use them (double-buffered), so quantization overlaps the Tensor
+    // engine.
     auto prepare_b = [&](std::int64_t n0, int which) {
       quantize_columns(bt, bt_s, b_src, n0, std::min(TN, s.n - n0), bq[which], bs[which], 0);
     };
-    prepare_b(n_first, 0);
-    for (std::int64_t n0 = n_first; n0 < s.n; n0 += n_step) {
-      const std::int64_t tn = std::min(TN, s.n - n0);
-      auto& q = bq[set];
-      auto& qs = bs[set];
-      if (n0 + n_step < s.n) prepare_b(n0 + n_step, set ^ 1);
-      const Tensor* bias = nullptr;
-      if (ep.bias) {
-        const int rows = static_cast<int>(std::min(TM, s.m));
-        b.dma_copy(bias_sets[set].tile(0, rows, 0, tn), bias_rows(bias_h, rows, n0, tn));
-        bias = &bias_sets[set];
-      }
-      set ^= 1;
-      for (std::int64_t m0 = m_first; m0 < s.m; m0 += m_step) {
-        if (n0 == n_first) prepare_a(m0);
-        const int tm = static_cast<int>(std::min(TM, s.m - m0));
-        const Tensor p = ps[pi].tile(0, tm, 0, tn);
-        pi = (pi + 1) % kPsum;
-        for (std::int64_t kt = 0; kt < KT; ++kt) {
-          const int parts = padded_parts(kt);
-          b.matmul_mx(p, aq[kt].tile(0, parts, m0, tm), as[kt].tile(0, parts / 8, m0, tm),
-                      q[kt].tile(0, parts, 0, tn), qs[kt].tile(0, parts / 8, 0, tn), kt > 0);
+    for (std::size_t t0 = 0; t0 < m_tiles.size(); t0 += static_cast<std::size_t>(BM / TM)) {
+      const std::size_t t1 = std::min(m_tiles.size(), t0 + static_cast<std::size_t>(BM / TM));
+      prepare_b(n_first, set);
+      for (std::int64_t n0 = n_first; n0 < s.n; n0 += n_step) {
+        const std::int64_t tn = std::min(TN, s.n - n0);
+        auto& q = bq[set];
+        auto& qs = bs[set];
+        if (n0 + n_step < s.n) prepare_b(n0 + n_step, set ^ 1);
+        const Tensor* bias = nullptr;
+        if (ep.bias) {
+          const int rows = static_cast<int>(std::min(TM, s.m));
+          b.dma_copy(bias_sets[set].tile(0, rows, 0, tn), bias_rows(bias_h, rows, n0, tn));
+          bias = &bias_sets[set];
         }
-        const Tensor o = outs[oi].tile(0, tm, 0, tn);
-        const Tensor res_h =
-            ep.residual ? residual_h.tile(static_cast<int>(m0), tm, n0, tn) : Tensor{};
-        const QuantTile qt = quant_tile(ep, io, qscale, static_cast<int>(m0), tm, n0, tn, TN);
-        const Engine evac = evacuate(b, ep, p, o, evac_tiles[static_cast<std::size_t>(oi)], bias,
-                                     &res_h, oi % 2 ? Engine::scalar : Engine::vector, &qt);
-        oi = (oi + 1) % kOut;
-        b.dma_copy(ct.tile(static_cast<int>(m0), tm, n0, tn), o, -1, false, evac);
+        set ^= 1;
+        for (std::size_t t = t0; t < t1; ++t) {
+          const std::int64_t m0 = m_tiles[t], a0 = static_cast<std::int64_t>(t - t0) * TM;
+          const int tm = static_cast<int>(std::min(TM, s.m - m0));
+          if (n0 == n_first) quantize_columns(at, at_s, a_src, m0, tm, aq, as, a0);
+          const Tensor p = ps[pi].tile(0, tm, 0, tn);
+          pi = (pi + 1) % kPsum;
+          for (std::int64_t kt = 0; kt < KT; ++kt) {
+            const int parts = padded_parts(kt);
+            b.matmul_mx(p, aq[kt].tile(0, parts, a0, tm), as[kt].tile(0, parts / 8, a0, tm),
+                        q[kt].tile(0, parts, 0, tn), qs[kt].tile(0, parts / 8, 0, tn), kt > 0);
+          }
+          const Tensor o = outs[oi].tile(0, tm, 0, tn);
+          const Tensor res_h =
+              ep.residual ? residual_h.tile(static_cast<int>(m0), tm, n0, tn) : Tensor{};
+          const QuantTile qt = quant_tile(ep, io, qscale, static_cast<int>(m0), tm, n0, tn, TN);
+          const Engine evac = evacuate(b, ep, p, o, evac_tiles[static_cast<std::size_t>(oi)], bias,
+                                       &res_h, oi % 2 ? Engine::scalar : Engine::vector, &qt);
+          oi = (oi + 1) % kOut;
+          b.dma_copy(ct.tile(static_cast<int>(m0), tm, n0, tn), o, -1, false, evac);
+        }
       }
     }
   }

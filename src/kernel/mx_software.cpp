@@ -67,6 +67,23 @@ Tensor mx_source_view(const Tensor& x, std::int64_t cols, std::int64_t k0, std::
   return view;
 }
 
+Tensor load_mx_source(Builder& b, const Tensor& staged, const Tensor& x, bool trans,
+                      std::int64_t k0, std::int64_t c0, int parts, std::int64_t nc) {
+  if (!trans) {
+    b.dma_copy(staged, mx_source_view(x, x.cols(), k0, c0, parts, nc));
+    return mx_interleaved(staged, nc);
+  }
+  const std::int64_t k = x.cols();
+  for (int j = 0; j < 4; ++j) {
+    Tensor src = x;  // rows c0 .. c0 + nc, elements k0 + j + 4p
+    src.ap.offset += (c0 * k + k0 + j) * isa::size_bytes(x.dtype());
+    src.ap.dims = {{k, nc}, {4, parts}};
+    src.ap.partitions = static_cast<int>(nc);
+    b.dma_transpose(staged.tile(0, parts, j * nc, nc), src);
+  }
+  return mx_interleaved(staged, nc);
+}
+
 Tensor mx_interleaved(const Tensor& staged, std::int64_t nc) {
   return staged.with_dims({{1, nc}, {nc, 4}});
 }
@@ -151,7 +168,7 @@ void mx_quantize_software(Builder& b, const arch::ChipSpec& chip, const MxQuanti
       const Slot& sl = slots[t % kLoad];
       const Tensor v = sl.src.tile(0, parts, 0, 4 * nc);
       const Tensor &ab = sl.ab, &m2 = sl.m2, &m4 = sl.m4;
-      b.dma_copy(v, mx_source_view(x, s.cols, k0, c0, parts, nc));
+      load_mx_source(b, v, x, s.trans, k0, c0, parts, nc);
       // 1. |x| bits, max of each 4 (GpSimd).
       const Tensor abv = ab.tile(0, parts, 0, 4 * nc), m2v = m2.tile(0, parts, 0, 2 * nc);
       const Tensor m4v = m4.tile(0, parts, 0, nc);

@@ -182,7 +182,10 @@ isa::Program mx_quantize_kernel(const arch::ChipSpec& chip, const MxQuantizeSpec
         "MX quantization to {} (fp8_e4m3_x4, fp8_e5m2_x4, fp4_e2m1_x4 are)", isa::name(s.elem)));
   check_mx_shape("mx_quantize", s.k, s.cols, s.cores);
   Builder b(chip, s.cores);
-  const Tensor x = b.hbm("x", {s.k, s.cols}, DType::bf16, isa::TensorKind::input);
+  const Tensor x = b.hbm(
+      "x",
+      s.trans ? std::vector<std::int64_t>{s.cols, s.k} : std::vector<std::int64_t>{s.k, s.cols},
+      DType::bf16, isa::TensorKind::input);
   const Tensor q = b.hbm("q", {s.k / 4, s.cols}, s.elem, isa::TensorKind::output);
   const Tensor qs = b.hbm("q_scale", {s.k / 32, s.cols}, DType::uint8, isa::TensorKind::output);
   // QuantizeMX: MXFP8 with Trainium3 scales; everything else in software.
@@ -210,9 +213,9 @@ isa::Program mx_quantize_kernel(const arch::ChipSpec& chip, const MxQuantizeSpec
         // Partition p holds rows k0 + 4p + j; QuantizeMX reads them in the
         // x4 order the MX matmul contracts over.
         const Tensor v = src[i].tile(0, parts, 0, 4 * nc);
-        b.dma_copy(v, mx_source_view(x, s.cols, k0, c0, parts, nc));
+        const Tensor xs = load_mx_source(b, v, x, s.trans, k0, c0, parts, nc);
         const Tensor oq = dq[i].tile(0, parts, 0, nc), os = ds[i].tile(0, parts / 8, 0, nc);
-        b.quantize_mx(oq, os, mx_interleaved(v, nc));
+        b.quantize_mx(oq, os, xs);
         b.dma_copy(q.tile(static_cast<int>(k0 / 4), parts, c0, nc), oq, -1, false, Engine::vector);
         b.dma_copy(qs.tile(static_cast<int>(k0 / 32), parts / 8, c0, nc), os, -1, false,
                    Engine::vector);

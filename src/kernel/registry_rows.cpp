@@ -241,16 +241,19 @@ void add_row_kernels(std::vector<KernelEntry>& r) {
                  ParamKind::choice,
                  {"trn3", "ocp-floor", "rceil"}},
                 {"software", "false", "Use the ALU-op path even where QuantizeMX would do"},
+                {"trans", "false", "x given as [dim, K] (K contiguous), loaded by DMA transposes"},
                 cores_doc()};
     e.build = [](const arch::ChipSpec& c, const Params& p) {
       MxQuantizeSpec s;
+      s.trans = p.flag("trans");
       s.k = p.i64("k"), s.cols = p.i64("dim"), s.elem = p.dtype("elem"), s.cores = p.i32("cores");
       s.policy = num::parse_scale_policy(p.text("policy")), s.software = p.flag("software");
       return mx_quantize_kernel(c, s);
     };
     e.describe = [](const Params& p) {
-      return fmt::format("mx_quantize [{}, {}] bf16 -> {} ({} scales{})", p.i64("k"), p.i64("dim"),
-                         p.text("elem"), p.text("policy"), p.flag("software") ? ", software" : "");
+      return fmt::format("mx_quantize [{}, {}]{} bf16 -> {} ({} scales{})", p.i64("k"),
+                         p.i64("dim"), p.flag("trans") ? " given transposed" : "", p.text("elem"),
+                         p.text("policy"), p.flag("software") ? ", software" : "");
     };
     r.push_back(std::move(e));
   }

@@ -127,7 +127,10 @@ TEST(Kernels, MxMatmulBitExact) {
   };
   for (const Case c :
        {Case{128, 512, 512, DType::fp8_e4m3_x4, 1}, Case{200, 130, 640, DType::fp8_e4m3_x4, 1},
-        Case{64, 600, 128, DType::fp8_e5m2_x4, 2}}) {
+        Case{64, 600, 128, DType::fp8_e5m2_x4, 2},
+        // K = 16384: all of A's quantized columns do not fit SBUF at once, so
+        // M goes in blocks of three and two tiles, B quantized again for each.
+        Case{640, 64, 16384, DType::fp8_e4m3_x4, 1}}) {
     const isa::Program p = kernel::matmul_kernel(chip, {c.m, c.n, c.k, c.dt, DType::fp32, c.cores});
     sim::Simulator sim(chip);
     sim.load(p);

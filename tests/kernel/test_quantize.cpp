@@ -36,10 +36,11 @@ std::vector<float> bf16_normal(std::mt19937& rng, std::size_t n) {
 // tern::num::mx_quantize of each column under the same policy.
 void check_mx(std::int64_t k, std::int64_t cols, DType elem, int cores,
               num::ScalePolicy policy = num::ScalePolicy::trn3, bool software = false,
-              std::vector<float> x = {}) {
+              std::vector<float> x = {}, bool trans = false) {
   const arch::ChipSpec chip = arch::load_chip("trn3");
   kernel::MxQuantizeSpec s;
   s.k = k, s.cols = cols, s.elem = elem, s.cores = cores, s.policy = policy, s.software = software;
+  s.trans = trans;
   std::mt19937 rng(11);
   std::normal_distribution<float> d(0.0f, 1.0f);
   if (x.empty()) {
@@ -48,7 +49,11 @@ void check_mx(std::int64_t k, std::int64_t cols, DType elem, int cores,
       x[i] = num::round_to(*isa::format_of(DType::bf16),
                            d(rng) * std::ldexp(1.0f, static_cast<int>((i / 97) % 40) - 20));
   }
-  auto sim = testing_helpers::run_kernel(chip, kernel::mx_quantize_kernel(chip, s), {{"x", &x}});
+  std::vector<float> xt;  // trans: the kernel reads x^T, [cols, K]
+  for (std::int64_t c = 0; trans && c < cols; ++c)
+    for (std::int64_t i = 0; i < k; ++i) xt.push_back(x[static_cast<std::size_t>(i * cols + c)]);
+  auto sim = testing_helpers::run_kernel(chip, kernel::mx_quantize_kernel(chip, s),
+                                         {{"x", trans ? &xt : &x}});
   const auto q = sim->read_bytes("q"), qs = sim->read_bytes("q_scale");
   const bool fp4 = elem == DType::fp4_e2m1_x4;
   ASSERT_EQ(q.size(), fp4 ? x.size() / 2 : x.size());
@@ -87,6 +92,16 @@ TEST(MxQuantize, BytesMatchTheHostQuantizer) {
   check_mx(1024, 700, DType::fp8_e4m3_x4, 2);
   check_mx(128, 1, DType::fp8_e5m2_x4, 1);
   check_mx(640, 513, DType::fp8_e4m3_x4, 3);
+}
+
+// The transposing load (x given as [cols, K]) gives the same bytes, on the
+// QuantizeMX path and the software one, for partial column tiles too.
+TEST(MxQuantize, TransposedInputGivesTheSameBytes) {
+  using num::ScalePolicy;
+  check_mx(1024, 700, DType::fp8_e4m3_x4, 2, ScalePolicy::trn3, false, {}, true);
+  check_mx(256, 130, DType::fp8_e5m2_x4, 1, ScalePolicy::trn3, false, {}, true);
+  check_mx(640, 300, DType::fp8_e4m3_x4, 3, ScalePolicy::rceil, false, {}, true);
+  check_mx(384, 130, DType::fp4_e2m1_x4, 2, ScalePolicy::trn3, false, {}, true);
 }
 
 // The software path (no QuantizeMX) gives QuantizeMX's bytes for its own
