@@ -139,16 +139,18 @@ Executable compile(const Graph& g, const arch::ChipSpec& chip, const CompileOpti
         fmt::format("lnc 2 on {} with {} cores (NeuronCore-v3+ and an even core "
                     "count)",
                     chip.name, cores));
-  Lowerer lw(e.graph, e.fusion, chip, cores, opt.lnc);
+  Lowerer lw(e.graph, e.fusion, chip, cores, opt.lnc, opt.fuse_mx);
   e.plan.temps_counted = true;
   for (std::size_t i = 0; i < e.fusion.groups.size(); ++i) {
     try {
       std::vector<Launch> ls = lw.lower(e.fusion.groups[i], static_cast<int>(i));
       for (const Launch& l : ls) check_bindings(e.graph, l);
+      lw.commit();
       for (Launch& l : ls) e.launches.push_back(std::move(l));
     } catch (const NotSupported& err) {
       if (!opt.partial) throw;
       e.unlowered.emplace_back(static_cast<int>(i), err.what());
+      lw.rollback();
     }
   }
   e.scaling = lw.sites;
@@ -179,7 +181,7 @@ Executable compile(const Graph& g, const arch::ChipSpec& chip, const CompileOpti
 namespace tern::graph {
 
 std::string CompileOptions::key() const {
-  return fmt::format("cores={} lnc={} partial={}", cores, lnc, partial);
+  return fmt::format("cores={} lnc={} partial={} fuse_mx={}", cores, lnc, partial, fuse_mx);
 }
 
 std::shared_ptr<const Executable> CompileCache::get(const Graph& g, const arch::ChipSpec& chip,

@@ -79,6 +79,14 @@ struct CompileOptions {
   // cores into logical cores (NeuronCore-v3+), which the matmuls use
   // (kernel::MatmulSpec::lnc); 1: every core on its own.
   int lnc = 1;
+  // MX operands (mxfp8 / mxfp4 recipes): true quantizes each (value, axis)
+  // once for the whole step, over all cores, and every matmul reading it
+  // reads the quantized bytes (a [tokens, features] operand through the
+  // quantizer's transposing load, no transpose pass); false is the unfused
+  // baseline: every matmul quantizes its own BF16 operands (inside the MX
+  // matmul with trn3 scales, else by launches of its own), after Tensor-
+  // engine transposes into K-major form. The bits are the same either way.
+  bool fuse_mx = true;
   std::string key() const;  // the options' part of a compile-cache key
 };
 

@@ -40,8 +40,17 @@ class Lowerer {
  public:
   std::vector<ScalingSite> sites;  // delayed FP8 scaling sites met so far
 
-  Lowerer(const Graph& g, const FusionReport& f, const arch::ChipSpec& chip, int cores, int lnc)
-      : g_(g), f_(f), chip_(chip), cores_(cores), lnc_(lnc) {}
+  Lowerer(const Graph& g, const FusionReport& f, const arch::ChipSpec& chip, int cores, int lnc,
+          bool fuse_mx = true)
+      : g_(g), f_(f), chip_(chip), cores_(cores), lnc_(lnc), fuse_mx_(fuse_mx) {}
+
+  // The group just lowered is kept: its quantized operands become readable
+  // by later groups; rollback forgets them (a group that did not lower).
+  void commit() { pending_mx_.clear(); }
+  void rollback() {
+    for (const std::string& k : pending_mx_) mx_quantized_.erase(k);
+    pending_mx_.clear();
+  }
 
   const Node& node(int n) const { return g_.node(n); }
   const Value& val(int v) const { return g_.value(v); }
@@ -162,6 +171,18 @@ class Lowerer {
   std::vector<Launch> quantized_matmul(int m, const MatmulQuant& q, int a, bool ta, int b, bool tb,
                                        kernel::MatmulSpec s, Launch l);
 
+  // Value v as an MX operand [K, cols] (x4 data, E8M0 scales) in temporaries:
+  // v is [K, cols], or with `trans` [cols, K]. Quantized by an mx_quantize
+  // launch appended to ls the first time, over all cores; later matmuls
+  // reading v the same way read those bytes. `where` says which group
+  // quantized it (for the fusion report).
+  struct MxOperand {
+    Operand q, scale;
+    int group = -1;
+  };
+  MxOperand mx_operand(std::vector<Launch>& ls, const Launch& l, int v, bool trans, std::int64_t k,
+                       std::int64_t cols, DType elem, num::ScalePolicy policy);
+
   // AdamW steps (one, or the multi-tensor group) as one launch; each tensor
   // as [128, n / 128] when it splits so (all partitions busy), else
   // [rows, last dim].
@@ -180,7 +201,10 @@ class Lowerer {
   const FusionReport& f_;
   const arch::ChipSpec& chip_;
   int cores_;
-  int lnc_;  // CompileOptions::lnc: the matmuls pair cores into logical ones
+  int lnc_;       // CompileOptions::lnc: the matmuls pair cores into logical ones
+  bool fuse_mx_;  // CompileOptions::fuse_mx
+  std::map<std::string, MxOperand> mx_quantized_;  // by (value, axis, format, policy)
+  std::vector<std::string> pending_mx_;            // added by the group being lowered
 };
 
 }  // namespace tern::graph::detail

@@ -109,6 +109,30 @@ Lowerer::Operand Lowerer::kmajor(std::vector<Launch>& ls, const Launch& l, int v
   return Operand{-1, t};
 }
 
+Lowerer::MxOperand Lowerer::mx_operand(std::vector<Launch>& ls, const Launch& l, int v, bool trans,
+                                       std::int64_t k, std::int64_t cols, DType elem,
+                                       num::ScalePolicy policy) {
+  const std::string key = fmt::format("mx.v{}.{}.{}.{}", v, trans ? "t" : "n", isa::name(elem),
+                                      num::policy_name(policy));
+  if (const auto it = mx_quantized_.find(key); it != mx_quantized_.end()) return it->second;
+  kernel::MxQuantizeSpec qs;
+  qs.k = k, qs.cols = cols, qs.elem = elem, qs.policy = policy, qs.trans = trans;
+  qs.cores = cores_;
+  Launch ql = l;
+  ql.kernel = "mx_quantize";
+  ql.detail =
+      fmt::format("%{} {}{} {} scales", val(v).name, isa::name(elem),
+                  trans ? " along its last dim (transposing load)" : "", num::policy_name(policy));
+  ql.program = kernel::mx_quantize_kernel(chip_, qs);
+  ql.inputs = {{"x", v}};
+  ql.outputs = {{"q", -1, key + ".q"}, {"q_scale", -1, key + ".s"}};
+  ls.push_back(std::move(ql));
+  const MxOperand o{Operand{-1, key + ".q"}, Operand{-1, key + ".s"}, l.group};
+  mx_quantized_.emplace(key, o);
+  pending_mx_.push_back(key);
+  return o;
+}
+
 // Quantized operands (quant.h): A^T [K, M] and B [K, N] in BF16 (transposed
 // first where the graph holds A [M, K] or B [N, K]), then
 //   MX: the MX matmul quantizes on chip (QuantizeMX: MXFP8 with trn3
@@ -124,17 +148,39 @@ std::vector<Launch> Lowerer::quantized_matmul(int m, const MatmulQuant& q, int a
     unsupported(m, fmt::format("quantized operands of {} and {} (bf16 are)",
                                isa::name(val(a).dtype), isa::name(val(b).dtype)));
   std::vector<Launch> ls;
+  std::vector<Binding> rest(l.inputs.begin() + 2, l.inputs.end());  // bias, residual
+  l.inputs.clear();
+  const bool mx = q.a.kind == QuantKind::mx;
+  auto x4 = [](const OperandQuant& o) {
+    return o.mx == num::MxId::mxfp4        ? DType::fp4_e2m1_x4
+           : o.mx == num::MxId::mxfp8_e5m2 ? DType::fp8_e5m2_x4
+                                           : DType::fp8_e4m3_x4;
+  };
+  // Quantized once per step and shared: the MX operands in HBM (K whole
+  // 128-row tiles, 32 partitions x 4 values: the prequantized matmul cannot
+  // pad K).
+  if (mx && fuse_mx_ && s.k % 128 == 0) {
+    s.in = x4(q.a);
+    if (x4(q.b) != s.in) s.in_b = x4(q.b);
+    const MxOperand aq = mx_operand(ls, l, a, !ta, s.k, s.m, s.in, q.policy);
+    const MxOperand bq = mx_operand(ls, l, b, tb, s.k, s.n, s.in_b.value_or(s.in), q.policy);
+    s.trans_a = true, s.trans_b = false, s.mx_prequantized = true;
+    l.inputs = {aq.q.as("at_q"), aq.scale.as("at_scale"), bq.q.as("b_q"), bq.scale.as("b_scale")};
+    auto from = [&](const MxOperand& o) {
+      return o.group == l.group ? std::string("here") : fmt::format("in g{}", o.group);
+    };
+    const std::string where = fmt::format("; quantized: a {}, b {}", from(aq), from(bq));
+    l.inputs.insert(l.inputs.end(), rest.begin(), rest.end());
+    l.detail = fmt::format("{} x {}{}{}", q.a.name, q.b.name,
+                           s.epilogue.any() ? ", " + kernel::to_string(s.epilogue) : "", where);
+    l.program = kernel::matmul_kernel(chip_, s);
+    ls.push_back(std::move(l));
+    return ls;
+  }
   const Operand at = kmajor(ls, l, a, ta, s.m, s.k, DType::bf16, "aT"),
                 bk = kmajor(ls, l, b, !tb, s.n, s.k, DType::bf16, "bK");
   s.trans_a = true, s.trans_b = false;
-  std::vector<Binding> rest(l.inputs.begin() + 2, l.inputs.end());  // bias, residual
-  l.inputs.clear();
-  if (q.a.kind == QuantKind::mx) {
-    auto x4 = [](const OperandQuant& o) {
-      return o.mx == num::MxId::mxfp4        ? DType::fp4_e2m1_x4
-             : o.mx == num::MxId::mxfp8_e5m2 ? DType::fp8_e5m2_x4
-                                             : DType::fp8_e4m3_x4;
-    };
+  if (mx) {
     s.in = x4(q.a);
     if (x4(q.b) != s.in) s.in_b = x4(q.b);
     const bool on_chip =
