@@ -104,6 +104,19 @@ Tensor mx_source_view(const Tensor& x, std::int64_t cols, std::int64_t k0, std::
 // write disjoint ranges, so they run in parallel).
 Tensor load_mx_source(Builder& b, const Tensor& staged, const Tensor& x, bool trans,
                       std::int64_t k0, std::int64_t c0, int parts, std::int64_t nc);
+// The tiles of an MX quantization of [k, cols] and the core each runs on:
+// K tiles of `tkl` rows (parts = rows / 4 partitions), columns split into
+// equal widths (multiples of 32, at most `width`) and, while there are
+// fewer than `per_core` tiles a core, narrower, so that every core has
+// work; tiles go largest first to the least-loaded core, and each core's
+// list is in K-major order. Balancing the columns instead of cutting fixed
+// widths keeps a [K, 768] operand from leaving half the cores idle.
+struct MxTile {
+  std::int64_t k0, c0, nc;
+  int parts;
+};
+std::vector<std::vector<MxTile>> mx_tiles(std::int64_t k, std::int64_t cols, std::int64_t tkl,
+                                          std::int64_t width, int cores, int per_core);
 // The SBUF tile mx_source_view filled, read in the x4 order the MX matmul
 // contracts over: element 4c + j of the view is value j of column c.
 Tensor mx_interleaved(const Tensor& staged, std::int64_t nc);

@@ -84,6 +84,41 @@ Tensor load_mx_source(Builder& b, const Tensor& staged, const Tensor& x, bool tr
   return mx_interleaved(staged, nc);
 }
 
+std::vector<std::vector<MxTile>> mx_tiles(std::int64_t k, std::int64_t cols, std::int64_t tkl,
+                                          std::int64_t width, int cores, int per_core) {
+  const std::int64_t kt = (k + tkl - 1) / tkl;
+  auto step = [&](std::int64_t ct) {  // column width of ct tiles, a multiple of 32
+    return std::min(cols, ((cols + ct - 1) / ct + 31) / 32 * 32);
+  };
+  std::int64_t ct = (cols + width - 1) / width;
+  while (kt * ct < std::int64_t{per_core} * cores && step(ct + 1) >= 64 && step(ct + 1) < step(ct))
+    ++ct;
+  const std::int64_t w = step(ct);
+  std::vector<MxTile> all;
+  for (std::int64_t k0 = 0; k0 < k; k0 += tkl)
+    for (std::int64_t c0 = 0; c0 < cols; c0 += w)
+      all.push_back({k0, c0, std::min(w, cols - c0), static_cast<int>(std::min(tkl, k - k0) / 4)});
+  std::vector<std::size_t> order(all.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  auto area = [&](std::size_t i) { return all[i].nc * all[i].parts; };
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return area(a) > area(b); });
+  std::vector<std::int64_t> load(static_cast<std::size_t>(cores), 0);
+  std::vector<std::vector<std::size_t>> mine(static_cast<std::size_t>(cores));
+  for (std::size_t i : order) {
+    const auto c =
+        static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    load[c] += area(i);
+    mine[c].push_back(i);
+  }
+  std::vector<std::vector<MxTile>> out(static_cast<std::size_t>(cores));
+  for (std::size_t c = 0; c < mine.size(); ++c) {
+    std::sort(mine[c].begin(), mine[c].end());
+    for (std::size_t i : mine[c]) out[c].push_back(all[i]);
+  }
+  return out;
+}
+
 Tensor mx_interleaved(const Tensor& staged, std::int64_t nc) {
   return staged.with_dims({{1, nc}, {nc, 4}});
 }
@@ -105,7 +140,8 @@ void mx_quantize_software(Builder& b, const arch::ChipSpec& chip, const MxQuanti
   const int kGroups = P / 8;
   const std::int64_t TW = kChunks * kGroups;  // transposed scale columns per tile
   const float frac_max = static_cast<float>(rule.max_frac >> 16);  // BF16 keeps 7 fraction bits
-  constexpr int kLoad = 4, kPs = 2;
+  constexpr int kLoad = 4, kPs = 2, kPerCore = 3;
+  const auto per_core = mx_tiles(s.k, s.cols, TKL, TC, s.cores, kPerCore);
   for (int core = 0; core < s.cores; ++core) {
     b.set_core(core);
     // I [P, P] FP32 for the broadcasting matmuls, and a zero to copy from.
@@ -152,17 +188,7 @@ void mx_quantize_software(Builder& b, const arch::ChipSpec& chip, const MxQuanti
     // t): each stage is a chain across engines, and each engine runs its
     // stream in order, so the stages of one iteration must not depend on
     // each other.
-    struct TileRef {
-      std::int64_t k0, c0, nc;
-      int parts;
-    };
-    std::vector<TileRef> tiles;
-    std::int64_t u = 0;
-    for (std::int64_t k0 = 0; k0 < s.k; k0 += TKL)
-      for (std::int64_t c0 = 0; c0 < s.cols; c0 += TC, ++u)
-        if (u % s.cores == core)
-          tiles.push_back(
-              {k0, c0, std::min(TC, s.cols - c0), static_cast<int>(std::min(TKL, s.k - k0) / 4)});
+    const std::vector<MxTile>& tiles = per_core[static_cast<std::size_t>(core)];
     auto stage_a1 = [&](std::size_t t) {
       const auto [k0, c0, nc, parts] = tiles[t];
       const Slot& sl = slots[t % kLoad];

@@ -194,7 +194,8 @@ isa::Program mx_quantize_kernel(const arch::ChipSpec& chip, const MxQuantizeSpec
     return b.finish();
   }
   const std::int64_t P = chip.sbuf_partitions, TKL = 4 * P;
-  const std::int64_t TC = 512;  // columns per tile: 4 KiB of BF16 per partition
+  const std::int64_t TC = 512;  // columns per tile at most: 4 KiB of BF16 per partition
+  const auto per_core = mx_tiles(s.k, s.cols, TKL, TC, s.cores, kBufs);
   for (int core = 0; core < s.cores; ++core) {
     b.set_core(core);
     Tensor src[kBufs], dq[kBufs], ds[kBufs];
@@ -204,23 +205,18 @@ isa::Program mx_quantize_kernel(const arch::ChipSpec& chip, const MxQuantizeSpec
       ds[i] = b.sbuf(static_cast<int>(P / 8), TC, DType::uint8);
     }
     int i = 0;
-    std::int64_t u = 0;
-    for (std::int64_t k0 = 0; k0 < s.k; k0 += TKL) {
-      const int parts = static_cast<int>(std::min(TKL, s.k - k0) / 4);
-      for (std::int64_t c0 = 0; c0 < s.cols; c0 += TC, ++u) {
-        if (u % s.cores != core) continue;
-        const std::int64_t nc = std::min(TC, s.cols - c0);
-        // Partition p holds rows k0 + 4p + j; QuantizeMX reads them in the
-        // x4 order the MX matmul contracts over.
-        const Tensor v = src[i].tile(0, parts, 0, 4 * nc);
-        const Tensor xs = load_mx_source(b, v, x, s.trans, k0, c0, parts, nc);
-        const Tensor oq = dq[i].tile(0, parts, 0, nc), os = ds[i].tile(0, parts / 8, 0, nc);
-        b.quantize_mx(oq, os, xs);
-        b.dma_copy(q.tile(static_cast<int>(k0 / 4), parts, c0, nc), oq, -1, false, Engine::vector);
-        b.dma_copy(qs.tile(static_cast<int>(k0 / 32), parts / 8, c0, nc), os, -1, false,
-                   Engine::vector);
-        i = (i + 1) % kBufs;
-      }
+    for (const MxTile& t : per_core[static_cast<std::size_t>(core)]) {
+      const auto [k0, c0, nc, parts] = t;
+      // Partition p holds rows k0 + 4p + j; QuantizeMX reads them in the
+      // x4 order the MX matmul contracts over.
+      const Tensor v = src[i].tile(0, parts, 0, 4 * nc);
+      const Tensor xs = load_mx_source(b, v, x, s.trans, k0, c0, parts, nc);
+      const Tensor oq = dq[i].tile(0, parts, 0, nc), os = ds[i].tile(0, parts / 8, 0, nc);
+      b.quantize_mx(oq, os, xs);
+      b.dma_copy(q.tile(static_cast<int>(k0 / 4), parts, c0, nc), oq, -1, false, Engine::vector);
+      b.dma_copy(qs.tile(static_cast<int>(k0 / 32), parts / 8, c0, nc), os, -1, false,
+                 Engine::vector);
+      i = (i + 1) % kBufs;
     }
   }
   return b.finish();
