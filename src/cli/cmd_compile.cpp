@@ -36,6 +36,7 @@ struct Args {
                            mx_policy = "rceil", recompute = "none", dtype = "bf16",
                            optimizer = "adamw", fp8_scaling = "current";
   bool train = false, report = false, json = false, estimate = false, progress = true;
+  bool mx_unfused = false;
   std::int64_t layers = 12, dim = 768, heads = 12, kv_heads = 0, ffn = 0, vocab = 50304, seq = 1024,
                batch = 4;
   std::int64_t optimizer_bytes = -1;
@@ -140,7 +141,7 @@ void run(Args a) {
   double est_total = 0;
   if (a.estimate) {
     graph::CompileOptions co;
-    co.partial = true, co.cores = a.cores, co.lnc = a.lnc;
+    co.partial = true, co.cores = a.cores, co.lnc = a.lnc, co.fuse_mx = !a.mx_unfused;
     const graph::Executable exe = graph::compile(g, chip, co);
     sim::Simulator s(chip);
     sim::Options so;
@@ -357,6 +358,10 @@ void add_compile_command(CLI::App& app) {
                       "matmuls; NeuronCore-v3+)")
           ->capture_default_str(),
       1, 2);
+  cmd->add_flag("--mx-unfused", a->mx_unfused,
+                "--estimate: quantize MX operands inside every matmul (after Tensor-engine "
+                "transposes) instead of once per step, the baseline of the fused lowering "
+                "(same bits)");
   output_file(
       cmd->add_option("--emit", a->emit, "Write the compiled graph's text form to this file"));
   cmd->add_flag("--report", a->report,

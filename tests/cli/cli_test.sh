@@ -255,8 +255,17 @@ fi
 # The precision recipes lower completely: quantize launches before the matmuls.
 small="--model gpt2 --layers 1 --dim 128 --heads 2 --vocab 97 --seq 64 --batch 2 --train --estimate --no-progress"
 expect_ok "by launched kernel" compile $small --autocast mxfp8
-expect_json 'not j["estimate"]["not_lowered"] and sum(l["kernel"] == "mx_quantize" for k in j["estimate"]["kernels"] for l in k["launches"]) == 24' compile $small --autocast mxfp8 --json
-expect_json 'not j["estimate"]["not_lowered"] and not any(l["kernel"] == "mx_quantize" for k in j["estimate"]["kernels"] for l in k["launches"])' compile $small --autocast mxfp8 --mx-policy trn3 --json
+# Fused (the default): each of the 4 linear layers' 6 MX operands quantized
+# once, the 12 [tokens, features] ones through the transposing load; unfused
+# with trn3 scales the matmuls quantize on chip, with rceil by launches of
+# their own (one per operand and use).
+mxq='sum(l["kernel"] == "mx_quantize" for k in j["estimate"]["kernels"] for l in k["launches"])'
+mxt='sum("transposing load" in l["detail"] for k in j["estimate"]["kernels"] for l in k["launches"])'
+for p in rceil trn3; do
+  expect_json "not j[\"estimate\"][\"not_lowered\"] and $mxq == 24 and $mxt == 12" compile $small --autocast mxfp8 --mx-policy $p --json
+done
+expect_json "$mxq == 24 and $mxt == 0" compile $small --autocast mxfp8 --mx-unfused --json
+expect_json "not j[\"estimate\"][\"not_lowered\"] and $mxq == 0" compile $small --autocast mxfp8 --mx-policy trn3 --mx-unfused --json
 expect_json 'sum(l["kernel"] == "fp8_scale" for k in j["estimate"]["kernels"] for l in k["launches"]) == 24' compile $small --autocast fp8-hybrid --json
 expect_json 'sum(l["kernel"] == "fp8_scale" for k in j["estimate"]["kernels"] for l in k["launches"]) == 24' compile $small --autocast all --autocast-type fp8_e4m3 --json
 expect_json 'not j["estimate"]["not_lowered"]' compile $small --autocast mxfp4 --json
