@@ -120,6 +120,15 @@ std::vector<std::vector<MxTile>> mx_tiles(std::int64_t k, std::int64_t cols, std
 // The SBUF tile mx_source_view filled, read in the x4 order the MX matmul
 // contracts over: element 4c + j of the view is value j of column c.
 Tensor mx_interleaved(const Tensor& staged, std::int64_t nc);
+// Copies the j-major `staged` tile ([parts, 4 nc]) into `dst` in the x4
+// order (element 4c + j), on `engine`, so that QuantizeMX reads a
+// contiguous source. Reading mx_interleaved's view directly strides by nc
+// elements (>= 16 B) and halves the Vector engine's rate; this copy writes
+// with an 8-byte stride and reads contiguously, so it runs at the full
+// rate on another engine (the NKI MX matmul guide's strided tensor_copy
+// into the MX layout).
+void mx_interleave(Builder& b, const Tensor& dst, const Tensor& staged, std::int64_t nc,
+                   isa::Engine engine);
 // MX quantization x -> q, q_scale without QuantizeMX (every policy, MXFP8
 // and MXFP4; mx_software.cpp), all cores of `b`.
 void mx_quantize_software(Builder& b, const arch::ChipSpec& chip, const MxQuantizeSpec& s,

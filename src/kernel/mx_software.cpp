@@ -123,6 +123,12 @@ Tensor mx_interleaved(const Tensor& staged, std::int64_t nc) {
   return staged.with_dims({{1, nc}, {nc, 4}});
 }
 
+void mx_interleave(Builder& b, const Tensor& dst, const Tensor& staged, std::int64_t nc,
+                   Engine engine) {
+  // j outer, c inner: the destination steps 4 elements (8 B), the source 1.
+  b.tensor_copy(dst.with_dims({{1, 4}, {4, nc}}), staged.with_dims({{nc, 4}, {1, nc}}), engine);
+}
+
 void mx_quantize_software(Builder& b, const arch::ChipSpec& chip, const MxQuantizeSpec& s,
                           const Tensor& x, const Tensor& q, const Tensor& qs) {
   const num::MxFormat& f = num::mx_format(s.elem == DType::fp8_e4m3_x4   ? num::MxId::mxfp8_e4m3
@@ -286,14 +292,18 @@ void mx_quantize_software(Builder& b, const arch::ChipSpec& chip, const MxQuanti
       b.tensor_copy(scv, pS.tile(0, G, 0, nc), Engine::scalar);
       b.dma_copy(qs.tile(static_cast<int>(k0 / 32), G, c0, nc), scv, -1, false, Engine::scalar);
       // 5. Elements.
-      const Tensor xs = mx_interleaved(v, nc);
       const Tensor mult = pM.tile(0, parts, 0, nc).with_dims({{1, nc}, {0, 4}});
       const Tensor o = sl.out.tile(0, parts, 0, nc);
       if (!fp4) {
-        const Tensor e = bytes_as(o, elem);
-        b.tensor_tensor(e, xs, mult, AluOp::multiply);
-        b.copy_predicated(e, pN.tile(0, parts, 0, nc).with_dims({{1, nc}, {0, 4}}),
-                          zero.tile(0, parts, 0, 1).with_dims({{0, 4 * nc}}));
+        // j outer, c inner: the source is read contiguously (j-major) and
+        // the FP8 output written with a 4-byte stride, so no operand pays
+        // the strided rate (the x4 order as the inner loop would stride the
+        // source by nc elements).
+        const Tensor e = bytes_as(o, elem).with_dims({{1, 4}, {4, nc}});
+        const Tensor mj = pM.tile(0, parts, 0, nc).with_dims({{0, 4}, {1, nc}});
+        b.tensor_tensor(e, v.with_dims({{nc, 4}, {1, nc}}), mj, AluOp::multiply);
+        b.copy_predicated(e, pN.tile(0, parts, 0, nc).with_dims({{0, 4}, {1, nc}}),
+                          zero.tile(0, parts, 0, 1).with_dims({{0, 4}, {0, nc}}));
       } else {
         const Tensor sg = fs.sign.tile(0, parts, 0, 4 * nc), av = fs.a.tile(0, parts, 0, 4 * nc);
         const Tensor ai = bytes_as(av, DType::int32), lsb = fs.t1.tile(0, parts, 0, 4 * nc);

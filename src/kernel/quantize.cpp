@@ -198,19 +198,24 @@ isa::Program mx_quantize_kernel(const arch::ChipSpec& chip, const MxQuantizeSpec
   const auto per_core = mx_tiles(s.k, s.cols, TKL, TC, s.cores, kBufs);
   for (int core = 0; core < s.cores; ++core) {
     b.set_core(core);
-    Tensor src[kBufs], dq[kBufs], ds[kBufs];
+    Tensor src[kBufs], il[kBufs], dq[kBufs], ds[kBufs];
     for (int i = 0; i < kBufs; ++i) {
       src[i] = b.sbuf(static_cast<int>(P), 4 * TC, DType::bf16);
+      il[i] = b.sbuf(static_cast<int>(P), 4 * TC, DType::bf16);
       dq[i] = b.sbuf(static_cast<int>(P), TC, s.elem);
       ds[i] = b.sbuf(static_cast<int>(P / 8), TC, DType::uint8);
     }
-    int i = 0;
+    int i = 0, n = 0;
     for (const MxTile& t : per_core[static_cast<std::size_t>(core)]) {
       const auto [k0, c0, nc, parts] = t;
       // Partition p holds rows k0 + 4p + j; QuantizeMX reads them in the
-      // x4 order the MX matmul contracts over.
+      // x4 order the MX matmul contracts over, interleaved by the Scalar
+      // and GpSimd engines in turn so that the Vector engine only quantizes.
       const Tensor v = src[i].tile(0, parts, 0, 4 * nc);
-      const Tensor xs = load_mx_source(b, v, x, s.trans, k0, c0, parts, nc);
+      load_mx_source(b, v, x, s.trans, k0, c0, parts, nc);
+      const Tensor xs = il[i].tile(0, parts, 0, 4 * nc);
+      mx_interleave(b, xs, v, nc, n % 2 == 0 ? Engine::scalar : Engine::gpsimd);
+      ++n;
       const Tensor oq = dq[i].tile(0, parts, 0, nc), os = ds[i].tile(0, parts / 8, 0, nc);
       b.quantize_mx(oq, os, xs);
       b.dma_copy(q.tile(static_cast<int>(k0 / 4), parts, c0, nc), oq, -1, false, Engine::vector);
