@@ -340,7 +340,16 @@ isa::Program matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
     streamed_matmul(b, chip, s, io, at, bt, ct);
     return b.finish();
   }
+  // Blocks of equal size (M = 768: two of 384, not 512 + 256).
+  const std::int64_t mtiles = ceil_div(s.m, TM);
+  BM = ceil_div(mtiles, ceil_div(mtiles, BM / TM)) * TM;
   const std::int64_t MB = ceil_div(s.m, BM);
+  // Work units (batch, M block, N group) are dealt round-robin over the
+  // cores; with fewer (batch, M block) pairs than cores, the N tiles split
+  // into groups too, so that every core gets a share (e.g. a weight
+  // gradient [768, 3072]: 2 M blocks x 4 N groups on 8 cores).
+  const std::int64_t NT = ceil_div(s.n, TN);
+  const std::int64_t NG = std::min(NT, ceil_div(s.cores, NB * MB));
   for (int core = 0; core < s.cores; ++core) {
     b.set_core(core);
     // K tiles are allocated in pairs side by side ([TK, 2 x width]) so that
@@ -378,11 +387,11 @@ isa::Program matmul_kernel(const arch::ChipSpec& chip, const MatmulSpec& s) {
       std::int64_t bi, mb, n0;
       int a_set, b_set;
     };
-    // (batch, M block) units are dealt round-robin over the cores.
     std::vector<Step> steps;
-    for (std::int64_t u = core; u < NB * MB; u += s.cores) {
-      const std::int64_t bi = u / MB, mb = u % MB;
-      for (std::int64_t n0 = 0; n0 < s.n; n0 += TN) {
+    for (std::int64_t u = core; u < NB * MB * NG; u += s.cores) {
+      const std::int64_t bi = u / (MB * NG), mb = u / NG % MB, g = u % NG;
+      for (std::int64_t nt = g * NT / NG; nt < (g + 1) * NT / NG; ++nt) {
+        const std::int64_t n0 = nt * TN;
         const bool new_a = !steps.empty() && (steps.back().mb != mb || steps.back().bi != bi);
         const int a_set = steps.empty() ? 0 : steps.back().a_set ^ (new_a ? 1 : 0);
         steps.push_back({bi, mb, n0, a_set, static_cast<int>(steps.size() % 2)});

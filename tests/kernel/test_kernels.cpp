@@ -186,6 +186,33 @@ TEST(Kernels, MatmulStreamsALongK) {
   }
 }
 
+// Fewer M blocks than cores (a weight gradient: M = 768 is two blocks of
+// 384): the N tiles split into groups too, so every one of the 8 cores
+// runs matmuls, and the bits are still the in-order reference's.
+TEST(Kernels, MatmulSplitsNTilesWhenMBlocksAreFewerThanCores) {
+  const auto chip = arch::load_chip("trn3");
+  const std::int64_t M = 768, N = 2048, K = 256;
+  kernel::MatmulSpec spec{M, N, K, DType::bf16, DType::fp32, 8};
+  const isa::Program p = kernel::matmul_kernel(chip, spec);
+  ASSERT_EQ(p.cores.size(), 8u);
+  for (std::size_t c = 0; c < p.cores.size(); ++c) {
+    const auto& tensor = p.cores[c].streams[static_cast<std::size_t>(isa::Engine::tensor)];
+    EXPECT_FALSE(tensor.empty()) << "core " << c << " has no matmuls";
+  }
+  sim::Simulator sim(chip);
+  sim.load(p);
+  const auto at = as_dtype(random_values(K * M, 41), DType::bf16);
+  const auto bm = as_dtype(random_values(K * N, 42), DType::bf16);
+  sim.write("at", at), sim.write("b", bm);
+  sim.run();
+  const auto acc = reference(at, bm, M, N, K, false);
+  const auto got = sim.read("c");
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < acc.size(); ++i)
+    bad += std::bit_cast<std::uint32_t>(got[i]) != std::bit_cast<std::uint32_t>(acc[i]);
+  EXPECT_EQ(bad, 0u);
+}
+
 // fp8-hybrid's gradient products: E4M3 x E5M2 operands (in_b), dequantized
 // in the epilogue by the two per-tensor factors before the bias; bit for bit
 // against the in-order FP32 reference, then (acc * da) * db + bias in FP32.
