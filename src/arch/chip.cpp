@@ -42,6 +42,27 @@ EngineSpec read_engine(const TomlReader& r, const std::string& t) {
   return e;
 }
 
+// The [costs] performance-mode keys (all optional: a chip without them has
+// no performance mode).
+void read_perf_modes(const TomlReader& r, CostSpec& c) {
+  if (r.has("costs.perf_mode_dtypes")) {
+    const toml::node* n = r.table("costs").get("perf_mode_dtypes");
+    const toml::array* arr = n ? n->as_array() : nullptr;
+    if (!arr || arr->empty()) r.fail("costs.perf_mode_dtypes", "a list of data type names", n);
+    for (std::size_t i = 0; i < arr->size(); ++i)
+      c.perf_mode_dtypes.push_back(r.string(fmt::format("costs.perf_mode_dtypes[{}]", i)));
+  }
+  auto speedup = [&](const char* key) {
+    return r.has(key) ? static_cast<int>(r.integer(key, 1, 64)) : 1;
+  };
+  c.vector_perf_copy_speedup = speedup("costs.vector_perf_copy_speedup");
+  c.vector_perf_speedup = speedup("costs.vector_perf_speedup");
+  c.scalar_perf_speedup = speedup("costs.scalar_perf_speedup");
+  c.quantize_mx_speedup = speedup("costs.quantize_mx_speedup");
+  c.vector_perf_shares_gpsimd_bus = r.has("costs.vector_perf_shares_gpsimd_bus") &&
+                                    r.boolean("costs.vector_perf_shares_gpsimd_bus");
+}
+
 }  // namespace
 
 ChipSpec load_chip_file(const std::filesystem::path& file) {
@@ -80,7 +101,9 @@ ChipSpec load_chip_file(const std::filesystem::path& file) {
       {"min_ii_cycles", "access_start_cycles", "static_overhead_cycles", "gpsimd_fixed_cycles",
        "stride_penalty_bytes", "strided_slowdown", "load_stationary_speedup", "fast_exp_speedup",
        "tensor_tensor_cycles_per_element", "reciprocal_cycles_per_element",
-       "bn_aggr_cycles_per_3_elements", "bf16_reduce_speedup", "memset_zero_16bit_speedup"});
+       "bn_aggr_cycles_per_3_elements", "bf16_reduce_speedup", "memset_zero_16bit_speedup",
+       "perf_mode_dtypes", "vector_perf_copy_speedup", "vector_perf_speedup",
+       "vector_perf_shares_gpsimd_bus", "scalar_perf_speedup", "quantize_mx_speedup"});
   r.check_keys("neuronlink", r.table("neuronlink"), {"version", "bandwidth_gbps"});
   r.check_keys("sequencer", r.table("sequencer"), {"registers", "op_cycles", "sync_clock_ghz"});
 
@@ -179,6 +202,7 @@ ChipSpec load_chip_file(const std::filesystem::path& file) {
   c.costs.fast_exp_speedup = r.has("costs.fast_exp_speedup")
                                  ? static_cast<int>(r.integer("costs.fast_exp_speedup", 1, 64))
                                  : 0;
+  read_perf_modes(r, c.costs);
 
   c.sequencer.registers = static_cast<int>(r.integer("sequencer.registers", 1, 4096));
   c.sequencer.op_cycles = Cycles(r.integer("sequencer.op_cycles", 0, 1 << 20));

@@ -78,6 +78,23 @@ struct CostSpec {
   // into a 16-bit type.
   int bf16_reduce_speedup = 1;
   int memset_zero_16bit_speedup = 1;
+  // Performance modes (NeuronCore-v3 and later), over the NeuronCore-v2
+  // costs above. `perf_mode_dtypes` names the data types that qualify
+  // (isa dtype names; empty: no performance mode). Vector: tensor_copy and
+  // tensor_scalar with SBUF in and out, contiguous innermost, run
+  // `vector_perf_copy_speedup` times faster; strided or with one side in
+  // PSUM, and tensor_tensor with both inputs in SBUF, `vector_perf_speedup`
+  // times. The mode uses the SBUF bus Vector shares with GpSimd when
+  // `vector_perf_shares_gpsimd_bus` (the two then do not overlap).
+  // Scalar: activation, tensor_copy and tensor_scalar whose data in and
+  // out qualify run `scalar_perf_speedup` times faster. QuantizeMX reads
+  // `quantize_mx_speedup` source elements per partition and cycle.
+  std::vector<std::string> perf_mode_dtypes;
+  int vector_perf_copy_speedup = 1;
+  int vector_perf_speedup = 1;
+  bool vector_perf_shares_gpsimd_bus = false;
+  int scalar_perf_speedup = 1;
+  int quantize_mx_speedup = 1;
 };
 
 struct ChipSpec {

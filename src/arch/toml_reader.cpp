@@ -63,6 +63,12 @@ std::string TomlReader::string(std::string_view key) const {
   return n->as_string()->get();
 }
 
+bool TomlReader::boolean(std::string_view key) const {
+  const toml::node* n = find(key);
+  if (!n || !n->is_boolean()) fail(key, "true or false", n);
+  return n->as_boolean()->get();
+}
+
 std::int64_t TomlReader::integer(std::string_view key, std::int64_t min, std::int64_t max) const {
   const toml::node* n = find(key);
   const std::string expected = fmt::format("an integer in [{}, {}]", min, max);

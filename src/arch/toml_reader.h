@@ -27,6 +27,7 @@ class TomlReader {
   // Accepts integers and floats; requires min < value (exclusive) or min <= value.
   double number(std::string_view key, double min, bool min_exclusive = true) const;
   bool has(std::string_view key) const;
+  bool boolean(std::string_view key) const;
 
   // The table at `key` (required) and its keys checked against `allowed`.
   const toml::table& table(std::string_view key) const;

@@ -48,6 +48,67 @@ CostModel::CostModel(const arch::ChipSpec& chip) : chip_(chip) {
   const auto bf16 = chip.tensor.rate.find("bf16"), fp32 = chip.tensor.rate.find("fp32");
   if (bf16 != chip.tensor.rate.end() && fp32 != chip.tensor.rate.end() && fp32->second > 0)
     fp32_passes_ = bf16->second / fp32->second;
+  for (const auto& name : chip.costs.perf_mode_dtypes) {
+    try {
+      perf_dtypes_.push_back(isa::parse_dtype(name));
+    } catch (const Error&) {
+      throw Error(fmt::format("{}: costs.perf_mode_dtypes: unknown data type '{}'",
+                              chip.source.string(), name));
+    }
+  }
+}
+
+bool CostModel::perf_dtype(DType t) const {
+  return std::find(perf_dtypes_.begin(), perf_dtypes_.end(), t) != perf_dtypes_.end();
+}
+
+// The Vector performance mode (NKI Trainium2 architecture guide): 4x for a
+// tensor_copy / tensor_scalar with input and output in SBUF, of qualifying
+// types and contiguous innermost; 2x for the same strided, or contiguous
+// with one side in PSUM, and for a tensor_tensor with both inputs in SBUF
+// and every operand of a qualifying type.
+double CostModel::vector_speedup(const isa::Instruction& in) const {
+  if (in.engine != Engine::vector || perf_dtypes_.empty() || in.operands.size() < 2) return 1.0;
+  const auto& d = in.operands[0];
+  const auto& a = in.operands[1];
+  const auto& cs = chip_.costs;
+  switch (in.op) {
+    case Opcode::tensor_copy:
+    case Opcode::tensor_scalar: {
+      if (!perf_dtype(d.dtype) || !perf_dtype(a.dtype)) return 1.0;
+      const int psum = (d.mem == Mem::psum) + (a.mem == Mem::psum);
+      const bool contiguous = d.contiguous_inner() && a.contiguous_inner();
+      if (psum == 0) return contiguous ? cs.vector_perf_copy_speedup : cs.vector_perf_speedup;
+      return psum == 1 && contiguous ? cs.vector_perf_speedup : 1.0;
+    }
+    case Opcode::tensor_tensor: {
+      const auto& b = in.operands[2];
+      const bool ok = a.mem == Mem::sbuf && b.mem == Mem::sbuf && perf_dtype(d.dtype) &&
+                      perf_dtype(a.dtype) && perf_dtype(b.dtype);
+      return ok ? cs.vector_perf_speedup : 1.0;
+    }
+    default:
+      return 1.0;
+  }
+}
+
+double CostModel::perf_speedup(const isa::Instruction& in) const {
+  if (in.engine == Engine::vector) return vector_speedup(in);
+  // Scalar (v4 datapath table): qualifying data in and out at
+  // scalar_perf_speedup elements per lane and cycle.
+  const bool scalar_op =
+      in.op == Opcode::activation || in.op == Opcode::tensor_copy || in.op == Opcode::tensor_scalar;
+  if (in.engine == Engine::scalar && scalar_op && in.operands.size() >= 2 &&
+      perf_dtype(in.operands[0].dtype) && perf_dtype(in.operands[1].dtype))
+    return chip_.costs.scalar_perf_speedup;
+  return 1.0;
+}
+
+bool CostModel::takes_gpsimd_bus(const isa::Instruction& in) const {
+  if (!chip_.costs.vector_perf_shares_gpsimd_bus || in.engine != Engine::vector) return false;
+  // QuantizeMX runs in the 4x performance mode too (NKI Trainium3 guide).
+  return vector_speedup(in) > 1.0 ||
+         (in.op == Opcode::quantize_mx && chip_.costs.quantize_mx_speedup > 1);
 }
 
 double CostModel::cycles(const isa::Instruction& in, bool dependent) const {
@@ -95,7 +156,8 @@ double CostModel::cycles(const isa::Instruction& in, bool dependent) const {
                              (in.alu0 == isa::AluOp::add || in.alu0 == isa::AluOp::multiply ||
                               in.alu0 == isa::AluOp::subtract);
       const double per = psum_in || fast_bf16 ? 1.0 : chip_.costs.tensor_tensor_cycles;
-      c = std::max(min_ii, per * n * penalty);
+      // 2x in the Vector performance mode (16-bit inputs in SBUF, v3+).
+      c = std::max(min_ii, per * n * penalty / perf_speedup(in));
       break;
     }
     case Opcode::tensor_reduce: {
@@ -115,11 +177,12 @@ double CostModel::cycles(const isa::Instruction& in, bool dependent) const {
       c = std::max(min_ii, (half ? n / chip_.costs.memset_zero_16bit_speedup : n) * penalty);
       break;
     }
-    case Opcode::activation:
-      c = std::max(min_ii, n * penalty) + (in.accumulate ? min_ii : 0.0);
+    case Opcode::activation:  // 2x for 16-bit data on trn3's Scalar (perf_speedup)
+      c = std::max(min_ii, n * penalty / perf_speedup(in)) + (in.accumulate ? min_ii : 0.0);
       break;
-    case Opcode::quantize_mx:  // reads the source once: N = source elements per partition
-      c = std::max(min_ii, static_cast<double>(in.operands[2].free_size()) * penalty);
+    case Opcode::quantize_mx:  // N = source elements per partition, quantize_mx_speedup (4) a cycle
+      c = std::max(min_ii, static_cast<double>(in.operands[2].free_size()) * penalty /
+                               chip_.costs.quantize_mx_speedup);
       break;
     case Opcode::reciprocal:
       c = std::max(min_ii, chip_.costs.reciprocal_cycles * n * penalty);
@@ -175,6 +238,9 @@ double CostModel::cycles(const isa::Instruction& in, bool dependent) const {
     }
     case Opcode::tensor_scalar:
     case Opcode::tensor_copy:
+      // N over the Vector (4x / 2x) or Scalar (2x) performance-mode speedup.
+      c = std::max(min_ii, n * penalty / perf_speedup(in));
+      break;
     default:
       c = std::max(min_ii, n * penalty);
       break;

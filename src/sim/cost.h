@@ -23,9 +23,20 @@ class CostModel {
   // previous instruction of the same engine wrote (static overhead applies).
   double cycles(const isa::Instruction& in, bool dependent) const;
   double duration_ns(const isa::Instruction& in, bool dependent) const;
+  // Whether `in` runs in the Vector engine's performance mode on a chip
+  // where that mode takes the SBUF bus Vector shares with GpSimd: the
+  // scheduler then keeps it and GpSimd's compute instructions apart.
+  bool takes_gpsimd_bus(const isa::Instruction& in) const;
 
  private:
+  // The performance-mode speedup of `in` over its NeuronCore-v2 cost (1
+  // where no mode applies): the Vector and Scalar rules of CostSpec.
+  double perf_speedup(const isa::Instruction& in) const;
+  double vector_speedup(const isa::Instruction& in) const;
+  bool perf_dtype(isa::DType t) const;
+
   const arch::ChipSpec& chip_;
+  std::vector<isa::DType> perf_dtypes_;  // CostSpec::perf_mode_dtypes, parsed
   // Passes of an FP32 matmul: the Tensor engine's BF16 rate over its FP32
   // rate (tensor.rate), 1 where the chip has no FP32 rate of its own.
   double fp32_passes_ = 1;

@@ -36,6 +36,12 @@ bool overlap(const Box& a, const Box& b) {
   return a.mem == b.mem && a.r0 < b.r1 && b.r0 < a.r1 && a.b0 < b.b1 && b.b0 < a.b1;
 }
 
+// Instructions of an engine's sequencer (no data path).
+bool sequencer_op(Opcode op) {
+  return op == Opcode::reg_set || op == Opcode::reg_alu || op == Opcode::branch ||
+         op == Opcode::core_sync;
+}
+
 // Runs a register instruction; returns whether a branch is taken.
 bool sequencer(std::vector<std::int32_t>& r, const Instruction& in) {
   auto reg = [&](int i) -> std::int64_t { return r[static_cast<std::size_t>(i)]; };
@@ -93,6 +99,9 @@ struct Simulator::Schedule {
   const CostModel cost;
   DmaModel dma;
   std::vector<std::array<EngineState, isa::kEngines>> eng;
+  // Per core: when its last Vector instruction in the performance mode that
+  // takes the bus Vector shares with GpSimd ends (cost.h).
+  std::vector<double> shared_bus_end;
   // Per core and semaphore: the times of its signals, ascending.
   std::vector<std::vector<std::vector<double>>> sem;
   // Recorded for later runs (null when not replayable), with each core's
@@ -112,6 +121,7 @@ struct Simulator::Schedule {
         cost(s.chip_),
         dma(s.chip_, ncores),
         eng(static_cast<std::size_t>(ncores)),
+        shared_bus_end(static_cast<std::size_t>(ncores), 0.0),
         sem(static_cast<std::size_t>(ncores),
             std::vector<std::vector<double>>(static_cast<std::size_t>(p.semaphores))),
         rec(record ? std::make_shared<Recording>() : nullptr),
@@ -148,6 +158,12 @@ struct Simulator::Schedule {
       else
         t = std::max(es.mm_end, es.ls_end);
     }
+    // The Vector performance mode and GpSimd's compute take turns on their
+    // shared SBUF bus (NKI Trainium2 guide: the hardware arbitrates).
+    if (e == static_cast<int>(Engine::gpsimd) && !isa::is_dma(in.op) && !sequencer_op(in.op))
+      t = std::max(t, shared_bus_end[static_cast<std::size_t>(c)]);
+    else if (e == static_cast<int>(Engine::vector) && cost.takes_gpsimd_bus(in))
+      t = std::max(t, eng[c][static_cast<int>(Engine::gpsimd)].free_at);
     return wait_ready(c, e, in, t);
   }
 
@@ -299,6 +315,8 @@ double Simulator::Schedule::time_compute(int c, int e, const Instruction& in, do
   } else {
     es.free_at = end;
     st.engines[c][e].busy_ns += dur;
+    if (e == static_cast<int>(Engine::vector) && cost.takes_gpsimd_bus(in))
+      shared_bus_end[static_cast<std::size_t>(c)] = end;
   }
   if (in.op == Opcode::multiply_moving) {
     const auto& mv = in.operands[1];
@@ -451,8 +469,7 @@ RunStats Simulator::run(const Options& opt) {
     const Instruction& in = *inp;
     std::string track(isa::engine_name(in.engine));
     double end;
-    if (in.op == Opcode::reg_set || in.op == Opcode::reg_alu || in.op == Opcode::branch ||
-        in.op == Opcode::core_sync) {
+    if (sequencer_op(in.op)) {
       end = sc.time_sequencer(c, e, in, index, start, next_pc);
     } else if (isa::is_dma(in.op)) {
       end = sc.time_dma(c, e, in, start, track);

@@ -79,6 +79,15 @@ TEST_F(Broken, ImpossibleValues) {
   expect_chip_error("rows = 128", "rows = 256", {"'tensor.rows'", "[1, 128]"});
 }
 
+TEST_F(Broken, PerformanceModeKeys) {
+  expect_chip_error("perf_mode_dtypes = [", "perf_mode_dtypes = \"bf16\" #[",
+                    {"'costs.perf_mode_dtypes'", "a list of data type names"});
+  expect_chip_error("vector_perf_shares_gpsimd_bus = true", "vector_perf_shares_gpsimd_bus = 1",
+                    {"'costs.vector_perf_shares_gpsimd_bus'", "true or false"});
+  expect_chip_error("vector_perf_copy_speedup = 4", "vector_perf_copy_speedup = 0",
+                    {"'costs.vector_perf_copy_speedup'", "[1, 64]"});
+}
+
 TEST_F(Broken, TypoInKeyName) {
   expect_chip_error("capacity_gib", "capacty_gib",
                     {"unknown key 'hbm.capacty_gib'", "capacity_gib"});

@@ -10,6 +10,7 @@
 #include "kernel/builder.h"
 #include "sim/cost.h"
 #include "sim/simulator.h"
+#include "util/error.h"
 
 namespace tern {
 namespace {
@@ -226,6 +227,94 @@ TEST(Timing, DependentVectorChainPaysTheStaticOverheadAndAccessStart) {
   add(tiny, t);
   EXPECT_DOUBLE_EQ(run_timing(chip, tiny).latency_ns,
                    static_cast<double>(chip.costs.min_ii.value()) / ghz);
+}
+
+// The Vector performance mode (v3+): over the NeuronCore-v2 costs, 4x for
+// a 16-bit SBUF-to-SBUF copy / tensor_scalar with contiguous rows, 2x with
+// one side in PSUM and for a 16-bit tensor_tensor; FP32 keeps the v2 cost.
+// On trn3 FP8 qualifies too, and Scalar runs 16-bit data at 2x.
+TEST(Timing, VectorAndScalarPerformanceModes) {
+  const auto chip = arch::load_chip("trn3");
+  const double v = chip.vector.clock.value(), s = chip.scalar.clock.value();
+  auto one = [&](Engine e, Opcode op, std::vector<isa::AccessPattern> ops) {
+    isa::Program p = program(chip);
+    auto in = ins(e, op, std::move(ops));
+    in.alu0 = isa::AluOp::multiply;
+    add(p, in);
+    return run_timing(chip, p).latency_ns;
+  };
+  const int n = 2048;
+  const auto bf = DType::bf16;
+  EXPECT_DOUBLE_EQ(
+      one(Engine::vector, Opcode::tensor_copy, {sbuf(0, 128, 0, n, bf), sbuf(0, 128, 8192, n, bf)}),
+      n / 4 / v);
+  EXPECT_DOUBLE_EQ(one(Engine::vector, Opcode::tensor_scalar,
+                       {sbuf(0, 128, 0, n, DType::fp8_e4m3), sbuf(0, 128, 8192, n, bf)}),
+                   n / 4 / v);
+  EXPECT_DOUBLE_EQ(one(Engine::vector, Opcode::tensor_copy,
+                       {sbuf(0, 128, 0, 1024, bf), psum(0, 128, 0, 1024, bf)}),
+                   1024 / 2 / v);
+  // FP32 anywhere: the v2 cost.
+  EXPECT_DOUBLE_EQ(
+      one(Engine::vector, Opcode::tensor_copy, {sbuf(0, 128, 0, n, bf), sbuf(0, 128, 8192, n)}),
+      n / v);
+  // tensor_tensor: the v2 bf16 multiply costs N, halved.
+  EXPECT_DOUBLE_EQ(
+      one(Engine::vector, Opcode::tensor_tensor,
+          {sbuf(0, 128, 0, n, bf), sbuf(0, 128, 8192, n, bf), sbuf(0, 128, 16384, n, bf)}),
+      n / 2 / v);
+  // The mode is the Vector engine's: GpSimd keeps N.
+  EXPECT_DOUBLE_EQ(
+      one(Engine::gpsimd, Opcode::tensor_tensor,
+          {sbuf(0, 128, 0, n, bf), sbuf(0, 128, 8192, n, bf), sbuf(0, 128, 16384, n, bf)}),
+      n / chip.gpsimd.clock.value());
+  // Scalar: 16-bit in and out at 2x; an FP32 output at 1x.
+  EXPECT_DOUBLE_EQ(
+      one(Engine::scalar, Opcode::activation, {sbuf(0, 128, 0, n, bf), sbuf(0, 128, 8192, n, bf)}),
+      n / 2 / s);
+  EXPECT_DOUBLE_EQ(
+      one(Engine::scalar, Opcode::activation, {sbuf(0, 128, 0, n), sbuf(0, 128, 8192, n, bf)}),
+      n / s);
+  // trn1 (NeuronCore-v2) has no performance mode.
+  const auto t1 = arch::load_chip("trn1");
+  isa::Program p = program(t1);
+  add(p, ins(Engine::vector, Opcode::tensor_copy,
+             {sbuf(0, 128, 0, n, bf), sbuf(0, 128, 8192, n, bf)}));
+  EXPECT_DOUBLE_EQ(run_timing(t1, p).latency_ns, n / t1.vector.clock.value());
+  // A data type name the ISA does not know is an error naming it.
+  auto bad = arch::load_chip("trn3");
+  bad.costs.perf_mode_dtypes = {"bf16", "bfloat17"};
+  try {
+    sim::CostModel m(bad);
+    ADD_FAILURE() << "no error for an unknown performance-mode data type";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("perf_mode_dtypes: unknown data type 'bfloat17'"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// The performance mode takes the SBUF bus Vector shares with GpSimd: an
+// independent GpSimd instruction waits for a perf-mode Vector instruction
+// (and the other way round), while an FP32 Vector instruction overlaps it.
+TEST(Timing, VectorPerformanceModeSharesTheGpSimdBus) {
+  const auto chip = arch::load_chip("trn3");
+  const double v = chip.vector.clock.value(), g = chip.gpsimd.clock.value();
+  const int n = 4096;
+  auto pair = [&](DType vt) {
+    isa::Program p = program(chip);
+    add(p, ins(Engine::vector, Opcode::tensor_copy,
+               {sbuf(0, 128, 0, n, vt), sbuf(0, 128, 16384, n, vt)}));
+    add(p,
+        ins(Engine::gpsimd, Opcode::tensor_copy, {sbuf(0, 128, 65536, n), sbuf(0, 128, 98304, n)}));
+    return run_timing(chip, p);
+  };
+  const auto fast = pair(DType::bf16);
+  // Both are ready at 0; the lower engine (Vector) goes first.
+  EXPECT_DOUBLE_EQ(event(fast, "tensor_copy", 0).start_ns, 0.0);
+  EXPECT_DOUBLE_EQ(fast.latency_ns, n / 4 / v + n / g);
+  const auto slow = pair(DType::fp32);
+  EXPECT_DOUBLE_EQ(slow.latency_ns, std::max(n / v, n / g));
 }
 
 TEST(Timing, DmaComputeOverlap) {
