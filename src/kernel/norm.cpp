@@ -253,14 +253,25 @@ isa::Program rmsnorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& s) {
       b.activation(rs_col, isa::ActFunc::rsqrt, sum, &eps_n, 1.0f / static_cast<float>(D));
       b.dma_copy(rstd_h.tile(r0, n, 0, 1), rs_col, -1, false, Engine::scalar);
       const Tensor tf = y32[i].tile(0, n, 0, D), yo = ys[i].tile(0, n, 0, D);
-      b.tensor_tensor(tf, hx, g.tile(0, n, 0, D), isa::AluOp::multiply, Engine::vector);
       if (quant) {  // y in FP32 first (amax, scale), then the cast
+        b.tensor_tensor(tf, hx, g.tile(0, n, 0, D), isa::AluOp::multiply, Engine::vector);
         b.tensor_scalar(tf, tf, isa::AluOp::multiply, rs_col, isa::AluOp::bypass, 0.0f, nullptr,
                         Engine::gpsimd);
         store_norm_output(b, s, tf, yo, y, amax_h, amax_col[i], qs, r0, Engine::gpsimd);
       } else {
-        b.tensor_scalar(yo, tf, isa::AluOp::multiply, rs_col, isa::AluOp::bypass, 0.0f, nullptr,
-                        Engine::gpsimd);
+        // In column halves, so GpSimd starts on a tile's first half while
+        // Vector computes its second (a shorter pipeline fill and drain).
+        const std::int64_t halves = D >= 2 * chip.costs.min_ii.value() ? 2 : 1;
+        for (std::int64_t hf = 0; hf < halves; ++hf) {
+          const std::int64_t c0 = D * hf / halves, w = D * (hf + 1) / halves - c0;
+          b.tensor_tensor(tf.tile(0, n, c0, w), hx.tile(0, n, c0, w), g.tile(0, n, c0, w),
+                          isa::AluOp::multiply, Engine::vector);
+        }
+        for (std::int64_t hf = 0; hf < halves; ++hf) {
+          const std::int64_t c0 = D * hf / halves, w = D * (hf + 1) / halves - c0;
+          b.tensor_scalar(yo.tile(0, n, c0, w), tf.tile(0, n, c0, w), isa::AluOp::multiply, rs_col,
+                          isa::AluOp::bypass, 0.0f, nullptr, Engine::gpsimd);
+        }
         b.dma_copy(y.tile(r0, n, 0, D), yo, -1, false, Engine::gpsimd);
       }
       if (s.mxfp8) norm_mx_tile(b, mx, yo, r0);
