@@ -1,10 +1,20 @@
 // Shared checks of the built-in kernels.
+#include <algorithm>
+#include <string>
+
 #include <fmt/format.h>
 
 #include "kernel/detail.h"
 #include "util/error.h"
 
 namespace tern::kernel::detail {
+
+bool vector_fast(const arch::ChipSpec& chip, isa::DType dt) {
+  if (chip.costs.vector_perf_speedup <= 1) return false;
+  const auto& names = chip.costs.perf_mode_dtypes;
+  return std::any_of(names.begin(), names.end(),
+                     [&](const std::string& n) { return isa::parse_dtype(n) == dt; });
+}
 
 void check_rows(const char* name, std::int64_t rows, std::int64_t dim, isa::DType dt, int cores) {
   if (rows < 1 || dim < 1)

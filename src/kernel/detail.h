@@ -153,6 +153,12 @@ inline std::int64_t sbuf_budget(const arch::ChipSpec& chip) {
   return chip.sbuf_partition_bytes.value() * 3 / 4;
 }
 
+// Whether Vector instructions on `dt` data run in the chip's performance
+// mode (data/arch [costs] perf_mode_dtypes). The mode takes the SBUF bus
+// Vector shares with GpSimd, so a kernel keeps such work on Vector (and
+// Scalar) instead of dealing tiles to GpSimd.
+bool vector_fast(const arch::ChipSpec& chip, isa::DType dt);
+
 // The checks of a row-wise kernel over [rows, dim] tensors of `dt` (fp32,
 // bf16 or fp16) spread over `cores`; throws naming the kernel.
 void check_rows(const char* name, std::int64_t rows, std::int64_t dim, isa::DType dt, int cores);

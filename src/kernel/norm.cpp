@@ -57,12 +57,14 @@ void check_fits(const arch::ChipSpec& chip, const char* name, const RmsNormSpec&
 
 // h = x + residual for the [n, D] tile `hx` (rows r0.. of the HBM tensors),
 // in the input dtype (what the residual stream holds), into `hx`, using
-// `staging` for the residual; the columns split between GpSimd and Vector;
+// `staging` for the residual (the columns split between GpSimd and Vector
+// unless Vector runs in its performance mode);
 // h is stored to `h_hbm`.
-void add_residual(Builder& b, const Tensor& hx, const Tensor& staging, const Tensor& res_hbm,
-                  const Tensor& h_hbm, int r0) {
+void add_residual(const arch::ChipSpec& chip, Builder& b, const Tensor& hx, const Tensor& staging,
+                  const Tensor& res_hbm, const Tensor& h_hbm, int r0) {
   const int n = hx.rows();
-  const std::int64_t D = hx.cols(), half = D / 2;
+  // In the Vector performance mode Vector alone beats sharing its bus.
+  const std::int64_t D = hx.cols(), half = vector_fast(chip, hx.dtype()) ? 0 : D / 2;
   b.dma_copy(staging, res_hbm.tile(r0, n, 0, D));
   if (half > 0)
     b.tensor_tensor(hx.tile(0, n, 0, half), hx.tile(0, n, 0, half), staging.tile(0, n, 0, half),
@@ -241,7 +243,7 @@ isa::Program rmsnorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& s) {
       const int r0 = static_cast<int>(t * P), n = static_cast<int>(std::min(P, R - t * P));
       const Tensor hx = xs[i].tile(0, n, 0, D);
       b.dma_copy(hx, x.tile(r0, n, 0, D));
-      if (s.residual) add_residual(b, hx, rs[i].tile(0, n, 0, D), res, h, r0);
+      if (s.residual) add_residual(chip, b, hx, rs[i].tile(0, n, 0, D), res, h, r0);
       // Three engines, one pass each, pipelined across tiles:
       //   Scalar: the sum of squares (its row accumulator), then
       //           rstd = rsqrt(sum / D + eps) in one more instruction;
@@ -360,7 +362,7 @@ isa::Program layernorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& s) 
       const Bufs& v = bu[k % static_cast<std::size_t>(kBuf)];
       const Tensor hx = v.x.tile(0, n, 0, D);
       b.dma_copy(hx, x.tile(r0, n, 0, D));
-      if (s.residual) add_residual(b, hx, v.r.tile(0, n, 0, D), res, h, r0);
+      if (s.residual) add_residual(chip, b, hx, v.r.tile(0, n, 0, D), res, h, r0);
       // mean and variance: bn_stats per chunk, then bn_aggr (Vector).
       for (std::int64_t c = 0; c < chunks; ++c) {
         const std::int64_t c0 = c * FB, w = std::min(FB, D - c0);
