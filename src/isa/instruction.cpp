@@ -67,7 +67,8 @@ constexpr std::array<std::string_view, static_cast<std::size_t>(Opcode::count_)>
     "core_sync",
     "sequence_bounds",
     "rng",
-    "rng_state"};
+    "rng_state",
+    "scalar_tensor_tensor"};
 constexpr std::array<std::string_view, static_cast<std::size_t>(AluOp::count_)> kAluNames = {
     "bypass",  "add",         "subtract",   "multiply",    "divide",     "max",         "min",
     "abs_max", "pow",         "is_equal",   "not_equal",   "is_gt",      "is_ge",       "is_lt",

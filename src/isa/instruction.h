@@ -100,6 +100,10 @@ enum class Opcode : std::uint8_t {
   // [P, 6k] uint32 tile, 1 get into one, 2 seed every lane from the 32-bit
   // value of a [1, 1] tile (operand: the tile).
   rng_state,
+  // vector / gpsimd: dst = (data op0 s) op1 b in FP32, s = imm0 or (col0) a
+  // [P, 1] column; reverse0 / reverse1 put the operand first (nki.isa
+  // scalar_tensor_tensor). Operands dst, data, b, [column].
+  scalar_tensor_tensor,
   count_,
 };
 std::string_view opcode_name(Opcode op);
@@ -230,12 +234,14 @@ struct Instruction {
   bool accumulate = false;  // multiply_moving: add onto PSUM; dma_copy: add-reduce into dst
   bool negate = false;      // tensor_reduce
   // tensor_scalar: operand 0 / 1 is a per-partition FP32 column [P, 1] (the
-  // next operand after the source, in order) instead of imm0 / imm1.
+  // next operand after the source, in order) instead of imm0 / imm1;
+  // scalar_tensor_tensor: col0, its last operand.
   bool col0 = false, col1 = false;
   // dma_gather / dma_scatter: an index outside the HBM view's rows skips
   // its row (NKI oob_mode.skip) instead of stopping the run (oob_mode.error).
   bool oob_skip = false;
-  // tensor_scalar / tensor_scan: the operand comes first (imm op data); for
+  // tensor_scalar / tensor_scan / scalar_tensor_tensor: the operand comes
+  // first (imm op data, b op1 t); for
   // select_reduce reverse0 inverts the predicate.
   bool reverse0 = false, reverse1 = false;
   std::vector<std::int32_t> table;  // stream_shuffle: 32 source partitions (255: keep)

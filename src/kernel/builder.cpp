@@ -487,6 +487,26 @@ void Builder::tensor_tensor(const Tensor& dst, const Tensor& a, const Tensor& b,
   emit(std::move(in), loc);
 }
 
+void Builder::scalar_tensor_tensor(const Tensor& dst, const Tensor& data, isa::AluOp op0,
+                                   float imm0, const Tensor* col0, isa::AluOp op1, const Tensor& b,
+                                   bool reverse0, bool reverse1, Engine engine,
+                                   std::source_location loc) {
+  Instruction in;
+  in.op = Opcode::scalar_tensor_tensor;
+  in.engine = engine;
+  in.operands = {dst.ap, data.ap, b.ap};
+  if (col0) {
+    in.operands.push_back(col0->ap);
+    in.col0 = true;
+  }
+  in.alu0 = op0;
+  in.imm0 = imm0;
+  in.alu1 = op1;
+  in.reverse0 = reverse0;
+  in.reverse1 = reverse1;
+  emit(std::move(in), loc);
+}
+
 void Builder::tensor_scalar(const Tensor& dst, const Tensor& src, isa::AluOp op0, float imm0,
                             isa::AluOp op1, float imm1, Engine engine, std::source_location loc) {
   Instruction in;

@@ -135,6 +135,14 @@ class Builder {
                      isa::AluOp op1 = isa::AluOp::bypass, float imm1 = 0.0f,
                      const Tensor* col1 = nullptr, isa::Engine engine = isa::Engine::vector,
                      std::source_location loc = std::source_location::current());
+  // dst = (data op0 s) op1 b in FP32 (nki.isa.scalar_tensor_tensor), s the
+  // immediate `imm0` or, with `col0`, a per-partition column [P, 1];
+  // reverse0 / reverse1 put s / b first. The cost of one tensor_tensor.
+  void scalar_tensor_tensor(const Tensor& dst, const Tensor& data, isa::AluOp op0, float imm0,
+                            const Tensor* col0, isa::AluOp op1, const Tensor& b,
+                            bool reverse0 = false, bool reverse1 = false,
+                            isa::Engine engine = isa::Engine::vector,
+                            std::source_location loc = std::source_location::current());
   void tensor_copy(const Tensor& dst, const Tensor& src, isa::Engine engine = isa::Engine::vector,
                    std::source_location loc = std::source_location::current());
   void tensor_reduce(const Tensor& dst, const Tensor& src, isa::AluOp op, bool negate = false,

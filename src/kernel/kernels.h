@@ -136,7 +136,8 @@ isa::Program rmsnorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& spec)
 // LayerNorm forward over the last dim (the same spec; eps as given, e.g.
 // PyTorch's 1e-5): h = x (+ residual), mean and population variance of h
 // from the Vector engine's bn_stats / bn_aggr (chunks of bn_stats_fmax),
-// rstd = 1 / sqrt(var + eps), y = ((h - mean) * rstd) * gamma + beta.
+// rstd = 1 / sqrt(var + eps), y = ((h - mean) * gamma) * rstd + beta (in
+// FP32, one rounding into y).
 // HBM inputs "x" [R, D], "gamma", "beta" [1, D] (dtype), with `residual`
 // "residual" [R, D]; outputs "y" [R, D] (dtype), "mean" and "rstd" [R, 1]
 // fp32 (for the backward pass), with `residual` "h" [R, D].

@@ -351,12 +351,11 @@ isa::Program layernorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& s) 
       return std::pair<int, int>{static_cast<int>(mine[k] * P),
                                  static_cast<int>(std::min(P, R - mine[k] * P))};
     };
-    // Stage 1 (load, statistics on Vector, rstd and u = (h - mean) * rstd on
-    // Scalar) runs one tile ahead of stage 2 (y = u * gamma + beta), so no
-    // engine's in-order stream waits for another within a tile. Stage 2's
-    // 4 cycles per element (two FP32 x 16-bit products) are split so that
-    // Vector (which also has bn_stats) and GpSimd carry 2.5 each.
-    const std::int64_t split = D * 3 / 4;
+    // Stage 1 (load, statistics on Vector, rstd on Scalar, t = (h - mean) *
+    // gamma on Vector: one scalar_tensor_tensor, N cycles for BF16 h and
+    // gamma) runs one tile ahead of stage 2 (y = t * rstd + beta on GpSimd,
+    // 2N), so no engine's in-order stream waits for another within a tile:
+    // Vector and GpSimd carry 2 cycles per element each.
     auto stage1 = [&](std::size_t k) {
       const auto [r0, n] = rows_of(k);
       const Bufs& v = bu[k % static_cast<std::size_t>(kBuf)];
@@ -372,29 +371,25 @@ isa::Program layernorm_kernel(const arch::ChipSpec& chip, const RmsNormSpec& s) 
                    var = v.mv.tile(0, n, 1, 1), rstd = v.rstd.tile(0, n, 0, 1);
       b.bn_aggr(mv, v.stats.tile(0, n, 0, 6 * chunks));
       b.dma_copy(mean_h.tile(r0, n, 0, 1), mean, -1, false, Engine::vector);
-      // rstd = rsqrt(var + eps), u = (h - mean) * rstd (Scalar).
+      // rstd = rsqrt(var + eps) (Scalar).
       const Tensor eps_n = eps.tile(0, n, 0, 1);
       b.activation(rstd, isa::ActFunc::rsqrt, var, &eps_n);
       b.dma_copy(rstd_h.tile(r0, n, 0, 1), rstd, -1, false, Engine::scalar);
-      b.tensor_scalar(v.u.tile(0, n, 0, D), hx, isa::AluOp::subtract, mean, isa::AluOp::multiply,
-                      0.0f, &rstd, Engine::scalar);
+      b.scalar_tensor_tensor(v.u.tile(0, n, 0, D), hx, isa::AluOp::subtract, 0.0f, &mean,
+                             isa::AluOp::multiply, g.tile(0, n, 0, D));
     };
     auto stage2 = [&](std::size_t k) {
       const auto [r0, n] = rows_of(k);
       const Bufs& v = bu[k % static_cast<std::size_t>(kBuf)];
-      const Tensor u = v.u.tile(0, n, 0, D), yo = v.y.tile(0, n, 0, D);
-      if (split > 0)
-        b.tensor_tensor(u.tile(0, n, 0, split), u.tile(0, n, 0, split), g.tile(0, n, 0, split),
-                        isa::AluOp::multiply, Engine::vector);
-      b.tensor_tensor(u.tile(0, n, split, D - split), u.tile(0, n, split, D - split),
-                      g.tile(0, n, split, D - split), isa::AluOp::multiply, Engine::gpsimd);
-      if (quant) {  // y in FP32 first (amax, scale), then the cast
-        b.tensor_tensor(u, u, bt.tile(0, n, 0, D), isa::AluOp::add, Engine::gpsimd);
+      const Tensor u = v.u.tile(0, n, 0, D), yo = v.y.tile(0, n, 0, D),
+                   rstd = v.rstd.tile(0, n, 0, 1);
+      // y in FP32 first with a quantized output (amax, scale), then the cast.
+      b.scalar_tensor_tensor(quant ? u : yo, u, isa::AluOp::multiply, 0.0f, &rstd, isa::AluOp::add,
+                             bt.tile(0, n, 0, D), false, false, Engine::gpsimd);
+      if (quant)
         store_norm_output(b, s, u, yo, y, amax_h, v.amax, qs, r0, Engine::gpsimd);
-      } else {
-        b.tensor_tensor(yo, u, bt.tile(0, n, 0, D), isa::AluOp::add, Engine::gpsimd);
+      else
         b.dma_copy(y.tile(r0, n, 0, D), yo, -1, false, Engine::gpsimd);
-      }
       if (s.mxfp8) norm_mx_tile(b, mx, yo, r0);
     };
     if (!mine.empty()) stage1(0);

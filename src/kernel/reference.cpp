@@ -257,8 +257,8 @@ LayerNormResult layernorm_reference(const std::vector<float>& x, const std::vect
     r.mean[i] = mv[0];
     r.rstd[i] = rstd;
     for (std::size_t j = 0; j < D; ++j) {
-      const float u = ((row[j] - mv[0]) * rstd) * gamma[j];
-      r.y[i * D + j] = u + beta[j];
+      const float t = (row[j] - mv[0]) * gamma[j];
+      r.y[i * D + j] = t * rstd + beta[j];
     }
   }
   r.amax = finish_norm_output(r.y, rows, dim, round, quant);

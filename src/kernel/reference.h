@@ -62,7 +62,7 @@ RmsNormResult rmsnorm_reference(const std::vector<float>& x, const std::vector<f
 
 // LayerNorm forward as layernorm_kernel computes it: statistics by
 // isa::bn_stats_row over chunks of `chunk` columns and isa::bn_aggr_row,
-// rstd = rsqrt(var + eps), y = round(((h - mean) * rstd) * gamma + beta).
+// rstd = rsqrt(var + eps), y = round(((h - mean) * gamma) * rstd + beta).
 struct LayerNormResult {
   std::vector<float> y, mean, rstd, h, amax;
 };

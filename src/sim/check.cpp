@@ -35,6 +35,7 @@ bool engine_allowed(Opcode op, Engine e) {
     case Opcode::transpose:  // Tensor engine (128 x 128) or Vector engine (32 x 32)
       return e == Engine::tensor || e == Engine::vector;
     case Opcode::tensor_tensor:
+    case Opcode::scalar_tensor_tensor:
     case Opcode::memset:
     case Opcode::rng:
     case Opcode::rng_state:
@@ -95,6 +96,8 @@ Arity arity(Opcode op) {
       return {2, 2};
     case Opcode::tensor_tensor:
       return {3, 3};
+    case Opcode::scalar_tensor_tensor:
+      return {3, 4};  // dst, data, b, [column [P, 1] if col0]
     case Opcode::tensor_scalar:
       return {2, 4};  // dst, src, [column 0 [P, 1]], [column 1 [P, 1]]
     case Opcode::tensor_copy:
@@ -305,6 +308,37 @@ std::string check_declarations(const arch::ChipSpec& chip, const isa::Program& p
 }
 
 namespace {
+// nki.isa.scalar_tensor_tensor: arithmetic operators only (the Vector
+// engine computes in FP32), data and b of the destination's shape and not
+// both in PSUM, a [P, 1] float column when col0.
+std::string scalar_tensor_tensor_rules(const isa::Instruction& in) {
+  const auto& d = in.operands[0];
+  for (isa::AluOp op : {in.alu0, in.alu1})
+    if (isa::is_bitwise(op) || op == isa::AluOp::bypass)
+      return fmt::format("scalar_tensor_tensor takes two arithmetic operators, got {}",
+                         isa::alu_name(op));
+  const std::size_t want = in.col0 ? 4 : 3;
+  if (in.operands.size() != want)
+    return fmt::format("has {} operands: dst, data, b{}", in.operands.size(),
+                       in.col0 ? " and the column (col0)" : " (a column needs col0)");
+  const char* names[] = {"data", "b"};
+  for (int i = 1; i <= 2; ++i) {
+    const auto& x = in.operands[static_cast<std::size_t>(i)];
+    if (x.rows() != d.rows() || x.free_size() != d.free_size())
+      return fmt::format("{} is [{}, {}] but the destination is [{}, {}]", names[i - 1], x.rows(),
+                         x.free_size(), d.rows(), d.free_size());
+  }
+  if (in.operands[1].mem == Mem::psum && in.operands[2].mem == Mem::psum)
+    return "scalar_tensor_tensor cannot read both data and b from PSUM";
+  if (in.col0) {
+    const auto& c = in.operands[3];
+    if (c.rows() != d.rows() || c.free_size() != 1 || !isa::is_float(c.dtype))
+      return fmt::format("the column operand is [{}, {}] {}, need [{}, 1] float", c.rows(),
+                         c.free_size(), isa::name(c.dtype), d.rows());
+  }
+  return {};
+}
+
 // The hardware descriptor generator (Descriptor Generation Engine
 // reference): v3+ only, direct copies and transposes only (indirect DMAs
 // take software DGE), triggered from the Scalar or Sync engine.
@@ -623,6 +657,9 @@ std::string check_instruction(const arch::ChipSpec& chip, const isa::Program& pr
         return "tensor_tensor cannot read both inputs from PSUM";
       if (auto e = same_shape(in.operands[1], "input a"); !e.empty()) return e;
       if (auto e = same_shape(in.operands[2], "input b"); !e.empty()) return e;
+      break;
+    case Opcode::scalar_tensor_tensor:
+      if (auto e = scalar_tensor_tensor_rules(in); !e.empty()) return e;
       break;
     case Opcode::tensor_scalar:
     case Opcode::tensor_copy:

@@ -160,6 +160,15 @@ double CostModel::cycles(const isa::Instruction& in, bool dependent) const {
       c = std::max(min_ii, per * n * penalty / perf_speedup(in));
       break;
     }
+    case Opcode::scalar_tensor_tensor: {
+      // nki.isa.scalar_tensor_tensor's estimated cost: N with data and b
+      // both BF16, subtract then multiply and N even; else 2N.
+      const bool fast = in.operands[1].dtype == DType::bf16 &&
+                        in.operands[2].dtype == DType::bf16 && in.alu0 == isa::AluOp::subtract &&
+                        in.alu1 == isa::AluOp::multiply && d.free_size() % 2 == 0;
+      c = std::max(min_ii, (fast ? 1.0 : 2.0) * n * penalty);
+      break;
+    }
     case Opcode::tensor_reduce: {
       const auto& s = in.operands[1];
       const double ns = static_cast<double>(s.free_size());

@@ -300,6 +300,7 @@ struct Simulator::Impl {
   void op_multiply(int core, const Instruction& in);
   void op_transpose(int core, const Instruction& in);
   void op_tensor_tensor(int core, const Instruction& in);
+  void op_scalar_tensor_tensor(int core, const Instruction& in);
   void op_tensor_scalar(int core, const Instruction& in);
   void op_tensor_reduce(int core, const Instruction& in);
   void op_activation(int core, const Instruction& in);

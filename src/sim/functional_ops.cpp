@@ -40,6 +40,9 @@ void Simulator::Impl::execute(int core, const Instruction& in) {
     case Opcode::tensor_scalar:
       op_tensor_scalar(core, in);
       break;
+    case Opcode::scalar_tensor_tensor:
+      op_scalar_tensor_tensor(core, in);
+      break;
     case Opcode::tensor_copy:
       if (all_int(in)) {
         write_int(core, d, read_int(core, ops[1], "the source"));
@@ -219,6 +222,26 @@ void Simulator::Impl::op_tensor_tensor(int core, const Instruction& in) {
     isa::apply_alu(in.alu0, a.data() + o, b.data() + o, f);
   });
   write(core, d, a);
+}
+
+// (data op0 s) op1 b in FP32, one rounding into dst (nki.isa
+// scalar_tensor_tensor); s is imm0 or row r's column value.
+void Simulator::Impl::op_scalar_tensor_tensor(int core, const Instruction& in) {
+  const auto& ops = in.operands;
+  Floats a = read(core, ops[1], "data");
+  const Floats b = read(core, ops[2], "b");
+  const Floats c = in.col0 ? read(core, ops[3], "the column") : Floats{};
+  const std::size_t f = static_cast<std::size_t>(ops[0].free_size());
+  for_rows(ops[0].rows(), static_cast<std::int64_t>(a.size()), [&](int r) {
+    const std::size_t o = static_cast<std::size_t>(r) * f;
+    const float sv = in.col0 ? c[static_cast<std::size_t>(r)] : in.imm0;
+    for (std::size_t i = o; i < o + f; ++i) {
+      const float t =
+          in.reverse0 ? isa::apply_alu(in.alu0, sv, a[i]) : isa::apply_alu(in.alu0, a[i], sv);
+      a[i] = in.reverse1 ? isa::apply_alu(in.alu1, b[i], t) : isa::apply_alu(in.alu1, t, b[i]);
+    }
+  });
+  write(core, ops[0], a);
 }
 
 void Simulator::Impl::op_tensor_scalar(int core, const Instruction& in) {

@@ -80,6 +80,33 @@ TEST(Ops, TensorScalarWithPerPartitionColumns) {
     }
 }
 
+// scalar_tensor_tensor: (data op0 s) op1 b in FP32, rounded once into the
+// destination (two instructions would round the intermediate too).
+TEST(Ops, ScalarTensorTensorRoundsOnce) {
+  Rig r;
+  const Tensor t = r.input(96, 48);
+  const Tensor c = r.b.sbuf(96, 1, DType::fp32), u = r.b.sbuf(96, 48, DType::fp32);
+  r.b.iota(c, 0.25f, 0.5f, 0.0f);   // c[p] = 0.25 + p / 2
+  r.b.iota(u, 1.5f, 0.0f, 0.125f);  // u[p, i] = 1.5 + i / 8
+  const Tensor o = r.b.sbuf(96, 48, DType::bf16), o2 = r.b.sbuf(96, 48, DType::fp32);
+  r.b.scalar_tensor_tensor(o, t, isa::AluOp::subtract, 0.0f, &c, isa::AluOp::multiply, u);
+  // Reversed: u - (3 / data), the immediate form, on GpSimd.
+  r.b.scalar_tensor_tensor(o2, t, isa::AluOp::divide, 3.0f, nullptr, isa::AluOp::subtract, u, true,
+                           true, isa::Engine::gpsimd);
+  const Tensor both = r.b.sbuf(96, 96, DType::fp32);
+  r.b.tensor_copy(both.tile(0, 96, 0, 48), o);
+  r.b.tensor_copy(both.tile(0, 96, 48, 48), o2);
+  const auto y = r.run(both);
+  const auto& bf = num::format(num::FormatId::bf16);
+  for (std::size_t p = 0; p < 96; ++p)
+    for (std::size_t i = 0; i < 48; ++i) {
+      const float x = r.x[p * 48 + i], cp = 0.25f + 0.5f * static_cast<float>(p);
+      const float ui = 1.5f + 0.125f * static_cast<float>(i);
+      ASSERT_EQ(y[p * 96 + i], num::round_to(bf, (x - cp) * ui)) << p << "," << i;
+      ASSERT_EQ(y[p * 96 + 48 + i], ui - 3.0f / x) << p << "," << i;
+    }
+}
+
 TEST(Ops, BnStatsAndAggrGiveMeanAndVariance) {
   Rig r;
   const int P = 128, F = 1000;  // two bn_stats chunks of 500
@@ -312,6 +339,25 @@ TEST(Ops, RulesOfTheNewInstructions) {
         std::string::npos)
         << e.what();
   }
+  // scalar_tensor_tensor: arithmetic operators, data and b not both in PSUM.
+  auto stt_error = [&](bool psum, isa::AluOp op) {
+    Builder k(chip);
+    const Tensor x = psum ? k.psum(64, 64, DType::fp32) : k.sbuf(64, 64, DType::fp32);
+    const Tensor y = psum ? k.psum(64, 64, DType::fp32) : k.sbuf(64, 64, DType::fp32);
+    const Tensor z = k.sbuf(64, 64, DType::fp32);
+    k.scalar_tensor_tensor(z, x, isa::AluOp::add, 1.0f, nullptr, op, y);
+    sim::Simulator sk(chip);
+    try {
+      sk.load(k.finish());
+      return std::string();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+  };
+  EXPECT_NE(stt_error(true, isa::AluOp::add).find("cannot read both data and b from PSUM"),
+            std::string::npos);
+  EXPECT_NE(stt_error(false, isa::AluOp::bitwise_and).find("two arithmetic operators"),
+            std::string::npos);
   const auto trn2 = arch::load_chip("trn2");
   Builder c(trn2);
   const Tensor a = c.sbuf(128, 8, DType::fp32);

@@ -294,6 +294,27 @@ TEST(Timing, VectorAndScalarPerformanceModes) {
   }
 }
 
+// scalar_tensor_tensor (NKI's estimated cost): N for BF16 data and b with
+// subtract then multiply and N even, else 2N.
+TEST(Timing, ScalarTensorTensorCostsOneTensorTensor) {
+  const auto chip = arch::load_chip("trn3");
+  const double v = chip.vector.clock.value();
+  auto one = [&](DType dt, isa::AluOp op0, isa::AluOp op1, int n) {
+    isa::Program p = program(chip);
+    auto in = ins(Engine::vector, Opcode::scalar_tensor_tensor,
+                  {sbuf(0, 128, 0, n, dt), sbuf(0, 128, 16384, n, dt), sbuf(0, 128, 32768, n, dt)});
+    in.alu0 = op0;
+    in.alu1 = op1;
+    add(p, in);
+    return run_timing(chip, p).latency_ns;
+  };
+  using isa::AluOp;
+  EXPECT_DOUBLE_EQ(one(DType::bf16, AluOp::subtract, AluOp::multiply, 2048), 2048 / v);
+  EXPECT_DOUBLE_EQ(one(DType::bf16, AluOp::subtract, AluOp::multiply, 2047), 2 * 2047 / v);
+  EXPECT_DOUBLE_EQ(one(DType::bf16, AluOp::multiply, AluOp::add, 2048), 2 * 2048 / v);
+  EXPECT_DOUBLE_EQ(one(DType::fp32, AluOp::subtract, AluOp::multiply, 2048), 2 * 2048 / v);
+}
+
 // The performance mode takes the SBUF bus Vector shares with GpSimd: an
 // independent GpSimd instruction waits for a perf-mode Vector instruction
 // (and the other way round), while an FP32 Vector instruction overlaps it.

@@ -429,18 +429,21 @@ def activation_reduce(dst, op, data, reduce_op, reduce_res, bias=None, scale=1.0
                reduce_cmd=reduce_cmd.reset_reduce)
 
 
-@_tracer.status("partial: issued as two Vector instructions (same values, the time of two)")
 def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False, engine=None,
                          name=None, **hints):
-    """(data op0 operand0) op1 operand1 with a scalar/column operand0 and a
-    tensor operand1; tern issues it as two Vector instructions (timing: two),
-    the intermediate in an FP32 scratch tile (operand1 may be dst)."""
-    tmp = _scratch(data.shape)
-    tensor_scalar(dst=tmp, data=data, op0=op0, operand0=operand0, reverse0=reverse0, engine=engine)
-    if reverse1:
-        tensor_tensor(dst=dst, data1=operand1, data2=tmp, op=op1, engine=engine)
-    else:
-        tensor_tensor(dst=dst, data1=tmp, data2=operand1, op=op1, engine=engine)
+    """(data op0 operand0) op1 operand1 in FP32, one Vector instruction
+    (rounded once into dst); operand0 is a scalar or a [P, 1] column,
+    operand1 a tile of data's shape; reverse0 / reverse1 put the operand
+    first."""
+    eng = _engine(engine, _core.Engine.vector)
+    col = _is_tile(operand0)
+    if col and not _is_float(operand0.dtype):
+        raise NotImplementedError(f"not supported: scalar_tensor_tensor with a {operand0.dtype} operand0 "
+                                  f"column (float columns are) ({_tracer.kernel_location()})")
+    kw = dict(alu0=_alu(op0, "op0"), alu1=_alu(op1, "op1"), rev0=bool(reverse0), rev1=bool(reverse1), col0=col)
+    if not col:
+        kw["imm0"] = float(operand0)
+    _emit("scalar_tensor_tensor", eng, [dst, data, operand1] + ([_as_col(operand0)] if col else []), **kw)
 
 
 @_tracer.status("partial: issued as two Vector instructions (same values, the time of two)")
