@@ -14,6 +14,49 @@ namespace tern::kernel {
 using isa::DType;
 using isa::Engine;
 
+namespace {
+
+// Groups of runs that a permute of the two outer dims makes: consecutive
+// runs of k >= 2 whole rows each, one after another in the output, with the
+// same input and row stride and first elements a constant step apart. A
+// band of up to P of them is one DMA each way (partition j <- run j's k
+// rows), where run by run each would be a transfer of k rows.
+struct Group {
+  std::vector<const CopyRun*> runs;  // in output order
+  std::int64_t pstride;
+};
+std::vector<Group> find_groups(const LayoutCopySpec& s, std::int64_t max_row_elements) {
+  std::vector<const CopyRun*> rs;
+  for (const CopyRun& r : s.runs) rs.push_back(&r);
+  std::sort(rs.begin(), rs.end(),
+            [](const CopyRun* a, const CopyRun* b) { return a->out_row0 < b->out_row0; });
+  auto whole = [&](const CopyRun* r) {
+    return r->col0 == 0 && r->len == s.cols && r->rows >= 2 && r->rows * s.cols <= max_row_elements;
+  };
+  std::vector<Group> out;
+  for (std::size_t i = 0; i < rs.size();) {
+    std::size_t j = i + 1;
+    if (whole(rs[i]) && j < rs.size()) {
+      const std::int64_t step = rs[j]->in0 - rs[i]->in0;
+      auto next = [&](std::size_t a, std::size_t b) {
+        return whole(rs[b]) && rs[b]->input == rs[a]->input && rs[b]->rows == rs[a]->rows &&
+               rs[b]->in_stride == rs[a]->in_stride &&
+               rs[b]->out_row0 == rs[a]->out_row0 + rs[a]->rows &&
+               rs[b]->in0 - rs[a]->in0 == step && step >= 0;
+      };
+      while (j < rs.size() && next(j - 1, j)) ++j;
+    }
+    if (j - i >= 2)
+      out.push_back({std::vector<const CopyRun*>(rs.begin() + static_cast<std::ptrdiff_t>(i),
+                                                 rs.begin() + static_cast<std::ptrdiff_t>(j)),
+                     rs[i + 1]->in0 - rs[i]->in0});
+    i = j;
+  }
+  return out;
+}
+
+}  // namespace
+
 isa::Program layout_copy_kernel(const arch::ChipSpec& chip, const LayoutCopySpec& s) {
   if (s.rows < 1 || s.cols < 1)
     throw Error(fmt::format("layout_copy: output [{}, {}] must be >= 1", s.rows, s.cols));
@@ -52,44 +95,111 @@ isa::Program layout_copy_kernel(const arch::ChipSpec& chip, const LayoutCopySpec
   // element each; up to 4 KiB per partition, where DMA reaches its rate.
   const std::int64_t esz = isa::size_bytes(s.dtype);
   const std::int64_t kmax = std::max<std::int64_t>(1, 4096 / (s.cols * esz));
-  struct Band {
-    std::int64_t r0, n, k;  // rows [r0, r0 + n), k rows per partition
+  struct Piece {
+    std::int64_t r0, n;  // output rows [r0, r0 + n), covered by the same runs
   };
-  std::vector<Band> bands;
-  for (std::size_t c = 0; c + 1 < cuts.size(); ++c) {
-    std::int64_t r = cuts[c];
-    const std::int64_t end = cuts[c + 1];
+  struct Band {
+    std::int64_t r0, n, k;     // rows [r0, r0 + n), k rows per partition
+    std::vector<Piece> parts;  // k == 1: stacked on the partitions in order
+    // A group: partition j holds the k rows of run `run + j`, whose first
+    // input elements step by `pstride` (a permute of the two outer dims).
+    const CopyRun* run = nullptr;
+    std::int64_t pstride = 0;
+  };
+  // Bands of the run groups, up to P runs each, in row order (16 KiB per
+  // partition at most).
+  auto run_groups = [&](const LayoutCopySpec& spec, int parts) {
+    std::vector<Band> gs;
+    for (const Group& g : find_groups(spec, 16384 / esz)) {
+      const std::int64_t k = g.runs[0]->rows, count = static_cast<std::int64_t>(g.runs.size());
+      for (std::int64_t j = 0; j < count; j += parts) {
+        const std::int64_t m = std::min<std::int64_t>(parts, count - j);
+        const CopyRun* first = g.runs[static_cast<std::size_t>(j)];
+        gs.push_back({first->out_row0, m * k, k, {}, first, g.pstride});
+      }
+    }
+    return gs;
+  };
+  // Whether every row of [r, end) is one whole row of a single run.
+  auto single_whole_run = [&](std::int64_t r) {
     int covering = 0;
     bool whole = false;
     for (const CopyRun& run : s.runs)
       if (run.out_row0 <= r && r < run.out_row0 + run.rows)
         ++covering, whole = run.col0 == 0 && run.len == s.cols;
-    if (covering == 1 && whole && kmax > 1)
+    return covering == 1 && whole;
+  };
+  std::vector<Band> bands;
+  const std::vector<Band> groups = run_groups(s, P);
+  std::size_t gi = 0;
+  for (std::size_t c = 0; c + 1 < cuts.size(); ++c) {
+    std::int64_t r = cuts[c];
+    const std::int64_t end = cuts[c + 1];
+    // Rows a group covers move with it (its bands come in row order).
+    bool grouped = false;
+    while (gi < groups.size() && groups[gi].r0 + groups[gi].n <= r) bands.push_back(groups[gi++]);
+    for (std::size_t g = gi; g < groups.size() && groups[g].r0 <= r; ++g)
+      grouped |= r < groups[g].r0 + groups[g].n;
+    if (grouped) continue;
+    const bool whole = single_whole_run(r);
+    if (whole && kmax > 1)
       for (std::int64_t k = std::min(kmax, (end - r) / P); k > 1 && end - r >= P * k;) {
-        bands.push_back({r, P * k, k});
+        bands.push_back({r, P * k, k, {}});
         r += P * k;
         k = std::min(kmax, (end - r) / P);
       }
-    for (; r < end; r += P) bands.push_back({r, std::min<std::int64_t>(P, end - r), 1});
+    for (; r < end; r += P) {
+      const std::int64_t n = std::min<std::int64_t>(P, end - r);
+      // Short whole-row pieces of different runs (a head permute's rows)
+      // share a band up to P rows: one load per piece, one store per band.
+      Band* last = bands.empty() ? nullptr : &bands.back();
+      if (whole && last && last->k == 1 && last->r0 + last->n == r && last->n + n <= P &&
+          single_whole_run(last->parts.back().r0)) {
+        last->n += n;
+        last->parts.push_back({r, n});
+      } else {
+        bands.push_back({r, n, 1, {{r, n}}});
+      }
+    }
   }
-  constexpr int kBufs = 3;
+  while (gi < groups.size()) bands.push_back(groups[gi++]);
+  // Buffers: as many band tiles as a quarter of the SBUF budget holds (2..16),
+  // so short bands keep many transfers in flight.
+  std::int64_t tile_cols = s.cols * kmax;
+  for (const Band& g : groups) tile_cols = std::max(tile_cols, g.k * s.cols);
+  const std::int64_t tile_bytes = tile_cols * esz;
+  const int kBufs =
+      static_cast<int>(std::clamp<std::int64_t>(detail::sbuf_budget(chip) / 4 / tile_bytes, 2, 16));
   for (int core = 0; core < s.cores; ++core) {
     b.set_core(core);
-    Tensor tiles[kBufs];
-    for (auto& t : tiles) t = b.sbuf(P, s.cols * kmax, s.dtype);
+    std::vector<Tensor> tiles;
+    for (int i = 0; i < kBufs; ++i) tiles.push_back(b.sbuf(P, tile_cols, s.dtype));
     int k = 0;
     for (std::size_t bi = static_cast<std::size_t>(core); bi < bands.size();
          bi += static_cast<std::size_t>(s.cores), k = (k + 1) % kBufs) {
       const Band& band = bands[bi];
-      std::vector<const CopyRun*> here;
-      std::int64_t cols = 0;
-      for (const CopyRun& r : s.runs)
-        if (r.out_row0 <= band.r0 && band.r0 < r.out_row0 + r.rows)
-          here.push_back(&r), cols += r.len;
-      if (band.k > 1) {  // one run, whole rows, k per partition
-        const CopyRun* r = here[0];
+      const Tensor& tile = tiles[static_cast<std::size_t>(k)];
+      if (band.run) {  // a group: one run's k rows per partition
         const int parts = static_cast<int>(band.n / band.k);
-        const Tensor t = tiles[k].tile(0, parts, 0, band.k * s.cols);
+        const Tensor t = tile.tile(0, parts, 0, band.k * s.cols);
+        Tensor src = in[static_cast<std::size_t>(band.run->input)];
+        src.ap.offset += band.run->in0 * esz;
+        src.ap.dims = {{band.pstride, parts}, {band.run->in_stride, band.k}, {1, s.cols}};
+        src.ap.partitions = parts;
+        b.dma_copy(t, src);
+        Tensor dst = out;
+        dst.ap.offset += band.r0 * s.cols * esz;
+        dst.ap.dims = {{band.k * s.cols, parts}, {1, band.k * s.cols}};
+        dst.ap.partitions = parts;
+        b.dma_copy(dst, t);
+        continue;
+      }
+      if (band.k > 1) {  // one run, whole rows, k per partition
+        const CopyRun* r = nullptr;
+        for (const CopyRun& run : s.runs)
+          if (run.out_row0 <= band.r0 && band.r0 < run.out_row0 + run.rows) r = &run;
+        const int parts = static_cast<int>(band.n / band.k);
+        const Tensor t = tile.tile(0, parts, 0, band.k * s.cols);
         Tensor src = in[static_cast<std::size_t>(r->input)];
         src.ap.offset += (r->in0 + (band.r0 - r->out_row0) * r->in_stride) * esz;
         src.ap.dims = {{band.k * r->in_stride, parts}, {r->in_stride, band.k}, {1, s.cols}};
@@ -102,17 +212,27 @@ isa::Program layout_copy_kernel(const arch::ChipSpec& chip, const LayoutCopySpec
         b.dma_copy(dst, t);
         continue;
       }
-      const int n = static_cast<int>(band.n);
-      const Tensor t = tiles[k].tile(0, n, 0, s.cols);
-      if (cols < s.cols) b.memset(t, 0.0f, Engine::gpsimd);  // pads and uncovered rows
-      for (const CopyRun* r : here) {
-        Tensor src = in[static_cast<std::size_t>(r->input)];
-        src.ap.offset += (r->in0 + (band.r0 - r->out_row0) * r->in_stride) * esz;
-        src.ap.dims = {{r->in_stride, band.n}, {1, r->len}};
-        src.ap.partitions = n;
-        b.dma_copy(t.tile(0, n, r->col0, r->len), src);
+      int p0 = 0;
+      for (const Piece& pc : band.parts) {
+        const int n = static_cast<int>(pc.n);
+        const Tensor t = tile.tile(p0, n, 0, s.cols);
+        std::int64_t cols = 0;
+        for (const CopyRun& r : s.runs)
+          if (r.out_row0 <= pc.r0 && pc.r0 < r.out_row0 + r.rows) cols += r.len;
+        // Pads and uncovered rows (only a band's first piece: stacked pieces are whole rows).
+        if (cols < s.cols) b.memset(t, 0.0f, Engine::gpsimd);
+        for (const CopyRun& r : s.runs) {
+          if (!(r.out_row0 <= pc.r0 && pc.r0 < r.out_row0 + r.rows)) continue;
+          Tensor src = in[static_cast<std::size_t>(r.input)];
+          src.ap.offset += (r.in0 + (pc.r0 - r.out_row0) * r.in_stride) * esz;
+          src.ap.dims = {{r.in_stride, pc.n}, {1, r.len}};
+          src.ap.partitions = n;
+          b.dma_copy(t.tile(0, n, r.col0, r.len), src);
+        }
+        p0 += n;
       }
-      b.dma_copy(out.tile(static_cast<int>(band.r0), n, 0, s.cols), t);
+      b.dma_copy(out.tile(static_cast<int>(band.r0), static_cast<int>(band.n), 0, s.cols),
+                 tile.tile(0, static_cast<int>(band.n), 0, s.cols));
     }
   }
   return b.finish();

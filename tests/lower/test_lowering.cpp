@@ -154,6 +154,8 @@ TEST(Runtime, ShapeOpsMoveDataExactly) {
   const int q = g.slice(qkv, 2, H * D, 2 * H * D);                          // [B, S, H*D]
   const int heads = g.transpose(g.reshape(q, {B, S, H, D}), {0, 2, 1, 3});  // [B, H, S, D]
   const int rows = g.slice(heads, 2, 7, 140);                               // leading-axis slice
+  // Back to [B, S, H, D]: runs of H whole rows a constant step apart (groups).
+  const int back = g.transpose(heads, {0, 2, 1, 3});
   const int padded =
       g.add1(Op::pad, {q},
              {{"axis", std::int64_t{2}}, {"before", std::int64_t{3}}, {"after", std::int64_t{5}}});
@@ -162,7 +164,7 @@ TEST(Runtime, ShapeOpsMoveDataExactly) {
              {{"axis", std::int64_t{0}}, {"before", std::int64_t{2}}, {"after", std::int64_t{1}}});
   const int cat = g.concat({q, g.broadcast(pos, {B, S, H * D})}, 2);
   const int cat0 = g.concat({pos, pos}, 0);
-  for (int o : {heads, rows, padded, padrows, cat, cat0}) g.mark_output(o);
+  for (int o : {heads, rows, back, padded, padrows, cat, cat0}) g.mark_output(o);
   const Executable exe = compile(g, chip, {2});
   std::mt19937 rng(9);
   std::map<std::string, std::vector<float>> feeds{
@@ -173,7 +175,7 @@ TEST(Runtime, ShapeOpsMoveDataExactly) {
   std::map<std::string, HostData> hf;
   for (const auto& [k, v] : feeds) hf[k] = HostData(v.begin(), v.end());
   const auto want = evaluate(g, hf);
-  for (int o : {heads, rows, padded, padrows, cat, cat0}) {
+  for (int o : {heads, rows, back, padded, padrows, cat, cat0}) {
     SCOPED_TRACE(g.value(o).name);
     const auto& got = r.outputs.at(g.value(o).name);
     const auto& w = want[static_cast<std::size_t>(o)];
