@@ -101,10 +101,11 @@ isa::Program layout_copy_kernel(const arch::ChipSpec& chip, const LayoutCopySpec
   struct Band {
     std::int64_t r0, n, k;     // rows [r0, r0 + n), k rows per partition
     std::vector<Piece> parts;  // k == 1: stacked on the partitions in order
-    // A group: partition j holds the k rows of run `run + j`, whose first
-    // input elements step by `pstride` (a permute of the two outer dims).
+    // k > 1: partition j holds k whole rows, from input element in0 + j *
+    // pstride on, row after row `run->in_stride` apart (k consecutive rows
+    // of one run, or one run each of a group).
     const CopyRun* run = nullptr;
-    std::int64_t pstride = 0;
+    std::int64_t in0 = 0, pstride = 0;
   };
   // Bands of the run groups, up to P runs each, in row order (16 KiB per
   // partition at most).
@@ -115,19 +116,19 @@ isa::Program layout_copy_kernel(const arch::ChipSpec& chip, const LayoutCopySpec
       for (std::int64_t j = 0; j < count; j += parts) {
         const std::int64_t m = std::min<std::int64_t>(parts, count - j);
         const CopyRun* first = g.runs[static_cast<std::size_t>(j)];
-        gs.push_back({first->out_row0, m * k, k, {}, first, g.pstride});
+        gs.push_back({first->out_row0, m * k, k, {}, first, first->in0, g.pstride});
       }
     }
     return gs;
   };
-  // Whether every row of [r, end) is one whole row of a single run.
-  auto single_whole_run = [&](std::int64_t r) {
+  // The run whose whole rows alone cover row r (and every row of its cut
+  // interval), else null.
+  auto single_whole_run = [&](std::int64_t r) -> const CopyRun* {
     int covering = 0;
-    bool whole = false;
+    const CopyRun* one = nullptr;
     for (const CopyRun& run : s.runs)
-      if (run.out_row0 <= r && r < run.out_row0 + run.rows)
-        ++covering, whole = run.col0 == 0 && run.len == s.cols;
-    return covering == 1 && whole;
+      if (run.out_row0 <= r && r < run.out_row0 + run.rows) ++covering, one = &run;
+    return covering == 1 && one->col0 == 0 && one->len == s.cols ? one : nullptr;
   };
   std::vector<Band> bands;
   const std::vector<Band> groups = run_groups(s, P);
@@ -141,10 +142,16 @@ isa::Program layout_copy_kernel(const arch::ChipSpec& chip, const LayoutCopySpec
     for (std::size_t g = gi; g < groups.size() && groups[g].r0 <= r; ++g)
       grouped |= r < groups[g].r0 + groups[g].n;
     if (grouped) continue;
-    const bool whole = single_whole_run(r);
+    const CopyRun* whole = single_whole_run(r);
     if (whole && kmax > 1)
       for (std::int64_t k = std::min(kmax, (end - r) / P); k > 1 && end - r >= P * k;) {
-        bands.push_back({r, P * k, k, {}});
+        bands.push_back({r,
+                         P * k,
+                         k,
+                         {},
+                         whole,
+                         whole->in0 + (r - whole->out_row0) * whole->in_stride,
+                         k * whole->in_stride});
         r += P * k;
         k = std::min(kmax, (end - r) / P);
       }
@@ -158,7 +165,7 @@ isa::Program layout_copy_kernel(const arch::ChipSpec& chip, const LayoutCopySpec
         last->n += n;
         last->parts.push_back({r, n});
       } else {
-        bands.push_back({r, n, 1, {{r, n}}});
+        bands.push_back({r, n, 1, {{r, n}}, nullptr, 0, 0});
       }
     }
   }
@@ -179,30 +186,12 @@ isa::Program layout_copy_kernel(const arch::ChipSpec& chip, const LayoutCopySpec
          bi += static_cast<std::size_t>(s.cores), k = (k + 1) % kBufs) {
       const Band& band = bands[bi];
       const Tensor& tile = tiles[static_cast<std::size_t>(k)];
-      if (band.run) {  // a group: one run's k rows per partition
+      if (band.k > 1) {  // k whole rows per partition: one DMA each way
         const int parts = static_cast<int>(band.n / band.k);
         const Tensor t = tile.tile(0, parts, 0, band.k * s.cols);
         Tensor src = in[static_cast<std::size_t>(band.run->input)];
-        src.ap.offset += band.run->in0 * esz;
+        src.ap.offset += band.in0 * esz;
         src.ap.dims = {{band.pstride, parts}, {band.run->in_stride, band.k}, {1, s.cols}};
-        src.ap.partitions = parts;
-        b.dma_copy(t, src);
-        Tensor dst = out;
-        dst.ap.offset += band.r0 * s.cols * esz;
-        dst.ap.dims = {{band.k * s.cols, parts}, {1, band.k * s.cols}};
-        dst.ap.partitions = parts;
-        b.dma_copy(dst, t);
-        continue;
-      }
-      if (band.k > 1) {  // one run, whole rows, k per partition
-        const CopyRun* r = nullptr;
-        for (const CopyRun& run : s.runs)
-          if (run.out_row0 <= band.r0 && band.r0 < run.out_row0 + run.rows) r = &run;
-        const int parts = static_cast<int>(band.n / band.k);
-        const Tensor t = tile.tile(0, parts, 0, band.k * s.cols);
-        Tensor src = in[static_cast<std::size_t>(r->input)];
-        src.ap.offset += (r->in0 + (band.r0 - r->out_row0) * r->in_stride) * esz;
-        src.ap.dims = {{band.k * r->in_stride, parts}, {r->in_stride, band.k}, {1, s.cols}};
         src.ap.partitions = parts;
         b.dma_copy(t, src);
         Tensor dst = out;
