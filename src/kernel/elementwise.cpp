@@ -360,6 +360,63 @@ isa::Program block_sum_kernel(const arch::ChipSpec& chip, const BlockSumSpec& s)
   return b.finish();
 }
 
+isa::Program column_sum_kernel(const arch::ChipSpec& chip, const ColumnSumSpec& s) {
+  check_rows("column_sum", s.rows, s.cols, s.in, s.cores);
+  check_rows("column_sum", 1, s.cols, s.out, s.cores);
+  Builder b(chip, s.cores);
+  const Tensor x = b.hbm("x", {s.rows, s.cols}, s.in, isa::TensorKind::input);
+  const Tensor y = b.hbm("y", {1, s.cols}, s.out, isa::TensorKind::output);
+  const std::int64_t P = chip.sbuf_partitions, bank = output_tile_columns(chip);
+  // Columns per core, whole PSUM banks of FP32 sums at most (one per bank).
+  const std::int64_t per = ceil_div(s.cols, s.cores);
+  if (ceil_div(per, bank) > chip.psum_banks)
+    throw NotSupported(
+        fmt::format("column_sum of {} columns on {} cores: {} a core need more "
+                    "than the {} PSUM banks",
+                    s.cols, s.cores, per, chip.psum_banks));
+  for (int core = 0; core < s.cores; ++core) {
+    b.set_core(core);
+    const std::int64_t c0 = core * per, w = std::min(per, s.cols - c0);
+    if (w <= 0) continue;
+    const Tensor ones = b.sbuf(static_cast<int>(P), 1, s.in);
+    b.memset(ones, 1.0f, Engine::gpsimd);
+    std::vector<Tensor> acc;
+    for (std::int64_t j = 0; j < w; j += bank) acc.push_back(b.psum(1, bank, DType::fp32));
+    // g whole 128-row tiles per DMA (partition p holds row t * 128 + p of
+    // each), so the loads are not each a DMA's fixed latency; the last
+    // partial tile alone.
+    const std::int64_t esz = isa::size_bytes(s.in);
+    const std::int64_t g = std::max<std::int64_t>(1, 8192 / (w * esz));
+    Tensor tx[kBufs];
+    for (auto& t : tx) t = b.sbuf(static_cast<int>(P), g * w, s.in);
+    int i = 0;
+    bool first = true;
+    for (std::int64_t r0 = 0; r0 < s.rows; i = (i + 1) % kBufs) {
+      const std::int64_t full = (s.rows - r0) / P, m = full > 0 ? std::min(g, full) : 1;
+      const int n = static_cast<int>(full > 0 ? P : s.rows - r0);
+      const Tensor t = tx[i].tile(0, n, 0, m * w);
+      Tensor src = x.tile(static_cast<int>(r0), n, c0, w);
+      src.ap.dims = {{s.cols, n}, {P * s.cols, m}, {1, w}};
+      b.dma_copy(t, src);
+      for (std::int64_t q = 0; q < m; ++q)
+        for (std::size_t j = 0; j < acc.size(); ++j) {
+          const std::int64_t j0 = static_cast<std::int64_t>(j) * bank, wj = std::min(bank, w - j0);
+          b.matmul(acc[j].tile(0, 1, 0, wj), ones.tile(0, n, 0, 1), t.tile(0, n, q * w + j0, wj),
+                   !first);
+          first = first && j + 1 < acc.size();
+        }
+      r0 += m * n;
+    }
+    const Tensor out = b.sbuf(1, w, s.out);
+    for (std::size_t j = 0; j < acc.size(); ++j) {
+      const std::int64_t j0 = static_cast<std::int64_t>(j) * bank, wj = std::min(bank, w - j0);
+      b.tensor_copy(out.tile(0, 1, j0, wj), acc[j].tile(0, 1, 0, wj));
+    }
+    b.dma_copy(y.tile(0, 1, c0, w), out, -1, false, Engine::vector);
+  }
+  return b.finish();
+}
+
 isa::Program clip_kernel(const arch::ChipSpec& chip, const ClipSpec& s) {
   check_rows("clip_by_global_norm", s.rows, s.cols, s.dtype, s.cores);
   if (s.parts < 1) throw Error(fmt::format("clip_by_global_norm: parts must be >= 1"));

@@ -312,6 +312,18 @@ struct BlockSumSpec {
 };
 isa::Program block_sum_kernel(const arch::ChipSpec& chip, const BlockSumSpec& spec);
 
+// Column sums: "x" [rows, cols] (in) -> "y" [1, cols] (out) = sum over the
+// rows, in FP32 on the Tensor engine (a ones column as the stationary
+// operand, x streaming as the moving one, 128 rows a matmul accumulated in
+// PSUM in row order), rounded once to `out`. Each core takes a slice of the
+// columns, so no partial sums cross cores. A bias gradient.
+struct ColumnSumSpec {
+  std::int64_t rows = 4096, cols = 768;
+  isa::DType in = isa::DType::bf16, out = isa::DType::fp32;
+  int cores = 1;
+};
+isa::Program column_sum_kernel(const arch::ChipSpec& chip, const ColumnSumSpec& spec);
+
 // Gradient clipping by global norm (torch.nn.utils.clip_grad_norm_):
 // from "sumsq_parts" [1, parts] fp32 (the sums of squares of every
 // gradient, e.g. reduce_kernel's partials over all parameters),

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "arch/chip.h"
@@ -211,6 +212,31 @@ TEST(Kernels, MatmulSplitsNTilesWhenMBlocksAreFewerThanCores) {
   for (std::size_t i = 0; i < acc.size(); ++i)
     bad += std::bit_cast<std::uint32_t>(got[i]) != std::bit_cast<std::uint32_t>(acc[i]);
   EXPECT_EQ(bad, 0u);
+}
+
+// Column sums (a bias gradient): ones stationary, x streaming, each core a
+// slice of the columns; bit for bit the in-order FP32 matmul x^T @ ones
+// (ragged rows, a core with two PSUM banks, a core with no columns).
+TEST(Kernels, ColumnSumsMatchTheMatmulBitForBit) {
+  const auto chip = arch::load_chip("trn3");
+  for (const auto& [R, C, cores] :
+       {std::tuple<std::int64_t, std::int64_t, int>{1000, 1100, 2}, {4096, 96, 8}, {130, 5, 8}}) {
+    SCOPED_TRACE(testing::Message() << R << " x " << C << " on " << cores);
+    const isa::Program p = kernel::column_sum_kernel(chip, {R, C, DType::bf16, DType::fp32, cores});
+    sim::Simulator sim(chip);
+    sim.load(p);
+    const auto x = as_dtype(random_values(R * C, 43), DType::bf16);
+    sim.write("x", x);
+    sim.run();
+    const auto want =
+        reference(x, std::vector<float>(static_cast<std::size_t>(R), 1.0f), C, 1, R, false);
+    const auto got = sim.read("y");
+    ASSERT_EQ(got.size(), want.size());
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < want.size(); ++i)
+      bad += std::bit_cast<std::uint32_t>(got[i]) != std::bit_cast<std::uint32_t>(want[i]);
+    EXPECT_EQ(bad, 0u);
+  }
 }
 
 // fp8-hybrid's gradient products: E4M3 x E5M2 operands (in_b), dequantized
