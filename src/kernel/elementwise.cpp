@@ -360,6 +360,11 @@ isa::Program block_sum_kernel(const arch::ChipSpec& chip, const BlockSumSpec& s)
   return b.finish();
 }
 
+bool column_sum_fits(const arch::ChipSpec& chip, std::int64_t cols, int cores) {
+  return cores >= 1 &&
+         ceil_div(ceil_div(cols, cores), output_tile_columns(chip)) <= chip.psum_banks;
+}
+
 isa::Program column_sum_kernel(const arch::ChipSpec& chip, const ColumnSumSpec& s) {
   check_rows("column_sum", s.rows, s.cols, s.in, s.cores);
   check_rows("column_sum", 1, s.cols, s.out, s.cores);
@@ -367,9 +372,9 @@ isa::Program column_sum_kernel(const arch::ChipSpec& chip, const ColumnSumSpec& 
   const Tensor x = b.hbm("x", {s.rows, s.cols}, s.in, isa::TensorKind::input);
   const Tensor y = b.hbm("y", {1, s.cols}, s.out, isa::TensorKind::output);
   const std::int64_t P = chip.sbuf_partitions, bank = output_tile_columns(chip);
-  // Columns per core, whole PSUM banks of FP32 sums at most (one per bank).
+  // Columns per core: FP32 sums in whole PSUM banks (column_sum_fits).
   const std::int64_t per = ceil_div(s.cols, s.cores);
-  if (ceil_div(per, bank) > chip.psum_banks)
+  if (!column_sum_fits(chip, s.cols, s.cores))
     throw NotSupported(
         fmt::format("column_sum of {} columns on {} cores: {} a core need more "
                     "than the {} PSUM banks",
@@ -383,10 +388,11 @@ isa::Program column_sum_kernel(const arch::ChipSpec& chip, const ColumnSumSpec& 
     std::vector<Tensor> acc;
     for (std::int64_t j = 0; j < w; j += bank) acc.push_back(b.psum(1, bank, DType::fp32));
     // g whole 128-row tiles per DMA (partition p holds row t * 128 + p of
-    // each), so the loads are not each a DMA's fixed latency; the last
-    // partial tile alone.
+    // each), twice the bytes per partition at which DMA saturates, so the
+    // loads are not each a DMA's fixed latency; the last partial tile alone.
     const std::int64_t esz = isa::size_bytes(s.in);
-    const std::int64_t g = std::max<std::int64_t>(1, 8192 / (w * esz));
+    const std::int64_t g =
+        std::max<std::int64_t>(1, 2 * chip.dma.saturating_per_partition.value() / (w * esz));
     Tensor tx[kBufs];
     for (auto& t : tx) t = b.sbuf(static_cast<int>(P), g * w, s.in);
     int i = 0;

@@ -323,6 +323,10 @@ struct ColumnSumSpec {
   int cores = 1;
 };
 isa::Program column_sum_kernel(const arch::ChipSpec& chip, const ColumnSumSpec& spec);
+// Whether a core's slice of `cols` columns over `cores` fits the PSUM banks
+// (FP32 sums, one bank per output tile's columns): where column_sum_kernel
+// applies.
+bool column_sum_fits(const arch::ChipSpec& chip, std::int64_t cols, int cores);
 
 // Gradient clipping by global norm (torch.nn.utils.clip_grad_norm_):
 // from "sumsq_parts" [1, parts] fp32 (the sums of squares of every

@@ -92,9 +92,11 @@ isa::Program layout_copy_kernel(const arch::ChipSpec& chip, const LayoutCopySpec
   // A band that one run fills with whole rows packs k consecutive rows per
   // partition (contiguous k * cols elements on the output side), so that
   // narrow rows (a 64-element head dim) do not move as one short DMA
-  // element each; up to 4 KiB per partition, where DMA reaches its rate.
+  // element each; up to the bytes per partition at which DMA saturates
+  // (data/arch [dma]).
   const std::int64_t esz = isa::size_bytes(s.dtype);
-  const std::int64_t kmax = std::max<std::int64_t>(1, 4096 / (s.cols * esz));
+  const std::int64_t sat = chip.dma.saturating_per_partition.value();
+  const std::int64_t kmax = std::max<std::int64_t>(1, sat / (s.cols * esz));
   struct Piece {
     std::int64_t r0, n;  // output rows [r0, r0 + n), covered by the same runs
   };
@@ -107,11 +109,13 @@ isa::Program layout_copy_kernel(const arch::ChipSpec& chip, const LayoutCopySpec
     const CopyRun* run = nullptr;
     std::int64_t in0 = 0, pstride = 0;
   };
-  // Bands of the run groups, up to P runs each, in row order (16 KiB per
-  // partition at most).
-  auto run_groups = [&](const LayoutCopySpec& spec, int parts) {
+  // Bands of the run groups, up to P runs each, in row order (four times
+  // the saturating bytes per partition at most: a group's k rows share a
+  // partition).
+  auto run_groups = [&]() {
+    const int parts = P;
     std::vector<Band> gs;
-    for (const Group& g : find_groups(spec, 16384 / esz)) {
+    for (const Group& g : find_groups(s, 4 * sat / esz)) {
       const std::int64_t k = g.runs[0]->rows, count = static_cast<std::int64_t>(g.runs.size());
       for (std::int64_t j = 0; j < count; j += parts) {
         const std::int64_t m = std::min<std::int64_t>(parts, count - j);
@@ -131,7 +135,7 @@ isa::Program layout_copy_kernel(const arch::ChipSpec& chip, const LayoutCopySpec
     return covering == 1 && one->col0 == 0 && one->len == s.cols ? one : nullptr;
   };
   std::vector<Band> bands;
-  const std::vector<Band> groups = run_groups(s, P);
+  const std::vector<Band> groups = run_groups();
   std::size_t gi = 0;
   for (std::size_t c = 0; c + 1 < cuts.size(); ++c) {
     std::int64_t r = cuts[c];

@@ -259,9 +259,7 @@ std::vector<Launch> Lowerer::sum(int n, Launch& l, bool squares) {
   // Column sums on the Tensor engine, each core a slice of the columns (a
   // ones column stationary, x streaming past it); where a core's slice
   // needs more PSUM banks than there are, x^T @ ones.
-  const std::int64_t bank =
-      std::min<std::int64_t>(chip_.tensor.moving_fmax, chip_.psum_bank_bytes().value() / 4);
-  if ((rest + cores_ - 1) / cores_ <= bank * chip_.psum_banks) {
+  if (kernel::column_sum_fits(chip_, rest, cores_)) {
     kernel::ColumnSumSpec s;
     s.rows = k, s.cols = rest, s.in = val(N.inputs[0]).dtype, s.out = dt, s.cores = cores_;
     l.program = kernel::column_sum_kernel(chip_, s);
